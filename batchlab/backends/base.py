@@ -1,0 +1,34 @@
+"""The contract between the engine and whatever computes a step.
+
+A backend runs a ``StepPlan``: for each chunk it computes the chunk's tokens into the KV cache,
+and for each chunk with ``samples=True`` it returns the request's next token. It reports how
+long the step took: measured on the real model, predicted by the cost model in the simulator.
+It knows nothing about policies.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..plan import KVSpace, StepPlan
+from ..requests import Request
+
+
+@dataclass
+class StepResult:
+    """``new_tokens[request_id]`` for every chunk that samples; ``duration`` in seconds."""
+
+    new_tokens: dict[str, int] = field(default_factory=dict)
+    duration: float = 0.0
+
+
+class Backend(ABC):
+    """Runs step plans. ``kv`` is the KV space schedulers admit against."""
+
+    kv: KVSpace
+
+    @abstractmethod
+    def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
+        """Compute ``plan``. ``requests`` maps ids to the live requests (read-only here)."""

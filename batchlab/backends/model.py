@@ -1,0 +1,78 @@
+"""The real-model backend: runs each step plan on SmolLM2 with the batched Llama step.
+
+``ModelBackend.run`` turns the plan's chunks into one mixed forward pass (``llama.forward_step``),
+samples the next token of every request that needs one, and reports the step's measured
+duration. Its ``kv`` is the real ``KVCache``: schedulers reserve slots in it through the
+``KVSpace`` interface, and the backend reads which slot each request holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import torch
+
+from ..kv_cache import KVCache
+from ..llama import LlamaWeights, SeqChunk, forward_step
+from ..model import LoadedModel, load_model
+from ..plan import StepPlan
+from ..requests import Request
+from ..sampling import RequestSampler
+from .base import Backend, StepResult
+
+
+class ModelBackend(Backend):
+    """Run plans on the real model.
+
+    max_num_seqs: KV slots, i.e. how many sequences can be admitted at once.
+    max_seq_len: tokens per slot (prompt + output of one request must fit).
+    kv_memory_bytes: alternatively, a memory budget; the slot count is what it holds.
+    """
+
+    def __init__(self, lm: LoadedModel | None = None, max_num_seqs: int = 32,
+                 max_seq_len: int = 1024, kv_memory_bytes: int | None = None) -> None:
+        self.lm = lm if lm is not None else load_model()
+        self.weights = LlamaWeights.from_hf(self.lm.model)
+        cfg = self.weights.config
+        if not isinstance(max_seq_len, int) or not 1 <= max_seq_len <= cfg.max_position:
+            raise ValueError(f"max_seq_len={max_seq_len!r}; must be an int in 1..{cfg.max_position} "
+                             "(the model's context length)")
+        if kv_memory_bytes is not None:
+            self.kv = KVCache.from_budget(kv_memory_bytes, max_seq_len, cfg.num_layers,
+                                          cfg.num_kv_heads, cfg.head_dim, self.weights.dtype,
+                                          str(self.weights.device), max_slots=max_num_seqs)
+        else:
+            if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+                raise ValueError(f"max_num_seqs={max_num_seqs!r}; must be an int >= 1")
+            self.kv = self.weights.new_kv_cache(max_num_seqs, max_seq_len)
+        self.sampler = RequestSampler()
+
+    def describe(self) -> str:
+        return f"ModelBackend({self.lm.name}, {self.lm.device}/{self.lm.dtype}, {self.kv})"
+
+    def _sync(self) -> None:
+        if self.weights.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
+        if plan.is_empty:
+            raise ValueError("ModelBackend.run got an empty plan; the engine runs only plans with work")
+        chunks, sampled = [], []
+        for c in plan.chunks:
+            req = requests[c.request_id]
+            chunks.append(SeqChunk(self.kv.slot_of(c.request_id), c.start,
+                                   req.token_ids(c.start, c.num_tokens), c.samples))
+            if c.samples:
+                sampled.append(req)
+        self._sync()
+        t0 = time.perf_counter()
+        logits = forward_step(self.weights, self.kv, chunks)
+        tokens = self.sampler.sample(logits, [r.request_id for r in sampled],
+                                     [r.sampling for r in sampled]) if sampled else []
+        self._sync()
+        duration = time.perf_counter() - t0
+        for req in sampled:  # a request that gets its last token no longer needs its generator
+            if len(req.output_ids) + 1 >= req.max_new_tokens:
+                self.sampler.forget(req.request_id)
+        return StepResult({r.request_id: t for r, t in zip(sampled, tokens)}, duration)

@@ -1,0 +1,48 @@
+"""Calibrating the simulator: measure real steps of the model, fit the cost model to them.
+
+The simulator is only as good as its step-time formula. ``calibrate_cost_model`` serves a short,
+deliberately varied workload on the real model (continuous batching with a small token budget,
+so steps mix prompt chunks of many sizes with decode batches of many sizes and contexts) and
+fits ``CostModel`` to the measured step durations. It takes some seconds on a CPU and adapts
+to whatever machine runs it: on a GPU the fitted costs are a GPU's.
+"""
+
+from __future__ import annotations
+
+from .backends.model import ModelBackend
+from .cost_model import CostModel
+from .engine import Engine
+from .schedulers import ContinuousBatcher
+from .trace import Trace
+from .workloads import make_workload
+
+
+def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
+    """Chat-like requests, all arriving at once, with prompts and outputs of many lengths."""
+    return make_workload(num_requests, "chat", scale="cpu", arrival="at_once", seed=seed,
+                         tokenizer=tokenizer, id_prefix="cal")
+
+
+def calibration_trace(backend: ModelBackend, num_requests: int = 24, max_num_seqs: int = 16,
+                      max_batched_tokens: int = 96, seed: int = 0, progress: bool = False) -> Trace:
+    """Serve the calibration workload on the real model and return its trace (measured steps)."""
+    requests = calibration_workload(backend.lm.tokenizer, num_requests, seed)
+    scheduler = ContinuousBatcher(max_num_seqs=min(max_num_seqs, backend.kv.num_slots),
+                                  max_batched_tokens=max_batched_tokens, chunked_prefill=True)
+    return Engine(scheduler, backend).run(requests, progress=progress)
+
+
+def calibrate_cost_model(backend: ModelBackend, num_requests: int = 24, seed: int = 0,
+                         progress: bool = False) -> CostModel:
+    """Fit the simulator's cost model to real steps measured on ``backend``'s model and device.
+
+    Two passes with different token budgets (a small one for many small mixed steps, a large one
+    for whole prompts at once) give the fit a wide range of step shapes.
+    """
+    steps = []
+    for budget, seqs in ((64, 16), (512, 8)):
+        trace = calibration_trace(backend, num_requests, max_num_seqs=seqs,
+                                  max_batched_tokens=budget, seed=seed, progress=progress)
+        steps += trace.steps[1:]  # the first step warms caches up; leave it out
+    lm = backend.lm
+    return CostModel.fit(steps, source=f"{lm.name} on {lm.device} ({lm.dtype}), {len(steps)} steps")

@@ -1,0 +1,255 @@
+"""A compact Llama forward pass that runs one *mixed* batched step.
+
+One step serves many sequences at once, each at its own position. Each sequence brings either a
+chunk of its prompt (prefill: any number of tokens) or its one newest token (decode). All the
+step's tokens are packed into one (T, D) matrix, so every weight matmul runs ONCE over all of
+them and no padding token is ever computed. Only attention is per-sequence: each token attends
+to its own sequence's cached keys and values.
+
+Architecture (SmolLM2 is a Llama): token embedding → num_layers × [RMSNorm → grouped-query
+attention with rotary position embeddings → residual → RMSNorm → SwiGLU MLP → residual] →
+RMSNorm → LM head (tied to the embedding).
+
+Shapes used below:  T tokens in the step, D hidden size, H query heads, KV key/value heads,
+hd head size, S sequences that need a next token, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_eps: float
+    max_position: int
+
+    @classmethod
+    def from_hf(cls, config) -> "LlamaConfig":
+        rope = getattr(config, "rope_parameters", None) or {}
+        scaling = getattr(config, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", scaling.get("rope_type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_type={rope_type!r} is not supported by this compact forward; "
+                             "only 'default' rotary embeddings are implemented")
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.vocab_size, config.hidden_size, config.intermediate_size,
+                   config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
+                   head_dim, float(theta), float(config.rms_norm_eps), config.max_position_embeddings)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor   # (D,)
+    w_qkv: torch.Tensor       # ((H + 2·KV)·hd, D)  q, k and v projections fused: one matmul
+    w_o: torch.Tensor         # (D, H·hd)
+    mlp_norm: torch.Tensor    # (D,)
+    w_gate_up: torch.Tensor   # (2·I, D)            gate and up projections fused
+    w_down: torch.Tensor      # (D, I)
+
+
+class LlamaWeights:
+    """The model's weights, rearranged for the batched step (fused projections)."""
+
+    def __init__(self, config: LlamaConfig, embed: torch.Tensor, layers: list[LayerWeights],
+                 final_norm: torch.Tensor, lm_head: torch.Tensor) -> None:
+        self.config, self.embed, self.layers = config, embed, layers
+        self.final_norm, self.lm_head = final_norm, lm_head
+        # Rotary tables for every position: (max_position, hd); column i and i + hd/2 share a frequency.
+        hd = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        angles = torch.outer(torch.arange(config.max_position, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        self.cos = angles.cos().to(embed.dtype).to(embed.device)
+        self.sin = angles.sin().to(embed.dtype).to(embed.device)
+
+    @classmethod
+    def from_hf(cls, model) -> "LlamaWeights":
+        """Take the weights of a transformers ``LlamaForCausalLM`` (shared, not copied, where possible)."""
+        cfg = LlamaConfig.from_hf(model.config)
+        m = model.model
+        layers = []
+        for layer in m.layers:
+            a, p = layer.self_attn, layer.mlp
+            if any(getattr(x, "bias", None) is not None for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj)):
+                raise ValueError("attention projections with bias are not supported by this compact forward")
+            layers.append(LayerWeights(
+                attn_norm=layer.input_layernorm.weight.detach(),
+                w_qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                w_o=a.o_proj.weight.detach(),
+                mlp_norm=layer.post_attention_layernorm.weight.detach(),
+                w_gate_up=torch.cat([p.gate_proj.weight, p.up_proj.weight]).detach(),
+                w_down=p.down_proj.weight.detach()))
+        return cls(cfg, m.embed_tokens.weight.detach(), layers, m.norm.weight.detach(),
+                   model.lm_head.weight.detach())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def num_bytes(self) -> int:
+        """Bytes a forward pass reads: every layer's weights, the final norm and the LM head.
+        (The embedding table is only indexed, a few rows per step; here it is the LM head too.)"""
+        tensors = [self.final_norm, self.lm_head]
+        for lw in self.layers:
+            tensors += [lw.attn_norm, lw.w_qkv, lw.w_o, lw.mlp_norm, lw.w_gate_up, lw.w_down]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def new_kv_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
+        c = self.config
+        if max_seq_len > c.max_position:
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's context length {c.max_position}")
+        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_slots, max_seq_len,
+                       self.dtype, str(self.device))
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One sequence's part of a step: ``token_ids`` go to positions ``start, start+1, ...``
+    in KV slot ``slot``; ``want_logits`` asks for the next-token logits after its last token."""
+
+    slot: int
+    start: int
+    token_ids: list[int]
+    want_logits: bool
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) · weight, computed in fp32 for stability."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return xf.to(x.dtype) * weight
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each (i, i + hd/2) pair of ``x`` (T, heads, hd) by its position's angle."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class _StepLayout:
+    """Index tensors for one step, computed once and shared by all layers."""
+
+    def __init__(self, chunks: list[SeqChunk], cache: KVCache, config: LlamaConfig, device) -> None:
+        if not chunks:
+            raise ValueError("a step needs at least one sequence chunk; got none")
+        ids, positions, slots = [], [], []
+        self.single: list[tuple[int, SeqChunk]] = []   # (row, chunk): chunks of exactly 1 token
+        self.multi: list[tuple[int, SeqChunk]] = []    # (first row, chunk): prompt chunks of > 1 token
+        logit_rows, seen_slots = [], set()
+        row = 0
+        for c in chunks:
+            n = len(c.token_ids)
+            if n == 0:
+                raise ValueError(f"chunk for slot {c.slot} has no tokens; each chunk needs at least 1")
+            if c.slot in seen_slots:
+                raise ValueError(f"slot {c.slot} appears twice in one step")
+            if not 0 <= c.slot < cache.num_slots:
+                raise ValueError(f"slot={c.slot} is outside the cache's slots 0..{cache.num_slots - 1}")
+            seen_slots.add(c.slot)
+            end = c.start + n
+            if c.start < 0 or end > cache.max_seq_len or end > config.max_position:
+                raise ValueError(
+                    f"slot {c.slot}: positions {c.start}..{end - 1} go past the limit of "
+                    f"{min(cache.max_seq_len, config.max_position)} tokens (KV slot length "
+                    f"{cache.max_seq_len}, model context {config.max_position})")
+            bad = [t for t in c.token_ids if not 0 <= t < config.vocab_size]
+            if bad:
+                raise ValueError(f"slot {c.slot}: token id {bad[0]} is outside the vocabulary "
+                                 f"0..{config.vocab_size - 1}")
+            ids += c.token_ids
+            positions += range(c.start, end)
+            slots += [c.slot] * n
+            (self.single if n == 1 else self.multi).append((row, c))
+            if c.want_logits:
+                logit_rows.append(row + n - 1)
+            row += n
+        self.num_tokens = row
+        self.ids = torch.tensor(ids, dtype=torch.long, device=device)            # (T,)
+        self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # (T,)
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)          # (T,)
+        self.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
+        # Single-token chunks attend together in one call over slots [0, span): their queries are
+        # scattered into slot order, and a mask keeps each one to its own past (positions ≤ start).
+        if self.single:
+            single_slots = [c.slot for _, c in self.single]
+            self.span = max(single_slots) + 1
+            self.max_ctx = max(c.start for _, c in self.single) + 1
+            self.single_rows = torch.tensor([r for r, _ in self.single], dtype=torch.long, device=device)
+            self.single_slots = torch.tensor(single_slots, dtype=torch.long, device=device)
+            lengths = torch.ones(self.span, dtype=torch.long, device=device)  # unused slots see 1 key
+            lengths[self.single_slots] = torch.tensor([c.start + 1 for _, c in self.single], device=device)
+            ctx = torch.arange(self.max_ctx, device=device)
+            self.single_mask = (ctx[None, :] < lengths[:, None])[:, None, None, :]  # (span, 1, 1, ctx)
+
+
+@torch.inference_mode()
+def forward_step(weights: LlamaWeights, cache: KVCache, chunks: list[SeqChunk]) -> torch.Tensor:
+    """Run one mixed step; write every token's K/V into ``cache``; return logits (S, V) for the
+    chunks with ``want_logits``, in the order they were given."""
+    cfg = weights.config
+    H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    lay = _StepLayout(chunks, cache, cfg, weights.device)
+    T = lay.num_tokens
+    cos = weights.cos[lay.positions][:, None, :]                  # (T, 1, hd)
+    sin = weights.sin[lay.positions][:, None, :]
+
+    x = weights.embed[lay.ids]                                     # (T, D)
+    for li, lw in enumerate(weights.layers):
+        h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
+        qkv = F.linear(h, lw.w_qkv)                                # (T, (H + 2KV)·hd)
+        q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
+        q = apply_rope(q.view(T, H, hd), cos, sin)                 # (T, H, hd)
+        k = apply_rope(k.view(T, KV, hd), cos, sin)                # (T, KV, hd)
+        k_cache, v_cache = cache.k[li], cache.v[li]                # (slots, KV, max_len, hd)
+        k_cache[lay.slots, :, lay.positions] = k                   # write this step's keys/values
+        v_cache[lay.slots, :, lay.positions] = v.view(T, KV, hd)
+
+        attn = torch.empty(T, H, hd, dtype=x.dtype, device=x.device)
+        if lay.single:
+            # One query per slot: (span, H, 1, hd) against each slot's past (span, KV, ctx, hd).
+            qs = q.new_zeros(lay.span, H, 1, hd)
+            qs[lay.single_slots] = q[lay.single_rows].unsqueeze(2)
+            out = F.scaled_dot_product_attention(
+                qs, k_cache[:lay.span, :, :lay.max_ctx], v_cache[:lay.span, :, :lay.max_ctx],
+                attn_mask=lay.single_mask, enable_gqa=True)
+            attn[lay.single_rows] = out[lay.single_slots, :, 0]
+        for row, c in lay.multi:
+            n, end = len(c.token_ids), c.start + len(c.token_ids)
+            qc = q[row:row + n].transpose(0, 1).unsqueeze(0)       # (1, H, n, hd)
+            kc = k_cache[c.slot:c.slot + 1, :, :end]               # (1, KV, end, hd): cached + new
+            vc = v_cache[c.slot:c.slot + 1, :, :end]
+            if c.start == 0:
+                out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
+            else:  # a later prompt chunk: query i sees keys 0 .. start + i
+                mask = (torch.arange(end, device=x.device)[None, :]
+                        <= torch.arange(c.start, end, device=x.device)[:, None])
+                out = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True)
+            attn[row:row + n] = out[0].transpose(0, 1)
+        x = x + F.linear(attn.view(T, H * hd), lw.w_o)
+
+        h = rms_norm(x, lw.mlp_norm, cfg.rms_eps)
+        gate, up = F.linear(h, lw.w_gate_up).chunk(2, dim=-1)     # (T, I) each
+        x = x + F.linear(F.silu(gate) * up, lw.w_down)
+
+    last = rms_norm(x[lay.logit_rows], weights.final_norm, cfg.rms_eps)   # (S, D)
+    return F.linear(last, weights.lm_head)                                # (S, V)

@@ -1,0 +1,152 @@
+"""What a scheduler hands the engine each step, and the KV-space accounting it plans against.
+
+One rule for every step (vLLM v1's): a step plan is a list of (request, number of new tokens to
+compute). A prompt chunk is ``num_tokens > 1`` (or the whole short prompt), a decode is exactly
+1. Prefill and decode are then the same operation, and chunked prefill is just a smaller number.
+
+KV space: a request is admitted only when the cache can hold everything it may ever need
+(``prompt_len + max_new_tokens``). batchlab reserves that up front at admission, so a running
+request never runs out of cache and no preemption is needed. (vLLM grows a request's blocks as
+it decodes and preempts when memory runs out; reserving is simpler and easy to reason about, at
+the price of admitting fewer requests when ``max_new_tokens`` is generous.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute tokens ``[start, start + num_tokens)`` of one request in this step.
+
+    ``samples`` is True when this chunk reaches the request's last known token, so the step
+    produces the request's next token (the final prompt chunk, or any decode).
+    """
+
+    request_id: str
+    start: int
+    num_tokens: int
+    samples: bool
+
+    def __post_init__(self) -> None:
+        if self.start < 0:
+            raise ValueError(f"chunk for {self.request_id!r}: start={self.start}; must be >= 0")
+        if self.num_tokens < 1:
+            raise ValueError(f"chunk for {self.request_id!r}: num_tokens={self.num_tokens}; must be >= 1")
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.start > 0 and self.samples
+
+
+@dataclass
+class StepPlan:
+    """One step's work. An empty plan means "nothing to run now".
+
+    ``wake_at``: when the plan is empty, the earliest time at which the scheduler may have work
+    even with no new arrival (a dynamic batcher's timer); ``None`` if only an arrival can help.
+    ``held_slots``: batch slots held by members that have finished but whose batch has not
+    (request-level batching). batchlab's kernel computes nothing for them, but a padded
+    implementation would; the count shows that waste.
+    ``batch_id``: which request-level batch this step belongs to (``None`` for continuous).
+    """
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    wake_at: float | None = None
+    held_slots: int = 0
+    batch_id: int | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return sum(1 for c in self.chunks if c.is_decode)
+
+
+@runtime_checkable
+class KVSpace(Protocol):
+    """The KV-cache accounting a scheduler may see: sizes and reservations, never tensors."""
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Could a new sequence needing ``num_tokens`` cache slots be admitted now?"""
+
+    def allocate(self, request_id: str, num_tokens: int) -> None:
+        """Reserve space for a sequence; raises ``KVCacheFullError`` when it does not fit."""
+
+    def free(self, request_id: str) -> None:
+        """Release a sequence's space; it can be reused at the very next step."""
+
+    def fits_ever(self, num_tokens: int) -> bool:
+        """Could a sequence of ``num_tokens`` fit in an empty cache? (False → reject it.)"""
+
+    @property
+    def capacity_tokens(self) -> int: ...
+
+    @property
+    def used_tokens(self) -> int: ...
+
+
+class KVCacheFullError(RuntimeError):
+    """Raised when a sequence is allocated without room; schedulers check ``can_allocate`` first."""
+
+
+class TokenKVSpace:
+    """Accounting-only KV space of ``capacity_tokens`` tokens (the simulator's cache)."""
+
+    def __init__(self, capacity_tokens: int, max_seq_len: int | None = None) -> None:
+        if not isinstance(capacity_tokens, int) or capacity_tokens < 1:
+            raise ValueError(f"capacity_tokens={capacity_tokens!r}; must be an int >= 1")
+        if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 1):
+            raise ValueError(f"max_seq_len={max_seq_len!r}; must be an int >= 1 or None")
+        self._capacity = capacity_tokens
+        self.max_seq_len = max_seq_len
+        self._reserved: dict[str, int] = {}
+        self._used = 0
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self._capacity
+
+    @property
+    def used_tokens(self) -> int:
+        return self._used
+
+    def fits_ever(self, num_tokens: int) -> bool:
+        if self.max_seq_len is not None and num_tokens > self.max_seq_len:
+            return False
+        return num_tokens <= self._capacity
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        return self.fits_ever(num_tokens) and self._used + num_tokens <= self._capacity
+
+    def allocate(self, request_id: str, num_tokens: int) -> None:
+        if request_id in self._reserved:
+            raise ValueError(f"request {request_id!r} already holds KV space")
+        if not self.can_allocate(num_tokens):
+            raise KVCacheFullError(
+                f"request {request_id!r} needs {num_tokens} KV tokens; {self._capacity - self._used} "
+                f"of {self._capacity} are free")
+        self._reserved[request_id] = num_tokens
+        self._used += num_tokens
+
+    def free(self, request_id: str) -> None:
+        self._used -= self._reserved.pop(request_id)
+
+    def __repr__(self) -> str:
+        return f"TokenKVSpace(used={self._used}/{self._capacity} tokens, seqs={len(self._reserved)})"

@@ -1,0 +1,122 @@
+"""Measuring what a step costs on this machine: the numbers behind "8 cost about as much as 1".
+
+A decode step must read every weight of the model once, whatever the batch size. If reading
+memory is the bottleneck, the step can never be faster than ``weight bytes / memory bandwidth``:
+the *bandwidth floor*. We measure the bandwidth here (by reading a large tensor), then time real
+steps of the batched forward at several batch sizes, prefill chunk sizes and context lengths.
+
+Timing steps needs no meaningful text: a step's cost depends on how many tokens it computes and
+how many cached keys they read, not on which tokens they are, so the profiler runs random token
+ids against a scratch KV cache of the right length.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+
+import pandas as pd
+import torch
+
+from .llama import LlamaWeights, SeqChunk, forward_step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5,
+                      device: str | torch.device = "cpu") -> float:
+    """Memory read bandwidth in bytes/s: the best of ``repeats`` sums over a large fp32 tensor."""
+    if num_bytes < 2**20:
+        raise ValueError(f"num_bytes={num_bytes}; use at least 1 MiB (ideally more than the caches)")
+    device = torch.device(device)
+    data = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
+    data.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        data.sum()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return data.numel() * 4 / best
+
+
+def time_step(weights: LlamaWeights, cache, chunks: list[SeqChunk], repeats: int = 5) -> float:
+    """Median seconds of ``forward_step`` over ``repeats`` runs, after one warm-up run."""
+    forward_step(weights, cache, chunks)
+    times = []
+    for _ in range(repeats):
+        _sync(weights.device)
+        t0 = time.perf_counter()
+        forward_step(weights, cache, chunks)
+        _sync(weights.device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _random_ids(n: int, vocab: int, gen: torch.Generator) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+
+def profile_steps(weights: LlamaWeights,
+                  batch_sizes: Iterable[int] = (1, 2, 4, 8, 16, 32, 64),
+                  context_len: int = 64,
+                  prefill_sizes: Iterable[int] = (16, 64, 256),
+                  context_lens: Iterable[int] = (),
+                  context_batch: int = 8,
+                  repeats: int = 5,
+                  bandwidth: float | None = None,
+                  progress: bool = False) -> pd.DataFrame:
+    """Time real steps; one row per measured step shape.
+
+    kind="decode": ``batch_size`` sequences each decode one token at position ``context_len``.
+    kind="prefill": one sequence prefills a chunk of ``num_tokens`` tokens from position 0.
+    kind="context": ``context_batch`` sequences decode at each of ``context_lens``.
+
+    Columns: kind, batch_size, num_tokens, context_len, ms_per_step, ms_per_token,
+    tokens_per_s, floor_ms (weight bytes / measured bandwidth), x_floor (ms_per_step / floor_ms).
+    """
+    batch_sizes, prefill_sizes, context_lens = list(batch_sizes), list(prefill_sizes), list(context_lens)
+    for name, values in [("batch_sizes", batch_sizes), ("prefill_sizes", prefill_sizes),
+                         ("context_lens", context_lens)]:
+        bad = [v for v in values if not isinstance(v, int) or v < 1]
+        if bad:
+            raise ValueError(f"{name} contains {bad[0]!r}; every entry must be an int >= 1")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}; must be an int >= 1")
+    cfg = weights.config
+    bandwidth = bandwidth or measure_bandwidth(device=weights.device)
+    floor_ms = weights.num_bytes() / bandwidth * 1e3
+    max_len = max([context_len + 1] + [n for n in prefill_sizes] + [c + 1 for c in context_lens])
+    slots = max(batch_sizes + [context_batch if context_lens else 1])
+    cache = weights.new_kv_cache(slots, max_len)   # scratch cache; its contents are irrelevant
+    gen = torch.Generator().manual_seed(0)
+
+    jobs = [("decode", b, context_len) for b in batch_sizes]
+    jobs += [("prefill", n, 0) for n in prefill_sizes]
+    jobs += [("context", context_batch, c) for c in context_lens]
+    rows = []
+    iterator = jobs
+    if progress:
+        from tqdm.auto import tqdm
+        iterator = tqdm(jobs, desc="profiling steps")
+    for kind, size, ctx in iterator:
+        if kind == "prefill":
+            chunks = [SeqChunk(0, 0, _random_ids(size, cfg.vocab_size, gen), True)]
+            batch, tokens = 1, size
+        else:
+            chunks = [SeqChunk(s, ctx, _random_ids(1, cfg.vocab_size, gen), True) for s in range(size)]
+            batch, tokens = size, size
+        seconds = time_step(weights, cache, chunks, repeats)
+        rows.append({"kind": kind, "batch_size": batch, "num_tokens": tokens, "context_len": ctx,
+                     "ms_per_step": seconds * 1e3, "ms_per_token": seconds * 1e3 / tokens,
+                     "tokens_per_s": tokens / seconds, "floor_ms": floor_ms,
+                     "x_floor": seconds * 1e3 / floor_ms})
+    df = pd.DataFrame(rows)
+    df.attrs.update(bandwidth_GBps=bandwidth / 1e9, weight_MB=weights.num_bytes() / 1e6,
+                    device=str(weights.device), dtype=str(weights.dtype).replace("torch.", ""))
+    return df

@@ -1,0 +1,160 @@
+"""Requests: what a client submits, and the state a request carries through a server.
+
+A request is "how many of its tokens are computed" against "how many it needs" (vLLM v1's view).
+Its full token sequence is ``prompt_ids + output_ids``; ``num_computed_tokens`` counts the leading
+tokens whose keys and values are already in the KV cache. A prompt chunk computes several of them
+at once, a decode step computes exactly one, and the step that computes the last known token
+produces the next token.
+
+Simulated requests (for the simulator at full scale) carry only ``prompt_len``; their
+``prompt_ids`` is ``None`` and their output tokens are placeholders (-1).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class RequestStatus(str, enum.Enum):
+    WAITING = "waiting"      # arrived, not yet admitted (no KV space held)
+    RUNNING = "running"      # admitted: holds KV space, being prefilled or decoded
+    FINISHED = "finished"    # produced all its tokens (or a stop token)
+    REJECTED = "rejected"    # could never be served; ``finish_reason`` says why
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. ``temperature == 0`` means greedy (argmax).
+
+    ``seed`` makes a sampled request reproducible on its own: each request draws from its own
+    generator, so its output does not depend on which other requests shared its steps.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r}: must be an int or None")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Request:
+    """One client request and its life in the server.
+
+    Inputs: ``request_id``, ``prompt_ids`` (or only ``prompt_len`` for simulated requests),
+    ``max_new_tokens``, ``arrival_time`` (seconds on the workload's timeline), ``sampling``, and
+    ``stop_token_ids`` (empty by default, so every request makes exactly ``max_new_tokens``
+    tokens, as serving benchmarks do with ``ignore_eos``).
+
+    State, written by the engine only: ``status``, ``num_computed_tokens``, ``output_ids``,
+    ``token_times`` (when each output token was computed), ``first_scheduled_time``,
+    ``finish_time``, ``finish_reason``.
+    """
+
+    request_id: str
+    prompt_ids: list[int] | None
+    max_new_tokens: int
+    arrival_time: float = 0.0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt_len: int = -1
+    stop_token_ids: tuple[int, ...] = ()
+
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    first_scheduled_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_ids is not None:
+            self.prompt_ids = [int(t) for t in self.prompt_ids]
+            if self.prompt_len not in (-1, len(self.prompt_ids)):
+                raise ValueError(
+                    f"request {self.request_id!r}: prompt_len={self.prompt_len} but prompt_ids has "
+                    f"{len(self.prompt_ids)} tokens; give one or make them agree")
+            self.prompt_len = len(self.prompt_ids)
+        if not isinstance(self.prompt_len, int) or self.prompt_len < 1:
+            raise ValueError(
+                f"request {self.request_id!r}: prompt length {self.prompt_len!r} is not allowed; "
+                "a prompt needs at least 1 token")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens!r}; must be an int >= 1")
+        if not (isinstance(self.arrival_time, (int, float)) and math.isfinite(self.arrival_time)
+                and self.arrival_time >= 0):
+            raise ValueError(
+                f"request {self.request_id!r}: arrival_time={self.arrival_time!r}; must be a finite "
+                "number of seconds >= 0")
+        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+
+    # --- sizes -------------------------------------------------------------------------------
+    @property
+    def max_total_tokens(self) -> int:
+        """KV slots this request can ever need: the prompt plus every token it may generate."""
+        return self.prompt_len + self.max_new_tokens
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens that exist so far (prompt + generated); the cache must catch up to this."""
+        return self.prompt_len + len(self.output_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose KV is not yet cached: the rest of the prompt, or 1 while decoding."""
+        return self.num_known_tokens - self.num_computed_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < self.prompt_len
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def is_done(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.REJECTED)
+
+    def token_ids(self, start: int, num: int) -> list[int]:
+        """Known tokens ``[start, start + num)`` of ``prompt_ids + output_ids``."""
+        if self.prompt_ids is None:
+            raise ValueError(f"request {self.request_id!r} is simulated (no prompt_ids); it can "
+                             "only run on the simulator")
+        if start < 0 or num < 1 or start + num > self.num_known_tokens:
+            raise ValueError(f"request {self.request_id!r}: tokens [{start}, {start + num}) are outside "
+                             f"the {self.num_known_tokens} known tokens")
+        seq = self.prompt_ids + self.output_ids
+        return seq[start:start + num]
+
+    # --- state changes (engine only) -----------------------------------------------------------
+    def reset(self) -> "Request":
+        """Forget all run state, so the same request object can be served again."""
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.output_ids = []
+        self.token_times = []
+        self.first_scheduled_time = None
+        self.finish_time = None
+        self.finish_reason = None
+        return self
+
+    def fresh_copy(self) -> "Request":
+        """A new request with the same inputs and no run state."""
+        return Request(self.request_id, None if self.prompt_ids is None else list(self.prompt_ids),
+                       self.max_new_tokens, self.arrival_time, self.sampling,
+                       self.prompt_len, self.stop_token_ids)

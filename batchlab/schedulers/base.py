@@ -1,0 +1,84 @@
+"""The contract every batching policy follows.
+
+A scheduler is a pure policy: it holds the waiting and running queues and decides what the next
+step computes. It never touches tensors or the clock's source; it is told the time.
+
+The engine drives it like this, once per step::
+
+    scheduler.add_request(req)           # for each request that has arrived by `now`
+    plan = scheduler.schedule(now)       # what to compute next (may be empty)
+    result = backend.run(plan, ...)      # the engine runs it and updates the requests
+    released = scheduler.on_step_end(plan, now_after)   # drop finished work, free KV
+
+A scheduler may set ``req.status`` to RUNNING when it admits a request (and allocates its KV
+space); everything else on a request is written by the engine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from ..plan import KVSpace, StepPlan
+from ..requests import Request
+
+
+class Scheduler(ABC):
+    """Base class for batching policies.
+
+    ``streams_tokens``: True when each token reaches the client as soon as it is computed; False
+    for a non-streaming server that hands back each request's response when its batch ends.
+    ``draining``: set by the engine once no more requests will arrive, so a policy that waits
+    for a full batch may run a final partial one instead of waiting forever.
+    """
+
+    streams_tokens: bool = True
+
+    def __init__(self) -> None:
+        self.kv: KVSpace | None = None
+        self.draining: bool = False
+
+    def bind(self, kv: KVSpace) -> None:
+        """Attach the KV space this scheduler admits against (the backend's cache)."""
+        self.kv = kv
+
+    def why_unschedulable(self, req: Request) -> str | None:
+        """A reason this policy could never run ``req`` (the engine rejects it), else None."""
+        if self.kv is not None and not self.kv.fits_ever(req.max_total_tokens):
+            return (f"needs {req.max_total_tokens} KV tokens (prompt {req.prompt_len} + "
+                    f"max_new_tokens {req.max_new_tokens}); the cache holds at most "
+                    f"{self.kv.capacity_tokens} and one sequence at most "
+                    f"{getattr(self.kv, 'max_seq_len', None) or self.kv.capacity_tokens}")
+        return None
+
+    @abstractmethod
+    def add_request(self, req: Request) -> None:
+        """A request has arrived (status WAITING); queue it."""
+
+    @abstractmethod
+    def schedule(self, now: float) -> StepPlan:
+        """Plan the next step at time ``now``. Empty plan (with ``wake_at`` if a timer is set)
+        when there is nothing to run."""
+
+    @abstractmethod
+    def on_step_end(self, plan: StepPlan, now: float) -> list[Request]:
+        """The engine has applied ``plan``'s results. Remove finished requests from the queues,
+        free their KV space, and return the requests whose responses are released to clients
+        at ``now`` (continuous: those that just finished; request-level, non-streaming: the
+        whole batch, when it ends)."""
+
+    @abstractmethod
+    def has_pending(self) -> bool:
+        """True while any request is waiting or running."""
+
+    def continues_decoding(self, plan: StepPlan) -> bool:
+        """Optional promise that lets the simulator skip ahead; the default, False, is always safe.
+
+        The engine asks this only after a step in which every chunk of ``plan`` sampled a token
+        (decodes, and prompts that were completed) and no request finished; and again after each
+        new arrival is added. Answer True only if, from now until a request arrives or finishes,
+        every ``schedule(now)`` (whatever ``now``) would return one decode chunk for each request
+        of ``plan``, in ``plan``'s order, with ``plan``'s ``held_slots`` and ``batch_id``, and
+        ``on_step_end`` for those steps would change nothing and release nobody. The engine then
+        computes such runs of steps itself, without calling ``schedule``; the trace is the same.
+        """
+        return False

