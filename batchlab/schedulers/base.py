@@ -80,5 +80,7 @@ class Scheduler(ABC):
         of ``plan``, in ``plan``'s order, with ``plan``'s ``held_slots`` and ``batch_id``, and
         ``on_step_end`` for those steps would change nothing and release nobody. The engine then
         computes such runs of steps itself, without calling ``schedule``; the trace is the same.
+        (After such a run, ``plan`` is the engine's record of its last step: its ``chunks`` is a
+        read-only sequence, and ``on_step_end`` receives the same kind of plan.)
         """
         return False

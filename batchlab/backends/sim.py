@@ -1,0 +1,119 @@
+"""The simulator backend: steps take the time a fitted cost model predicts, and compute nothing.
+
+A ``SimBackend`` stands in for the real model at scales the real model cannot reach on a CPU
+(hundreds of thousands of requests). It keeps the same contract as ``ModelBackend``: it is given
+a ``StepPlan`` and answers with a ``StepResult``. The differences:
+
+- ``duration`` is ``cost_model.predict(plan)``, times an optional random factor (``noise``);
+- every sampled token is the placeholder ``-1`` (there is no model to choose a real one);
+- the KV cache is only accounting (a ``TokenKVSpace`` of ``kv_capacity_tokens`` tokens).
+
+Noise: with ``noise = sigma > 0`` each step's duration is multiplied by ``exp(sigma*z - sigma**2/2)``
+with ``z`` standard normal, a lognormal factor whose mean is 1 (so noise does not change average
+throughput) and whose spread is about ``sigma`` (0.1 → roughly ±10 %). The draws come from one
+seeded stream, one draw per step in step order, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..cost_model import CostModel
+from ..plan import StepPlan, TokenKVSpace
+from ..requests import Request
+from .base import Backend, StepResult
+
+PLACEHOLDER_TOKEN = -1
+_NOISE_BLOCK = 4096  # noise factors drawn at a time (numpy is fast per block, slow per call)
+
+
+class SimBackend(Backend):
+    """Predicts step durations with ``cost_model``; see the module docstring for the rules."""
+
+    placeholder_token: int = PLACEHOLDER_TOKEN
+
+    def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
+                 noise: float = 0.0, seed: int = 0) -> None:
+        if not isinstance(cost_model, CostModel):
+            raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
+                             "reads a saved fit)")
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) \
+                or noise < 0:
+            raise ValueError(f"noise={noise!r}; must be a finite number >= 0 (the lognormal sigma, "
+                             "0 = no noise)")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed={seed!r}; must be an int")
+        self.cost_model = cost_model
+        self.kv = TokenKVSpace(kv_capacity_tokens, max_seq_len)  # validates both numbers
+        self.noise = float(noise)
+        self.seed = seed
+        self._noise_factors: list[float] = []
+        self.reset()
+
+    @property
+    def cost_model(self) -> CostModel:
+        return self._cost_model
+
+    @cost_model.setter
+    def cost_model(self, cost_model: CostModel) -> None:
+        self._cost_model = cost_model
+        self._coefficients = cost_model.coefficients   # read once per step by step_duration
+
+    # --- the contract ------------------------------------------------------------------------
+    def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
+        """Predict the step's duration; every sampling chunk "produces" the placeholder token."""
+        chunks = plan.chunks
+        num_tokens = pairs = 0
+        sampling: list[str] = []
+        for c in chunks:
+            n = c.num_tokens
+            num_tokens += n
+            # Query-key pairs (see cost_model.chunk_attention_pairs); a decode at p reads p + 1.
+            pairs += c.start + 1 if n == 1 else n * c.start + n * (n + 1) // 2
+            if c.samples:
+                sampling.append(c.request_id)
+        new_tokens = dict.fromkeys(sampling, PLACEHOLDER_TOKEN)
+        if not chunks:
+            return StepResult(new_tokens, 0.0)
+        return StepResult(new_tokens, self.step_duration(len(chunks), num_tokens, pairs))
+
+    def reset(self) -> None:
+        """Start the noise stream over from ``seed``. The engine calls this when a run starts, so
+        every run on this backend draws the same noise whatever ran before it."""
+        self._rng = np.random.default_rng(self.seed)
+        self._noise_factors = []
+        self._noise_next = 0
+
+    # --- used by run() and by the engine's fast path -----------------------------------------
+    def step_duration(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
+        """The duration of the next step with these features; consumes one noise draw.
+
+        The engine's fast path calls this directly for steps it does not build a plan for; the
+        result is exactly what ``run`` would return for the same step.
+        """
+        # cost_model.predict_features, written out: this runs once per simulated step.
+        fixed, per_seq, per_token, per_pair = self._coefficients
+        duration = fixed + per_seq * num_seqs + per_token * num_tokens + per_pair * attention_pairs
+        if self.noise:
+            i = self._noise_next
+            if i == len(self._noise_factors):
+                self._draw_noise_block()
+                i = 0
+            self._noise_next = i + 1
+            duration *= self._noise_factors[i]
+        return duration
+
+    def _draw_noise_block(self) -> None:
+        """The next block of noise factors, from the seeded stream (one factor per step)."""
+        sigma = self.noise
+        z = self._rng.standard_normal(_NOISE_BLOCK)
+        self._noise_factors = np.exp(sigma * z - 0.5 * sigma * sigma).tolist()
+        self._noise_next = 0
+
+    def __repr__(self) -> str:
+        seq = f", max_seq_len={self.kv.max_seq_len}" if self.kv.max_seq_len is not None else ""
+        return (f"SimBackend(kv_capacity_tokens={self.kv.capacity_tokens}{seq}, noise={self.noise}, "
+                f"seed={self.seed}, cost_model={self.cost_model!r})")

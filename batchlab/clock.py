@@ -1,0 +1,116 @@
+"""The engine's two clocks: virtual (time is what the steps report) and wall (time is real).
+
+Both put the workload's arrival times and the steps on one axis of seconds since the run began.
+
+- ``VirtualClock``: time moves only by the duration each step reports (measured on the real
+  model, predicted by the simulator) and jumps straight over idle gaps to the next arrival or
+  timer. A trace with a 1000 s quiet spell runs in no time, and results never depend on how
+  precisely the machine can sleep, or on what else it is doing between steps.
+- ``WallClock``: time is ``time.perf_counter()`` since the run began. Requests arrive in real
+  time (the engine sleeps until the next arrival or timer when idle), and a step lasts as long
+  as it really took. If the backend reports a longer duration than the step really took (a
+  simulator computes nothing), the clock sleeps the difference, so a simulated run plays back
+  at its predicted speed. This is how a live server would run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from .backends.base import StepResult
+
+CLOCKS = ("virtual", "wall")
+
+
+class Clock(ABC):
+    """Where ``now`` comes from, how the engine waits, and how a step is timed."""
+
+    name: str
+
+    @abstractmethod
+    def start(self) -> float:
+        """Begin a run; returns ``now`` (0.0)."""
+
+    @abstractmethod
+    def now(self, last_now: float) -> float:
+        """The current time, given the engine's last reading."""
+
+    @abstractmethod
+    def wait_until(self, last_now: float, target: float) -> float:
+        """Idle until ``target`` (nothing to run); returns the new ``now``."""
+
+    @abstractmethod
+    def timed_step(self, last_now: float, run_step: Callable[[], StepResult]) -> tuple[StepResult, float, float]:
+        """Run one step; returns ``(result, start, duration)``. The step ends at ``start + duration``."""
+
+
+def _checked_duration(result: StepResult) -> float:
+    duration = result.duration
+    if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration >= 0):
+        raise ValueError(f"the backend reported a step duration of {duration!r}; it must be a finite "
+                         "number of seconds >= 0")
+    return float(duration)
+
+
+class VirtualClock(Clock):
+    """Time advances by each step's reported duration and jumps over idle gaps."""
+
+    name = "virtual"
+
+    def start(self) -> float:
+        return 0.0
+
+    def now(self, last_now: float) -> float:
+        return last_now                      # nothing happens between steps on this clock
+
+    def wait_until(self, last_now: float, target: float) -> float:
+        return max(last_now, target)         # skip the gap: no real waiting
+
+    def timed_step(self, last_now, run_step):
+        result = run_step()
+        return result, last_now, _checked_duration(result)
+
+
+class WallClock(Clock):
+    """Real time since the run began; see the module docstring."""
+
+    name = "wall"
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def start(self) -> float:
+        self._t0 = time.perf_counter()
+        return 0.0
+
+    def now(self, last_now: float) -> float:
+        return time.perf_counter() - self._t0
+
+    def wait_until(self, last_now: float, target: float) -> float:
+        delay = target - (time.perf_counter() - self._t0)
+        if delay > 0:
+            time.sleep(delay)
+        return time.perf_counter() - self._t0
+
+    def timed_step(self, last_now, run_step):
+        start = time.perf_counter() - self._t0
+        result = run_step()
+        reported = _checked_duration(result)
+        elapsed = time.perf_counter() - self._t0 - start
+        if reported > elapsed:
+            time.sleep(reported - elapsed)   # a simulated step plays back at its predicted length
+        return result, start, time.perf_counter() - self._t0 - start
+
+
+def make_clock(clock: str | Clock) -> Clock:
+    """``"virtual"`` or ``"wall"`` (or a ``Clock`` instance) → a clock object."""
+    if isinstance(clock, Clock):
+        return clock
+    if clock == "virtual":
+        return VirtualClock()
+    if clock == "wall":
+        return WallClock()
+    raise ValueError(f"clock={clock!r}; must be one of {CLOCKS}")

@@ -1,0 +1,40 @@
+"""Batching policies: who runs in the next step.
+
+- ``StaticBatcher``: wait for a full batch, run it to its end (``static.py``).
+- ``DynamicBatcher``: a batch leaves when full or when a timer ends (``dynamic.py``).
+- ``ContinuousBatcher``: re-form the batch every step within a token budget (``continuous.py``).
+
+All follow the contract in ``base.py``; static and dynamic share ``request_level.py``.
+"""
+
+from __future__ import annotations
+
+from .base import Scheduler
+from .continuous import ContinuousBatcher, ContinuousBatcherConfig
+from .dynamic import DynamicBatcher, DynamicBatcherConfig
+from .request_level import RequestLevelBatcher
+from .static import StaticBatcher, StaticBatcherConfig
+
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    "static": StaticBatcher,
+    "dynamic": DynamicBatcher,
+    "continuous": ContinuousBatcher,
+}
+
+
+def make_scheduler(name: str, **kwargs) -> Scheduler:
+    """Build a scheduler by name: ``make_scheduler("dynamic", max_batch_size=8, timeout=0.05)``."""
+    try:
+        cls = SCHEDULERS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown scheduler {name!r}; choose one of {sorted(SCHEDULERS)}") from None
+    return cls(**kwargs)
+
+
+__all__ = [
+    "Scheduler", "RequestLevelBatcher",
+    "StaticBatcher", "StaticBatcherConfig",
+    "DynamicBatcher", "DynamicBatcherConfig",
+    "ContinuousBatcher", "ContinuousBatcherConfig",
+    "SCHEDULERS", "make_scheduler",
+]

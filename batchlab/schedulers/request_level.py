@@ -1,0 +1,162 @@
+"""What static and dynamic batching share: a batch of whole requests that runs until its last member ends.
+
+Request-level batching (the way servers batched before continuous batching) forms a batch of
+requests, runs it, and forms the next batch only when the whole batch is done. The two policies
+built on this module differ in one rule only, *when a batch leaves the queue*:
+
+- ``StaticBatcher``: when ``batch_size`` requests are waiting.
+- ``DynamicBatcher``: when ``max_batch_size`` are waiting or a timer runs out, whichever is first.
+
+Everything else is the same and lives here:
+
+1. **Admission.** The leaving requests are taken from the front of the waiting queue (first come,
+   first served). Each one reserves KV space for its prompt plus every token it may generate and
+   becomes RUNNING. If the cache cannot hold them all, the batch runs with the members that fit
+   and the rest stay at the front of the queue for the next batch. (Between batches the cache is
+   empty, and the engine rejects any request that cannot fit an empty cache, so the first member
+   always fits.)
+2. **The first step** of a batch computes every member's whole prompt, one chunk per member and no
+   chunking, and samples each member's first token.
+3. **Decode steps** follow: one token for each member that has not finished. Nobody joins a running
+   batch; requests that arrive meanwhile wait in the queue.
+4. **Held slots.** A member that finishes early keeps its place (and its KV space) until the batch
+   ends. A padded implementation would keep computing padding for it; batchlab computes nothing for
+   it but reports the count as ``StepPlan.held_slots``, so the waste can be shown.
+5. **The batch ends** after the step in which its last member finishes. All members' KV space is
+   freed then, and the next batch may start at the very next step.
+6. **Release.** With ``stream=False`` (a non-streaming server) every member's complete response is
+   handed back when the batch ends, so a short request waits for the longest one. With
+   ``stream=True`` each member is released as soon as it finishes (its slot is still held).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections import deque
+from typing import Any
+
+from ..plan import ScheduledChunk, StepPlan
+from ..requests import Request, RequestStatus
+from .base import Scheduler
+
+_FINISHED, _REJECTED = RequestStatus.FINISHED, RequestStatus.REJECTED
+
+
+class RequestLevelBatcher(Scheduler):
+    """Base for batchers that run whole batches of requests; see the module docstring for the rules.
+
+    A subclass sets ``self.config`` (a dataclass with a ``stream`` field) and supplies one rule,
+    ``_num_leaving(now)``: how many waiting requests leave the queue as a batch now (0 for "not
+    yet"), and when to look again if nothing arrives.
+    """
+
+    config: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: deque[Request] = deque()
+        # The running batch: every member in admission order, and those not finished yet.
+        self.batch: list[Request] = []
+        self._unfinished: list[Request] = []
+        self._next_batch_id = 0
+        self.current_batch_id: int | None = None
+
+    # --- the contract ------------------------------------------------------------------------
+    @property
+    def stream(self) -> bool:
+        """True: each response is released when its request finishes; False: at batch end."""
+        return self.config.stream
+
+    @property
+    def streams_tokens(self) -> bool:  # type: ignore[override]
+        return self.config.stream
+
+    def add_request(self, req: Request) -> None:
+        """Queue an arrival. It waits even if a batch is running: nobody joins a running batch."""
+        self.waiting.append(req)
+
+    def has_pending(self) -> bool:
+        return bool(self.waiting) or bool(self.batch)
+
+    def schedule(self, now: float) -> StepPlan:
+        """Continue the running batch, or start the next one when the policy says it may leave."""
+        if not self.batch:
+            num_leaving, wake_at = self._num_leaving(now)
+            if num_leaving == 0:
+                return StepPlan(wake_at=wake_at)
+            self._start_batch(num_leaving)
+        # One chunk per unfinished member: its whole prompt in the batch's first step (nothing
+        # is computed yet), then exactly the one token it sampled last step.
+        chunks = []
+        for req in self._unfinished:
+            start = req.num_computed_tokens
+            num_tokens = req.prompt_len + len(req.output_ids) - start
+            chunks.append(ScheduledChunk(req.request_id, start, num_tokens, True))
+        return StepPlan(chunks=chunks, held_slots=len(self.batch) - len(self._unfinished),
+                        batch_id=self.current_batch_id)
+
+    def on_step_end(self, plan: StepPlan, now: float) -> list[Request]:
+        """Note which members finished; when the last one has, free the batch's KV and end it.
+
+        Returns the members finishing now when streaming, else the whole batch at its end.
+        """
+        if not self.batch:
+            return []
+        # Statuses compared by identity: ``req.is_done`` costs several times more per request.
+        just_finished: list[Request] = []
+        still_running: list[Request] = []
+        for req in self._unfinished:
+            status = req.status
+            if status is _FINISHED or status is _REJECTED:
+                just_finished.append(req)
+            else:
+                still_running.append(req)
+        if just_finished:
+            self._unfinished = still_running
+        released = just_finished if self.stream else []
+        if not self._unfinished:
+            for req in self.batch:
+                self.kv.free(req.request_id)
+            if not self.stream:
+                released = self.batch
+            self.batch = []
+            self.current_batch_id = None
+        return released
+
+    def continues_decoding(self, plan: StepPlan) -> bool:
+        """True while a batch runs and ``plan`` was its latest step: until a member finishes, each
+        next step is one decode per unfinished member, in the same order, with the same held slots
+        and batch id; arrivals only queue. This lets the simulator skip ahead (see ``Scheduler``)."""
+        return (bool(self._unfinished) and plan.batch_id == self.current_batch_id
+                and len(plan.chunks) == len(self._unfinished))
+
+    # --- the policy's one rule -----------------------------------------------------------------
+    @abstractmethod
+    def _num_leaving(self, now: float) -> tuple[int, float | None]:
+        """With no batch running: how many waiting requests leave as a batch at ``now`` (0 = none
+        yet), and the time at which that may change without a new arrival (or None)."""
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _start_batch(self, num_leaving: int) -> None:
+        """Admit up to ``num_leaving`` requests from the front of the queue, as many as the KV fits."""
+        if self.kv is None:
+            raise RuntimeError(f"{type(self).__name__} has no KV space; call bind(kv) before schedule()")
+        members: list[Request] = []
+        while self.waiting and len(members) < num_leaving:
+            req = self.waiting[0]
+            if not self.kv.can_allocate(req.max_total_tokens):
+                break  # the rest wait for the next batch, in arrival order
+            self.waiting.popleft()
+            self.kv.allocate(req.request_id, req.max_total_tokens)
+            req.status = RequestStatus.RUNNING
+            members.append(req)
+        if not members:
+            head = self.waiting[0]
+            raise RuntimeError(
+                f"request {head.request_id!r} needs {head.max_total_tokens} KV tokens but only "
+                f"{self.kv.capacity_tokens - self.kv.used_tokens} of {self.kv.capacity_tokens} are "
+                "free between batches; something other than this scheduler holds KV space")
+        self.batch = members
+        self._unfinished = list(members)
+        self.current_batch_id = self._next_batch_id
+        self._next_batch_id += 1

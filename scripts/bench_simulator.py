@@ -1,0 +1,101 @@
+"""How fast is the simulator? Serve 100,000 chat-like requests near saturation and time it.
+
+    python scripts/bench_simulator.py                         # 100k requests, max_num_seqs=16
+    python scripts/bench_simulator.py --max-num-seqs 64 --requests 20000
+    python scripts/bench_simulator.py --cost-model data/cost_model_cpu.json --slow
+
+The workload: prompts of 100-300 tokens, answers of 100-200 tokens (uniform), Poisson arrivals
+at ``--load`` times the server's capacity. The capacity is measured first, by serving a short
+burst of the same kind of requests all at once (the server is then never idle) and dividing
+requests by simulated seconds. Policy: ``ContinuousBatcher`` on a ``SimBackend``.
+
+The cost model is ``--cost-model`` (a JSON saved by ``CostModel.save``, e.g. a fit of the real
+model) or, by default, the illustrative coefficients below: CPU-like magnitudes written here by
+hand, not a measurement. The simulator's speed depends on them only through how many
+sequences share a step.
+
+What costs time: every step is a Python object in the trace, and every step in which a request
+joins or leaves asks the scheduler for a full plan (one chunk per running sequence). Steps in
+between are computed by the engine's fast path (see ``batchlab/engine.py``). So wall time grows
+with the number of steps (smaller batches: more steps) and with ``max_num_seqs`` times the
+number of requests (each join rebuilds a plan of the whole batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from batchlab.backends import CostModel, SimBackend
+from batchlab.engine import Engine
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.workloads import Range, make_workload
+
+# Illustrative, hand-written (not measured): 20 ms per step, 0.2 ms per sequence, 3 ms per token,
+# 0.2 µs per attention pair.
+ILLUSTRATIVE = CostModel(fixed_s=0.020, per_seq_s=0.0002, per_token_s=0.003, per_attention_pair_s=2e-7,
+                         source="illustrative coefficients written in scripts/bench_simulator.py")
+PROMPT_LEN = Range(100, 300)
+OUTPUT_LEN = Range(100, 200)
+
+
+def make_engine(cost: CostModel, args: argparse.Namespace, fast: bool) -> Engine:
+    scheduler = ContinuousBatcher(max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens)
+    backend = SimBackend(cost, kv_capacity_tokens=args.kv_capacity_tokens, noise=args.noise, seed=args.seed)
+    return Engine(scheduler, backend, fast_decode_runs=fast)
+
+
+def measure_capacity(cost: CostModel, args: argparse.Namespace, num_requests: int = 2000) -> float:
+    """Requests per simulated second when requests are always waiting (a burst at t = 0)."""
+    burst = make_workload(num_requests, prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN, arrival="at_once",
+                          seed=args.seed + 1)
+    trace = make_engine(cost, args, fast=True).run(burst)
+    last_release = max(r.release_time for r in trace.requests)
+    return num_requests / last_release
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-batched-tokens", type=int, default=2048)
+    parser.add_argument("--kv-capacity-tokens", type=int, default=1_000_000)
+    parser.add_argument("--load", type=float, default=0.9, help="arrival rate / measured capacity")
+    parser.add_argument("--noise", type=float, default=0.0, help="lognormal sigma of step times")
+    parser.add_argument("--cost-model", type=Path, default=None, help="a saved CostModel JSON")
+    parser.add_argument("--slow", action="store_true", help="turn the engine's fast path off")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    cost = CostModel.load(args.cost_model) if args.cost_model else ILLUSTRATIVE
+    print(f"cost model: {cost!r}\n  source: {cost.source or '(none given)'}")
+    capacity = measure_capacity(cost, args)
+    rate = args.load * capacity
+    print(f"policy: ContinuousBatcher(max_num_seqs={args.max_num_seqs}, "
+          f"max_batched_tokens={args.max_batched_tokens}); capacity {capacity:.3f} req/s (simulated); "
+          f"arrivals: Poisson at {rate:.3f} req/s ({args.load:.0%} of capacity)")
+
+    t0 = time.perf_counter()
+    requests = make_workload(args.requests, prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN, arrival="poisson",
+                             rate=rate, seed=args.seed)
+    made = time.perf_counter() - t0
+    engine = make_engine(cost, args, fast=not args.slow)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    trace = engine.run(requests)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+
+    tokens = sum(r.num_output_tokens for r in trace.requests)
+    steps = len(trace.steps)
+    fast = trace.meta["num_fast_steps"]
+    print(f"workload: {args.requests:,} requests, {tokens:,} output tokens (made in {made:.1f} s)")
+    print(f"simulated: {trace.duration / 3600:.1f} h of serving, {steps:,} steps "
+          f"({fast / max(steps, 1):.0%} on the fast path), {tokens / max(steps, 1):.1f} tokens sampled per step")
+    print(f"wall time for {args.requests:,} requests: {wall:.2f} s  ->  {args.requests / wall:,.0f} requests/s, "
+          f"{tokens / wall / 1e6:.2f} M tokens/s")
+    # On a busy machine wall time includes waiting for a core; CPU time is the work itself.
+    print(f"CPU time of the run: {cpu:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
