@@ -1,0 +1,534 @@
+"""Serving metrics from a ``Trace``: what a benchmark client would have measured.
+
+Every latency here is computed from what the client saw, ``RequestRecord.visible_token_times``,
+and from each request's arrival time, exactly as vLLM's serving benchmark computes them
+(``calculate_metrics`` in ``vllm/benchmarks/serve.py``, formerly ``benchmarks/benchmark_serving.py``).
+All times are seconds on the trace's clock; rates are per second.
+
+Per finished request, with ``t_1 .. t_n`` the times its ``n`` output tokens became visible:
+
+* **TTFT** (time to first token) = ``t_1 - arrival``. For a non-streaming server the first token
+  is visible only when the whole response is, so TTFT equals E2E there.
+* **E2E latency** = ``t_n - arrival`` (the last visible token: the release of the response).
+* **TPOT** (time per output token, first token excluded) = ``(E2E - TTFT) / (n - 1)``;
+  undefined (NaN) when ``n == 1`` and then left out of TPOT statistics, as vLLM does.
+* **ITL** (inter-token latency) = every gap ``t_{i+1} - t_i`` between successive visible tokens,
+  pooled over all requests into one population (a long request contributes many gaps). Tokens
+  that become visible together (a non-streamed response) contribute gaps of 0: there is no
+  streaming to measure, and TTFT = E2E tells that story. (vLLM's client would see one chunk and
+  record no gap at all, and prints 0 for an empty list; batchlab keeps the zeros so ITL counts
+  always equal the sum of ``n - 1``.)
+* **queue time** = ``first_scheduled_time - arrival``: how long the request waited before its
+  first step (a server-side view, not something a client can see).
+
+Over the run:
+
+* **duration** = from the first arrival (of any request, rejected ones included) to the last
+  release (the last visible token of any finished request). vLLM measures its benchmark
+  duration the same way, from sending the first request to receiving the last response. Every
+  function that divides by time also accepts an explicit ``duration``.
+* **request throughput** = finished requests / duration.
+* **output-token throughput** = output tokens of finished requests / duration.
+* **total-token throughput** = (prompt + output tokens of finished requests) / duration.
+* **goodput** = finished requests that meet *every* given SLO / duration. SLOs are upper bounds
+  in seconds on any of ``ttft``, ``tpot``, ``e2e`` (see ``SLO``). A 1-token request has no TPOT
+  and counts as meeting a TPOT SLO (vLLM treats its TPOT as 0 for goodput).
+
+Statistics use ``numpy.percentile`` with linear interpolation and the population standard
+deviation (``ddof=0``), as vLLM does. Rejected requests (status ``rejected``) and any request that
+did not finish are counted and reported, and left out of every latency statistic and throughput.
+
+Device view (from the step records, not from the client):
+
+* **busy share** = time spent computing steps / duration.
+* **mean batch occupancy** = sequences per step, weighted by step duration (idle time excluded).
+* **slot waste** (request-level batching) = slot-time held by finished members of an unfinished
+  batch / all slot-time: ``sum(held_slots * d) / sum((num_seqs + held_slots) * d)`` over steps of
+  duration ``d``.
+
+Other tools call different numbers "ITL" and "TPOT"; ``itl_definitions`` computes them side by side
+on one trace, with the source files they were checked against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pandas as pd
+
+from .requests import RequestStatus
+from .trace import RequestRecord, Trace
+
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e", "queue_time")
+DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+
+PER_REQUEST_COLUMNS: list[str] = [
+    "request_id", "arrival_time", "prompt_len", "num_output_tokens", "streamed",
+    "first_scheduled_time", "first_token_time", "last_token_time",
+    "queue_time", "ttft", "tpot", "itl_max", "e2e", "release_wait",
+]
+
+
+# --- validation helpers ------------------------------------------------------------------------
+def _check_trace(trace: Trace) -> None:
+    """A trace must be a ``Trace`` with at least one request to be measured."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    if not trace.requests:
+        raise ValueError("the trace has no requests, so there is nothing to measure; "
+                         "run a workload with at least one request")
+
+
+def check_percentiles(percentiles: Iterable[float]) -> tuple[float, ...]:
+    """Validate percentiles: a non-empty collection of numbers in [0, 100]. Returns them as floats."""
+    if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, Iterable):
+        raise TypeError(f"percentiles={percentiles!r}: give a sequence of numbers in [0, 100], "
+                        "e.g. (50, 90, 99)")
+    values = list(percentiles)
+    if not values:
+        raise ValueError("percentiles is empty: give at least one number in [0, 100], e.g. (50, 99)")
+    out = []
+    for p in values:
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+            raise TypeError(f"percentile {p!r} is not a number; percentiles must be numbers in [0, 100]")
+        if not (math.isfinite(p) and 0 <= p <= 100):
+            raise ValueError(f"percentile {p!r} is outside [0, 100]; use e.g. 99 for the 99th "
+                             "percentile, not 0.99 or 990")
+        out.append(float(p))
+    return tuple(out)
+
+
+def percentile_column(p: float) -> str:
+    """Column name for a percentile: 50 -> 'p50', 99.9 -> 'p99.9'."""
+    return f"p{p:g}"
+
+
+def _check_duration(duration: float) -> float:
+    if isinstance(duration, bool) or not isinstance(duration, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(duration) or duration <= 0:
+        raise ValueError(f"duration={duration!r}: must be a finite number of seconds > 0")
+    return float(duration)
+
+
+# --- SLOs --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives: upper bounds in seconds. ``None`` means "no bound on this metric".
+
+    A request meets the SLO when every given bound holds: ``ttft <= self.ttft``,
+    ``tpot <= self.tpot`` (a 1-token request has no TPOT and passes) and ``e2e <= self.e2e``.
+    """
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+
+    def __post_init__(self) -> None:
+        given = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        if not given:
+            raise ValueError("an SLO needs at least one bound: ttft, tpot or e2e (seconds)")
+        for name, bound in given.items():
+            if isinstance(bound, bool) or not isinstance(bound, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(bound) or bound <= 0:
+                raise ValueError(f"SLO {name}={bound!r}: must be a finite number of seconds > 0")
+
+    @classmethod
+    def coerce(cls, slo: "SLO | Mapping[str, float]") -> "SLO":
+        """Accept an ``SLO`` or a dict like ``{"ttft": 0.5, "e2e": 4.0}`` (seconds)."""
+        if isinstance(slo, SLO):
+            return slo
+        if isinstance(slo, Mapping):
+            allowed = {f.name for f in fields(cls)}
+            unknown = set(slo) - allowed
+            if unknown:
+                raise ValueError(f"unknown SLO key(s) {sorted(unknown)}; allowed: {sorted(allowed)} "
+                                 "(bounds in seconds)")
+            return cls(**slo)
+        raise TypeError(f"slo={slo!r}: give an SLO or a dict with keys ttft/tpot/e2e in seconds")
+
+    def met(self, per_request: pd.DataFrame) -> pd.Series:
+        """Boolean Series: which rows of ``per_request_metrics(...)`` meet every bound."""
+        ok = pd.Series(True, index=per_request.index)
+        if self.ttft is not None:
+            ok &= per_request["ttft"] <= self.ttft
+        if self.tpot is not None:
+            # NaN TPOT (1-token output) passes, as vLLM counts it as 0 for goodput.
+            ok &= per_request["tpot"].isna() | (per_request["tpot"] <= self.tpot)
+        if self.e2e is not None:
+            ok &= per_request["e2e"] <= self.e2e
+        return ok
+
+
+# --- per-request view ---------------------------------------------------------------------------
+def _finished(trace: Trace) -> list[RequestRecord]:
+    """Finished requests; a finished request must have produced at least one token."""
+    done = [r for r in trace.requests if r.status == RequestStatus.FINISHED]
+    for r in done:
+        if not r.token_times:
+            raise ValueError(f"request {r.request_id!r} is marked finished but has no output tokens; "
+                             "the trace is inconsistent")
+    return done
+
+
+def request_counts(trace: Trace) -> dict[str, int]:
+    """How many requests were submitted, finished, rejected, and left unfinished."""
+    _check_trace(trace)
+    statuses = [RequestStatus(r.status) for r in trace.requests]
+    finished = sum(s == RequestStatus.FINISHED for s in statuses)
+    rejected = sum(s == RequestStatus.REJECTED for s in statuses)
+    return {"num_requests": len(statuses), "num_finished": finished, "num_rejected": rejected,
+            "num_unfinished": len(statuses) - finished - rejected}
+
+
+def per_request_metrics(trace: Trace) -> pd.DataFrame:
+    """One row per finished request, with its latencies in seconds.
+
+    Columns: ``request_id``, ``arrival_time``, ``prompt_len``, ``num_output_tokens``, ``streamed``,
+    ``first_scheduled_time``, ``first_token_time`` / ``last_token_time`` (first and last *visible*
+    token), ``queue_time``, ``ttft``, ``tpot`` (NaN for 1-token outputs), ``itl_max`` (the request's
+    longest gap between visible tokens, NaN for 1 token), ``e2e``, and ``release_wait`` (time the
+    finished response waited before the client saw its last token: 0 when streamed, the wait for
+    the batch to end for a non-streaming request-level batcher).
+
+    Rejected and unfinished requests are left out (see ``request_counts``).
+    """
+    _check_trace(trace)
+    rows = []
+    for r in _finished(trace):
+        visible = np.asarray(r.visible_token_times, dtype=float)   # (n,)
+        n = len(visible)
+        ttft = visible[0] - r.arrival_time
+        e2e = visible[-1] - r.arrival_time
+        rows.append({
+            "request_id": r.request_id, "arrival_time": r.arrival_time,
+            "prompt_len": r.prompt_len, "num_output_tokens": n, "streamed": r.streamed,
+            "first_scheduled_time": (np.nan if r.first_scheduled_time is None
+                                     else r.first_scheduled_time),
+            "first_token_time": visible[0], "last_token_time": visible[-1],
+            "queue_time": (np.nan if r.first_scheduled_time is None
+                           else r.first_scheduled_time - r.arrival_time),
+            "ttft": ttft,
+            "tpot": (e2e - ttft) / (n - 1) if n > 1 else np.nan,
+            "itl_max": float(np.diff(visible).max()) if n > 1 else np.nan,
+            "e2e": e2e,
+            "release_wait": visible[-1] - r.token_times[-1],
+        })
+    df = pd.DataFrame(rows, columns=PER_REQUEST_COLUMNS)
+    float_cols = [c for c in PER_REQUEST_COLUMNS
+                  if c not in ("request_id", "prompt_len", "num_output_tokens", "streamed")]
+    return df.astype({c: float for c in float_cols})
+
+
+def itl_values(trace: Trace) -> np.ndarray:
+    """All gaps between successive visible tokens, pooled over finished requests (seconds).
+
+    A request with ``n`` output tokens contributes ``n - 1`` gaps; shape ``(sum(n - 1),)``.
+    """
+    _check_trace(trace)
+    gaps = [np.diff(np.asarray(r.visible_token_times, dtype=float)) for r in _finished(trace)]
+    return np.concatenate(gaps) if gaps else np.empty(0, dtype=float)
+
+
+# --- run-level rates ------------------------------------------------------------------------------
+def benchmark_duration(trace: Trace) -> float:
+    """Seconds from the first arrival (any request) to the last release (any finished request)."""
+    _check_trace(trace)
+    done = _finished(trace)
+    if not done:
+        counts = request_counts(trace)
+        raise ValueError(f"no request finished ({counts['num_rejected']} rejected, "
+                         f"{counts['num_unfinished']} unfinished of {counts['num_requests']}), so "
+                         "the run has no last release; pass duration= explicitly")
+    first_arrival = min(r.arrival_time for r in trace.requests)
+    last_release = max(r.visible_token_times[-1] for r in done)
+    duration = last_release - first_arrival
+    if duration <= 0:
+        raise ValueError(f"the run lasts {duration!r} s from first arrival to last release; "
+                         "a duration must be > 0 (pass duration= explicitly)")
+    return float(duration)
+
+
+def _resolve_duration(trace: Trace, duration: float | None) -> float:
+    return benchmark_duration(trace) if duration is None else _check_duration(duration)
+
+
+def throughput(trace: Trace, slo: SLO | Mapping[str, float] | None = None,
+               duration: float | None = None) -> pd.Series:
+    """Counts and rates of one run, as a Series.
+
+    Index: ``num_requests``, ``num_finished``, ``num_rejected``, ``num_unfinished``,
+    ``duration`` (s), ``request_throughput`` (req/s), ``output_throughput`` (tok/s),
+    ``total_token_throughput`` (tok/s), and with an SLO also ``num_good`` and ``goodput`` (req/s).
+    Only finished requests count towards throughput; ``duration`` defaults to
+    ``benchmark_duration(trace)``.
+    """
+    counts = request_counts(trace)
+    dur = _resolve_duration(trace, duration)
+    done = _finished(trace)
+    output_tokens = sum(r.num_output_tokens for r in done)
+    prompt_tokens = sum(r.prompt_len for r in done)
+    out: dict[str, float] = {**counts, "duration": dur,
+                             "request_throughput": len(done) / dur,
+                             "output_throughput": output_tokens / dur,
+                             "total_token_throughput": (prompt_tokens + output_tokens) / dur}
+    if slo is not None:
+        good = int(SLO.coerce(slo).met(per_request_metrics(trace)).sum())
+        out["num_good"] = good
+        out["goodput"] = good / dur
+    return pd.Series(out, name="throughput", dtype=object)
+
+
+def goodput(trace: Trace, slo: SLO | Mapping[str, float], duration: float | None = None) -> float:
+    """Finished requests meeting every bound of ``slo`` per second of ``duration``."""
+    return float(throughput(trace, slo=slo, duration=duration)["goodput"])
+
+
+# --- latency statistics ------------------------------------------------------------------------
+def _stats(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float]:
+    """count, mean, std (ddof=0), min, the percentiles (linear interpolation) and max."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    row: dict[str, float] = {"count": len(values)}
+    if len(values) == 0:
+        row.update({"mean": np.nan, "std": np.nan, "min": np.nan})
+        row.update({percentile_column(p): np.nan for p in percentiles})
+        row["max"] = np.nan
+        return row
+    row.update({"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min())})
+    row.update({percentile_column(p): float(v)
+                for p, v in zip(percentiles, np.percentile(values, percentiles))})
+    row["max"] = float(values.max())
+    return row
+
+
+def latency_values(trace: Trace, metric: str) -> np.ndarray:
+    """The population a latency statistic is computed over: one value per finished request for
+    ``ttft``, ``tpot`` (requests with >1 token), ``e2e``, ``queue_time``; every pooled gap for ``itl``."""
+    if metric not in LATENCY_METRICS:
+        raise ValueError(f"metric={metric!r}; allowed: {list(LATENCY_METRICS)}")
+    if metric == "itl":
+        return itl_values(trace)
+    values = per_request_metrics(trace)[metric].to_numpy(dtype=float)
+    return values[~np.isnan(values)]
+
+
+def summarize(trace: Trace, slo: SLO | Mapping[str, float] | None = None,
+              percentiles: Iterable[float] = DEFAULT_PERCENTILES,
+              duration: float | None = None) -> pd.DataFrame:
+    """Latency statistics of one run (seconds): rows ``ttft``, ``tpot``, ``itl``, ``e2e``,
+    ``queue_time``; columns ``count``, ``mean``, ``std``, ``min``, one per percentile (``p50``...),
+    ``max``.
+
+    The run's counts, throughput and (with ``slo``) goodput ride along as a plain dict in
+    ``df.attrs["throughput"]`` (the values of ``throughput(trace, slo, duration)``; a dict, not a
+    Series, so that ``pd.concat`` of several summaries can compare their attrs).
+    Raises ``ValueError`` when no request finished.
+    """
+    pcts = check_percentiles(percentiles)
+    per_request = per_request_metrics(trace)
+    if per_request.empty:
+        counts = request_counts(trace)
+        raise ValueError(f"no request finished ({counts['num_rejected']} rejected, "
+                         f"{counts['num_unfinished']} unfinished of {counts['num_requests']}); "
+                         "there are no latencies to summarize")
+    rows = {}
+    for metric in LATENCY_METRICS:
+        values = itl_values(trace) if metric == "itl" else per_request[metric].to_numpy(dtype=float)
+        rows[metric] = _stats(values, pcts)
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "metric"
+    df["count"] = df["count"].astype(int)
+    df.attrs["throughput"] = throughput(trace, slo=slo, duration=duration).to_dict()
+    return df
+
+
+# --- device view ---------------------------------------------------------------------------------
+def _step_arrays(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(durations, num_seqs, num_tokens, held_slots) per step, each shape (num_steps,)."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    if not trace.steps:
+        raise ValueError("the trace has no steps, so there is no device activity to measure")
+    durations = np.array([s.duration for s in trace.steps], dtype=float)
+    num_seqs = np.array([s.num_seqs for s in trace.steps], dtype=float)
+    num_tokens = np.array([s.num_tokens for s in trace.steps], dtype=float)
+    held = np.array([s.held_slots for s in trace.steps], dtype=float)
+    if durations.sum() <= 0:
+        raise ValueError("every step has zero duration, so time-weighted averages are undefined")
+    return durations, num_seqs, num_tokens, held
+
+
+def busy_share(trace: Trace, duration: float | None = None) -> float:
+    """Fraction of the run's duration the device spent computing steps."""
+    durations, *_ = _step_arrays(trace)
+    return float(durations.sum() / _resolve_duration(trace, duration))
+
+
+def mean_batch_occupancy(trace: Trace) -> float:
+    """Average sequences per step, weighted by step duration (idle time is not counted)."""
+    durations, num_seqs, _, _ = _step_arrays(trace)
+    return float((num_seqs * durations).sum() / durations.sum())
+
+
+def slot_waste(trace: Trace) -> float:
+    """Share of slot-time held by finished members of unfinished request-level batches:
+    ``sum(held_slots * d) / sum((num_seqs + held_slots) * d)``. 0 for continuous batching."""
+    durations, num_seqs, _, held = _step_arrays(trace)
+    total = ((num_seqs + held) * durations).sum()
+    return float((held * durations).sum() / total) if total > 0 else 0.0
+
+
+def device_stats(trace: Trace, duration: float | None = None) -> pd.Series:
+    """``num_steps``, ``busy_time`` (s), ``busy_share``, ``mean_num_seqs`` and ``mean_num_tokens``
+    (time-weighted over busy time), ``slot_waste``."""
+    durations, num_seqs, num_tokens, _ = _step_arrays(trace)
+    return pd.Series({
+        "num_steps": len(durations), "busy_time": float(durations.sum()),
+        "busy_share": busy_share(trace, duration),
+        "mean_num_seqs": mean_batch_occupancy(trace),
+        "mean_num_tokens": float((num_tokens * durations).sum() / durations.sum()),
+        "slot_waste": slot_waste(trace),
+    }, name="device", dtype=object)
+
+
+# --- side by side --------------------------------------------------------------------------------
+def summary_row(trace: Trace, slo: SLO | Mapping[str, float] | None = None,
+                percentiles: Iterable[float] = (50, 90, 99),
+                duration: float | None = None) -> dict[str, float]:
+    """One flat dict per run: counts, rates, device stats (NaN without steps), and
+    ``<metric>_mean`` / ``<metric>_p<q>`` for every latency metric (seconds)."""
+    pcts = check_percentiles(percentiles)
+    lat = summarize(trace, slo=slo, percentiles=pcts, duration=duration)
+    row: dict[str, float] = dict(lat.attrs["throughput"])
+    if trace.steps:
+        row.update(device_stats(trace, duration))
+    else:
+        row.update({k: np.nan for k in ("num_steps", "busy_time", "busy_share", "mean_num_seqs",
+                                        "mean_num_tokens", "slot_waste")})
+    for metric in LATENCY_METRICS:
+        row[f"{metric}_mean"] = lat.loc[metric, "mean"]
+        for p in pcts:
+            col = percentile_column(p)
+            row[f"{metric}_{col}"] = lat.loc[metric, col]
+    return row
+
+
+def compare(traces: Mapping[str, Trace], slo: SLO | Mapping[str, float] | None = None,
+            percentiles: Iterable[float] = (50, 90, 99), duration: float | None = None,
+            label: str = "policy") -> pd.DataFrame:
+    """One row per named trace (e.g. one per batching policy), columns from ``summary_row``.
+
+    The name goes in column ``label``; add more columns (``request_rate``...) and ``pd.concat``
+    several of these to build a load-sweep table for ``plots.plot_load_curve``.
+    """
+    if not isinstance(traces, Mapping) or not traces:
+        raise ValueError("compare() needs a non-empty dict of {name: Trace}")
+    rows = []
+    for name, trace in traces.items():
+        try:
+            rows.append({label: name, **summary_row(trace, slo, percentiles, duration)})
+        except ValueError as err:
+            raise ValueError(f"trace {name!r}: {err}") from err
+    df = pd.DataFrame(rows)
+    return df.infer_objects()
+
+
+# --- what other tools call ITL and TPOT -------------------------------------------------------------
+def _weighted_inverse_cdf(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """GuideLLM's weighted percentile: sort the values, turn weights into probabilities, and
+    return the first value whose cumulative probability reaches ``q`` (no interpolation)."""
+    order = np.argsort(values, kind="stable")
+    values, weights = values[order], weights[order]
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if len(values) == 0:
+        return np.nan
+    cdf = np.cumsum(weights) / weights.sum()
+    idx = min(int(np.searchsorted(cdf, q, side="left")), len(values) - 1)
+    return float(values[idx])
+
+
+def itl_definitions(trace: Trace, percentiles: Iterable[float] = (50, 99)) -> pd.DataFrame:
+    """The same trace measured with each tool's own "ITL" / "TPOT" (seconds), side by side.
+
+    Rows (index ``definition``):
+
+    * ``vllm_itl`` -- vLLM ``vllm bench serve`` "ITL": every gap between successive tokens, pooled
+      over requests; plain mean and ``np.percentile``. (``vllm/benchmarks/serve.py``,
+      ``calculate_metrics``: ``itls += outputs[i].itl``.)
+    * ``vllm_tpot`` -- vLLM "TPOT (excl. 1st token)": per request ``(E2E - TTFT) / (n - 1)`` for
+      ``n > 1``; one value per request. (same function.)
+    * ``llmperf_inter_token_latency`` -- LLMPerf ``inter_token_latency_s``: per request, the sum of
+      ``time_to_next_token`` -- whose first entry is the TTFT -- divided by the number of output
+      tokens, i.e. ``(t_n - arrival) / n``: the first token's wait *is* included. Statistics are
+      pandas quantiles (linear) over requests. (``ray-project/llmperf``:
+      ``src/llmperf/ray_clients/openai_chat_completions_client.py`` builds the sum,
+      ``token_benchmark_ray.py`` divides by the tokenizer-counted output length; here ``n`` is the
+      trace's token count.)
+    * ``guidellm_inter_token_latency`` -- GuideLLM ``inter_token_latency_ms``: per request
+      ``(t_n - t_1) / (n - 1)`` (first token excluded, same value as vLLM's TPOT), but the
+      distribution weights each request by ``n - 1`` tokens, so its mean equals the pooled mean
+      of vLLM's ITL, and percentiles are weighted inverse-CDF values (no interpolation).
+    * ``guidellm_time_per_output_token`` -- GuideLLM ``time_per_output_token_ms``: per request
+      ``(t_n - arrival) / n`` (first token *included*, like LLMPerf's ITL), weighted by ``n``.
+      (``vllm-project/guidellm``: ``src/guidellm/schemas/request_stats.py``,
+      ``GenerativeRequestStats``; weights in ``src/guidellm/benchmark/schemas/generative/metrics.py``,
+      ``GenerativeMetrics.compile``; weighted percentiles in ``src/guidellm/schemas/statistics.py``,
+      ``DistributionSummary.from_values`` / ``Percentiles.from_pdf``.)
+
+    Columns: ``tool``, ``reported_as``, ``formula``, ``includes_first_token``, ``population``,
+    ``count``, ``mean``, and one column per percentile. GuideLLM reports milliseconds and LLMPerf
+    seconds; all values here are seconds. Requests are timed from their arrival, as if each tool's
+    client sent the request at that moment.
+    """
+    _check_trace(trace)
+    pcts = check_percentiles(percentiles)
+    done = _finished(trace)
+    visible = [np.asarray(r.visible_token_times, dtype=float) for r in done]
+    n = np.array([len(v) for v in visible], dtype=float)
+    arrival = np.array([r.arrival_time for r in done], dtype=float)
+    first = np.array([v[0] for v in visible], dtype=float)
+    last = np.array([v[-1] for v in visible], dtype=float)
+    multi = n > 1
+
+    gaps = np.concatenate([np.diff(v) for v in visible]) if visible else np.empty(0)
+    vllm_tpot = ((last - first)[multi] / (n[multi] - 1))
+    llmperf = (last - arrival) / n if len(n) else np.empty(0)
+    guide_itl, guide_itl_w = vllm_tpot, n[multi] - 1
+    guide_tpot, guide_tpot_w = llmperf, n
+
+    def plain(values: np.ndarray) -> dict[str, float]:
+        stats = _stats(values, pcts)
+        return {"count": stats["count"], "mean": stats["mean"],
+                **{percentile_column(p): stats[percentile_column(p)] for p in pcts}}
+
+    def weighted(values: np.ndarray, weights: np.ndarray) -> dict[str, float]:
+        if len(values) == 0 or weights.sum() <= 0:
+            return {"count": 0, "mean": np.nan, **{percentile_column(p): np.nan for p in pcts}}
+        return {"count": int(round(weights.sum())),
+                "mean": float((values * weights).sum() / weights.sum()),
+                **{percentile_column(p): _weighted_inverse_cdf(values, weights, p / 100) for p in pcts}}
+
+    rows = [
+        {"definition": "vllm_itl", "tool": "vLLM bench serve", "reported_as": "ITL",
+         "formula": "t[i+1] - t[i], every gap", "includes_first_token": False,
+         "population": "all gaps pooled", **plain(gaps)},
+        {"definition": "vllm_tpot", "tool": "vLLM bench serve", "reported_as": "TPOT",
+         "formula": "(E2E - TTFT) / (n - 1)", "includes_first_token": False,
+         "population": "one per request with n > 1", **plain(vllm_tpot)},
+        {"definition": "llmperf_inter_token_latency", "tool": "LLMPerf",
+         "reported_as": "inter_token_latency_s", "formula": "(t[n] - arrival) / n",
+         "includes_first_token": True, "population": "one per request", **plain(llmperf)},
+        {"definition": "guidellm_inter_token_latency", "tool": "GuideLLM",
+         "reported_as": "inter_token_latency_ms", "formula": "(t[n] - t[1]) / (n - 1)",
+         "includes_first_token": False, "population": "per request, weighted by n - 1",
+         **weighted(guide_itl, guide_itl_w)},
+        {"definition": "guidellm_time_per_output_token", "tool": "GuideLLM",
+         "reported_as": "time_per_output_token_ms", "formula": "(t[n] - arrival) / n",
+         "includes_first_token": True, "population": "per request, weighted by n",
+         **weighted(guide_tpot, guide_tpot_w)},
+    ]
+    return pd.DataFrame(rows).set_index("definition")
