@@ -2,7 +2,9 @@
 
 Layout: one slot per sequence, each slot long enough for ``max_seq_len`` tokens::
 
-    k, v: (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
+    kv: (num_layers, num_slots, 2, num_kv_heads, max_seq_len, head_dim)   # [:, :, 0] keys, [:, :, 1] values
+
+Keys and values share one tensor so a step writes both with one indexed copy per layer.
 
 A sequence is given a whole slot when it is admitted and gives it back when it finishes; the
 slot is reused by the next admitted sequence at the very next step. Because a slot's tokens are
@@ -39,9 +41,8 @@ class KVCache:
             raise ValueError(f"dtype={dtype!r}; allowed: {list(DTYPE_BYTES)}")
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.num_slots, self.max_seq_len = num_slots, max_seq_len
-        shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv = torch.zeros((num_layers, num_slots, 2, num_kv_heads, max_seq_len, head_dim),
+                              dtype=dtype, device=device)
         self._free_slots = list(range(num_slots))        # kept sorted: lowest slot first
         self._slot_of: dict[str, int] = {}
         self._reserved_of: dict[str, int] = {}
@@ -68,8 +69,18 @@ class KVCache:
 
     # --- sizes ---------------------------------------------------------------------------------
     @property
+    def k(self) -> torch.Tensor:
+        """Keys: (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim), a view."""
+        return self.kv[:, :, 0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        """Values, shaped like ``k``, a view."""
+        return self.kv[:, :, 1]
+
+    @property
     def bytes_per_token(self) -> int:
-        return self.token_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.k.dtype)
+        return self.token_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.kv.dtype)
 
     @property
     def total_bytes(self) -> int:

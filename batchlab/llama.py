@@ -133,10 +133,8 @@ class SeqChunk:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x²) + eps) · weight, computed in fp32 for stability."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return xf.to(x.dtype) * weight
+    """x / sqrt(mean(x²) + eps) · weight, over the last dimension (one fused op)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -200,6 +198,10 @@ class _StepLayout:
             lengths[self.single_slots] = torch.tensor([c.start + 1 for _, c in self.single], device=device)
             ctx = torch.arange(self.max_ctx, device=device)
             self.single_mask = (ctx[None, :] < lengths[:, None])[:, None, None, :]  # (span, 1, 1, ctx)
+            # Common case: single-token chunks come first, in slot order 0, 1, 2, ... → no scatter.
+            n = len(self.single)
+            self.single_dense = ([r for r, _ in self.single] == list(range(n))
+                                 and single_slots == list(range(n)))
 
 
 @torch.inference_mode()
@@ -216,23 +218,29 @@ def forward_step(weights: LlamaWeights, cache: KVCache, chunks: list[SeqChunk]) 
     x = weights.embed[lay.ids]                                     # (T, D)
     for li, lw in enumerate(weights.layers):
         h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
-        qkv = F.linear(h, lw.w_qkv)                                # (T, (H + 2KV)·hd)
-        q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
-        q = apply_rope(q.view(T, H, hd), cos, sin)                 # (T, H, hd)
-        k = apply_rope(k.view(T, KV, hd), cos, sin)                # (T, KV, hd)
-        k_cache, v_cache = cache.k[li], cache.v[li]                # (slots, KV, max_len, hd)
-        k_cache[lay.slots, :, lay.positions] = k                   # write this step's keys/values
-        v_cache[lay.slots, :, lay.positions] = v.view(T, KV, hd)
+        qkv = F.linear(h, lw.w_qkv).view(T, H + 2 * KV, hd)       # (T, H + 2KV, hd)
+        qk = apply_rope(qkv[:, :H + KV], cos, sin)                 # rotate q and k heads at once
+        q = qk[:, :H]                                              # (T, H, hd)
+        kv_new = torch.stack([qk[:, H:], qkv[:, H + KV:]], dim=1)  # (T, 2, KV, hd): keys, values
+        kv_cache = cache.kv[li]                                    # (slots, 2, KV, max_len, hd)
+        kv_cache[lay.slots, :, :, lay.positions] = kv_new          # write this step's keys/values
+        k_cache, v_cache = kv_cache[:, 0], kv_cache[:, 1]          # (slots, KV, max_len, hd) views
 
         attn = torch.empty(T, H, hd, dtype=x.dtype, device=x.device)
         if lay.single:
             # One query per slot: (span, H, 1, hd) against each slot's past (span, KV, ctx, hd).
-            qs = q.new_zeros(lay.span, H, 1, hd)
-            qs[lay.single_slots] = q[lay.single_rows].unsqueeze(2)
+            if lay.single_dense:
+                qs = q[:lay.span].unsqueeze(2)
+            else:
+                qs = q.new_zeros(lay.span, H, 1, hd)
+                qs[lay.single_slots] = q[lay.single_rows].unsqueeze(2)
             out = F.scaled_dot_product_attention(
                 qs, k_cache[:lay.span, :, :lay.max_ctx], v_cache[:lay.span, :, :lay.max_ctx],
                 attn_mask=lay.single_mask, enable_gqa=True)
-            attn[lay.single_rows] = out[lay.single_slots, :, 0]
+            if lay.single_dense:
+                attn[:lay.span] = out[:, :, 0]
+            else:
+                attn[lay.single_rows] = out[lay.single_slots, :, 0]
         for row, c in lay.multi:
             n, end = len(c.token_ids), c.start + len(c.token_ids)
             qc = q[row:row + n].transpose(0, 1).unsqueeze(0)       # (1, H, n, hd)

@@ -90,6 +90,8 @@ def build(src: Path, prev: Path | None, nxt: Path | None) -> dict:
     cells += parse_percent(src.read_text())
     if nav:
         cells.append(make_cell("markdown", " · ".join(nav)))
+    for i, cell in enumerate(cells):  # stable ids, so rebuilding changes nothing that did not change
+        cell["id"] = f"{src.stem[:2]}-{i:03d}"
     return {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
             "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
                                         "name": "python3"},

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from batchlab.exercises import all_exercises, check
+from batchlab.exercises import all_exercises, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +31,6 @@ def test_every_exercise_has_a_solution():
 @pytest.mark.parametrize("name", sorted(SOLUTIONS))
 def test_solution_passes_and_wrong_answer_fails(name):
     solve, wrong = SOLUTIONS[name]
-    assert check(name, solve(), quiet=True).ok
-    assert not check(name, wrong, quiet=True).ok
-    assert check(name, None, quiet=True).status == "not attempted"
+    assert verdict(name, solve()).ok
+    assert not verdict(name, wrong).ok
+    assert verdict(name, None).status == "not attempted"

@@ -80,12 +80,14 @@ def checker(name: str) -> Callable[[object], Verdict]:
     return _CHECKERS[name]
 
 
-def check(name: str, answer, quiet: bool = False) -> Verdict:
-    """Check ``answer`` for exercise ``name``; print and return the verdict."""
-    verdict = checker(name)(answer)
-    if not quiet:
-        print(f"[{name}] {verdict}")
-    return verdict
+def verdict(name: str, answer) -> Verdict:
+    """The verdict on ``answer`` for exercise ``name``, without printing."""
+    return checker(name)(answer)
+
+
+def check(name: str, answer) -> None:
+    """Check ``answer`` for exercise ``name`` and print the verdict (for notebook cells)."""
+    print(f"[{name}] {verdict(name, answer)}")
 
 
 def all_exercises() -> list[str]:
