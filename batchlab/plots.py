@@ -328,7 +328,7 @@ def plot_load_curve(df: pd.DataFrame, x: str = "request_rate", y: str = "ttft_p9
 
 def plot_step_profile(df: pd.DataFrame, batch_size: str = "batch_size",
                       ms_per_step: str = "ms_per_step", ms_per_token: str | None = "ms_per_token",
-                      bandwidth_floor_ms: str | None = "bandwidth_floor_ms",
+                      bandwidth_floor_ms: str | None = "floor_ms",
                       ax: Axes | None = None, title: str | None = "Step time vs batch size") -> Axes:
     """Step time against batch size from a profiler table (left axis, ms), with the memory-
     bandwidth floor as a dashed line when the table has it, and time per token on the right axis.

@@ -248,7 +248,7 @@ def test_step_profile_with_floor_and_per_token_axis():
     df = pd.DataFrame({"batch_size": [1, 1, 1, 4, 8],
                        "ms_per_step": [10.0, 12.0, 50.0, 14.0, 20.0],
                        "ms_per_token": [10.0, 12.0, 50.0, 3.5, 2.5],
-                       "bandwidth_floor_ms": [9.0, 9.0, 9.0, 9.0, 9.0]})
+                       "floor_ms": [9.0, 9.0, 9.0, 9.0, 9.0]})
     ax = plot_step_profile(df)
     left = ax.get_lines()
     assert [ln.get_label() for ln in left] == ["time per step", "memory-bandwidth floor"]
