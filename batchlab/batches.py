@@ -1,0 +1,79 @@
+"""Request-level batches, read back from a trace: who ran together, when, and who waited for whom.
+
+Static and dynamic batching run whole batches (``schedulers/request_level.py``): every step of a
+batch carries its ``batch_id``, and the batch's first step computes every member's prompt. So a
+trace alone tells, for each batch, its members, when it started and ended, and whether the
+server was idle or busy when its oldest member arrived. That last fact decides how long the
+oldest member can wait under dynamic batching (see ``DynamicBatcher``):
+
+- **formed while idle**: the previous batch had ended when the oldest member arrived, so the
+  member's arrival started the timer and the batch left within ``timeout``;
+- **formed while busy**: the oldest member arrived while another batch ran; it waits at least
+  until that batch ends, which can be much longer than ``timeout``.
+
+Continuous batching has no batches (``batch_id`` is None on every step); ``batches_df`` then
+returns an empty table.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .trace import Trace
+
+BATCH_COLUMNS: list[str] = [
+    "batch_id", "size", "request_ids", "first_arrival", "last_arrival", "start", "end",
+    "previous_end", "formed_while", "max_wait", "num_steps", "shortest_output", "longest_output",
+]
+
+
+def batches_df(trace: Trace) -> pd.DataFrame:
+    """One row per request-level batch, in the order the batches ran.
+
+    Columns: ``batch_id``; ``size`` (members) and ``request_ids`` (a tuple, admission order);
+    ``first_arrival`` / ``last_arrival`` (of its members); ``start`` / ``end`` (its first step's
+    start, its last step's end); ``previous_end`` (when the batch before it ended; NaN for the
+    first); ``formed_while`` ("idle" if the previous batch had ended by ``first_arrival``, else
+    "busy"); ``max_wait`` (``start - first_arrival``: the longest any member waited for the batch
+    to start); ``num_steps``; ``shortest_output`` / ``longest_output`` (output tokens of its
+    members). Times in seconds on the trace's clock.
+    """
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    # One pass over the steps: first step (members), start, end and step count per batch.
+    first_step, start, end, num_steps, order = {}, {}, {}, {}, []
+    for step in trace.steps:
+        b = step.batch_id
+        if b is None:
+            continue
+        if b not in first_step:
+            first_step[b] = step
+            start[b] = step.start
+            num_steps[b] = 0
+            order.append(b)
+        end[b] = step.end
+        num_steps[b] += 1
+    records = {r.request_id: r for r in trace.requests}
+    rows, previous_end = [], float("nan")
+    for b in order:
+        # Every member computes its prompt in the batch's first step, so that step lists them all.
+        members = [records[c.request_id] for c in first_step[b].chunks]
+        arrivals = [r.arrival_time for r in members]
+        outputs = [r.num_output_tokens for r in members]
+        first_arrival = min(arrivals)
+        idle = previous_end != previous_end or previous_end <= first_arrival  # NaN: first batch
+        rows.append({
+            "batch_id": b, "size": len(members), "request_ids": tuple(r.request_id for r in members),
+            "first_arrival": first_arrival, "last_arrival": max(arrivals),
+            "start": start[b], "end": end[b], "previous_end": previous_end,
+            "formed_while": "idle" if idle else "busy", "max_wait": start[b] - first_arrival,
+            "num_steps": num_steps[b], "shortest_output": min(outputs), "longest_output": max(outputs),
+        })
+        previous_end = end[b]
+    return pd.DataFrame(rows, columns=BATCH_COLUMNS)
+
+
+def batch_of_request(trace: Trace) -> dict[str, int]:
+    """``{request_id: batch_id}`` for every request that ran in a request-level batch."""
+    return {rid: int(row.batch_id) for row in batches_df(trace).itertuples()
+            for rid in row.request_ids}

@@ -1,0 +1,309 @@
+"""Prefill stalls: what a newcomer's long prompt does to the requests already decoding.
+
+Under continuous batching a new request joins at the next step, and that step computes its
+prompt next to everybody else's one decode token. A step's time grows with the tokens it
+computes, so while a 400-token prompt is computed, every running request waits for that whole
+step before it gets its next token: its inter-token gap jumps. Chunked prefill caps the tokens
+of one step (``ContinuousBatcher(max_batched_tokens=...)``, vLLM's
+``max_num_batched_tokens``), so the prompt is spread over several smaller steps: the running
+requests' gaps stay small, and the newcomer's first token comes later.
+
+This module holds the experiment that shows it (notebook 05):
+
+- ``StallScenario``: a few decode-heavy requests that start together, and one long prompt that
+  arrives while they decode. ``requests(long_arrival)`` builds them.
+- ``long_prompt_len_for(cost_model, num_running)``: a prompt long enough to stall this device.
+- ``arrival_after_tokens(control_trace, k)``: when the running requests have ``k`` tokens.
+- ``token_gaps(trace)``: every output token with the gap since the same request's previous one.
+- ``stall_summary(trace)``: the numbers of the lesson: the newcomer's TTFT, the running
+  requests' median gap, their largest gap while the prompt was computed, the gap of the step
+  that admitted it.
+- ``budget_sweep(backend, requests, budgets)``: the same workload under several token budgets,
+  one row per budget (the TTFT-versus-ITL trade).
+- ``plot_token_gaps(trace)``: the running requests' gaps over time, with the prompt's prefill
+  window shaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+
+from .backends.base import Backend
+from .cost_model import CostModel
+from .engine import Engine
+from .plots import PHASE_COLORS
+from .requests import Request, RequestStatus
+from .schedulers import ContinuousBatcher
+from .trace import Trace
+from .workloads import make_workload
+
+LONG_PREFIX = "long"
+RUNNING_PREFIX = "run"
+
+SUMMARY_COLUMNS = [
+    "long_ttft", "long_prefill_steps", "admission_gap", "prefill_itl_max", "running_itl_median",
+    "running_itl_max", "stall_ratio", "running_e2e_mean",
+]
+
+
+def _check_count(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}: must be an int >= 1")
+
+
+@dataclass(frozen=True)
+class StallScenario:
+    """``num_running`` requests (prompt ``running_prompt_len``, ``running_output_len`` tokens out)
+    arrive together at t = 0; one request with a ``long_prompt_len``-token prompt and
+    ``long_output_len`` tokens out arrives later, while they decode.
+
+    Ids: the running requests are ``run000, run001, ...`` and the long one is ``long000``.
+    The defaults keep the real model on a CPU to a few seconds: four decode-heavy requests of
+    48 tokens, and a 400-token prompt (the CPU scale of the ``prefill_heavy`` preset).
+    """
+
+    num_running: int = 4
+    running_prompt_len: int = 16
+    running_output_len: int = 48
+    long_prompt_len: int = 400
+    long_output_len: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("num_running", "running_prompt_len", "running_output_len", "long_prompt_len",
+                     "long_output_len"):
+            _check_count(getattr(self, name), name)
+
+    @property
+    def long_id(self) -> str:
+        return f"{LONG_PREFIX}000"
+
+    @property
+    def running_ids(self) -> list[str]:
+        return [f"{RUNNING_PREFIX}{i:03d}" for i in range(self.num_running)]
+
+    @property
+    def max_seq_len(self) -> int:
+        """KV slot length that holds any request of the scenario."""
+        return max(self.running_prompt_len + self.running_output_len,
+                   self.long_prompt_len + self.long_output_len)
+
+    def running_requests(self, tokenizer=None) -> list[Request]:
+        """Only the running requests (all at t = 0): the control run without the newcomer."""
+        return make_workload(self.num_running, prompt_len=self.running_prompt_len,
+                             output_len=self.running_output_len, arrival="at_once",
+                             tokenizer=tokenizer, id_prefix=RUNNING_PREFIX)
+
+    def requests(self, long_arrival: float, tokenizer=None) -> list[Request]:
+        """The running requests at t = 0 and the long prompt at ``long_arrival`` seconds.
+
+        With ``tokenizer`` the prompts are real corpus text (for the real model); without it the
+        requests are simulated (lengths only).
+        """
+        if isinstance(long_arrival, bool) or not isinstance(long_arrival, (int, float)) \
+                or not np.isfinite(long_arrival) or long_arrival < 0:
+            raise ValueError(f"long_arrival={long_arrival!r}: must be a finite number of seconds >= 0")
+        (long,) = make_workload(1, prompt_len=self.long_prompt_len, output_len=self.long_output_len,
+                                arrival="at_once", tokenizer=tokenizer, id_prefix=LONG_PREFIX)
+        long.arrival_time = float(long_arrival)
+        return self.running_requests(tokenizer) + [long]
+
+
+def long_prompt_len_for(cost_model: CostModel, num_running: int, context_len: int = 32,
+                        target_ratio: float = 6.0, max_len: int = 8000, multiple: int = 16) -> int:
+    """The shortest prompt (a multiple of ``multiple`` tokens, at most ``max_len``) whose prefill,
+    computed in one step next to ``num_running`` decodes at about ``context_len`` tokens of
+    context, ``cost_model`` predicts to take ``target_ratio`` times as long as the plain decode
+    step. Returns ``max_len`` if even that is not enough (a device where steps cost mostly a
+    fixed overhead). This sizes the experiment for whatever device runs it.
+    """
+    _check_count(num_running, "num_running")
+    _check_count(context_len, "context_len")
+    _check_count(max_len, "max_len")
+    _check_count(multiple, "multiple")
+    if isinstance(target_ratio, bool) or not isinstance(target_ratio, (int, float)) or not target_ratio > 1:
+        raise ValueError(f"target_ratio={target_ratio!r}: must be a number > 1")
+    decode_pairs = num_running * (context_len + 1)
+    decode_step = cost_model.predict_features(num_running, num_running, decode_pairs)
+    length = multiple
+    while length < max_len:
+        stall_step = cost_model.predict_features(num_running + 1, num_running + length,
+                                                 decode_pairs + length * (length + 1) // 2)
+        if stall_step >= target_ratio * decode_step:
+            return length
+        length += multiple
+    return max_len
+
+
+def arrival_after_tokens(trace: Trace, num_tokens: int) -> float:
+    """When the running requests of a control run have ``num_tokens`` tokens each: the time of
+    the ``num_tokens``-th token of the first request (they all start and step together).
+
+    Used to make the long prompt arrive mid-decode on any device, fast or slow."""
+    _check_count(num_tokens, "num_tokens")
+    first = min(trace.requests, key=lambda r: r.request_id)
+    if len(first.token_times) < num_tokens:
+        raise ValueError(f"request {first.request_id!r} made only {len(first.token_times)} tokens; "
+                         f"num_tokens={num_tokens} must be at most that")
+    return float(first.token_times[num_tokens - 1])
+
+
+def token_gaps(trace: Trace, request_ids: Iterable[str] | None = None) -> pd.DataFrame:
+    """One row per visible output token: ``request_id``, ``token_index``, ``time`` (s) and ``gap``
+    (s since the same request's previous token; NaN for its first token). ``request_ids`` keeps
+    only those requests (default: all finished ones)."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    keep = None if request_ids is None else set(request_ids)
+    if keep is not None:
+        unknown = keep - {r.request_id for r in trace.requests}
+        if unknown:
+            raise ValueError(f"request id(s) {sorted(unknown)} are not in the trace")
+    rows = []
+    for r in trace.requests:
+        if r.status != RequestStatus.FINISHED or (keep is not None and r.request_id not in keep):
+            continue
+        times = np.asarray(r.visible_token_times, dtype=float)
+        gaps = np.concatenate([[np.nan], np.diff(times)])
+        rows += [(r.request_id, i, t, g) for i, (t, g) in enumerate(zip(times, gaps))]
+    return pd.DataFrame(rows, columns=["request_id", "token_index", "time", "gap"])
+
+
+def prefill_window(trace: Trace, long_id: str) -> tuple[float, float]:
+    """(start of the first step that computed part of ``long_id``'s prompt, end of the step that
+    gave it its first token): the time its prefill occupied the device."""
+    record = _record(trace, long_id)
+    if record.first_scheduled_time is None or not record.token_times:
+        raise ValueError(f"request {long_id!r} never ran (status {record.status.value})")
+    return float(record.first_scheduled_time), float(record.token_times[0])
+
+
+def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series:
+    """The lesson's numbers for one run (seconds):
+
+    - ``long_ttft``: the long request's time to first token (arrival to first token).
+    - ``long_prefill_steps``: how many steps computed part of its prompt.
+    - ``admission_gap``: the running requests' largest gap ending in the step that admitted it
+      (the first step with part of its prompt).
+    - ``prefill_itl_max``: the running requests' largest gap ending while its prompt was being
+      computed (from the admission step to the step of its first token, both included): the
+      stall it caused. Outside that window runs with and without chunking do the same work, so
+      this is the number to compare them by; on a noisy machine it is also far less exposed to
+      a random slow step than the maximum over the whole run.
+    - ``running_itl_median`` / ``running_itl_max``: median and largest gap between successive
+      tokens of the other (running) requests, over the whole run.
+    - ``stall_ratio``: ``admission_gap / running_itl_median``.
+    - ``running_e2e_mean``: the running requests' mean end-to-end latency.
+    """
+    record = _record(trace, long_id)
+    start, first_token = prefill_window(trace, long_id)
+    admission_end = next(s.end for s in trace.steps if s.start == start)
+    prefill_steps = sum(1 for s in trace.steps if start <= s.start < first_token
+                        and any(c.request_id == long_id for c in s.chunks))
+    gaps = token_gaps(trace)
+    running = gaps[(gaps["request_id"] != long_id)].dropna(subset=["gap"])
+    if running.empty:
+        raise ValueError("the other requests made no token gaps; give them more than one output token")
+    at_admission = running.loc[np.isclose(running["time"], admission_end, rtol=0, atol=1e-12), "gap"]
+    admission_gap = float(at_admission.max()) if len(at_admission) else np.nan
+    in_window = running.loc[(running["time"] > start) & (running["time"] <= first_token), "gap"]
+    if in_window.empty:
+        raise ValueError(
+            f"no other request was decoding while {long_id!r}'s prompt was computed (from "
+            f"{start:.3f} s to {first_token:.3f} s): they had finished before it arrived (or had "
+            "not started), so this run shows no stall. Send it earlier or give the others more "
+            "tokens to generate (if the arrival was timed on another run, this machine ran faster "
+            "this time).")
+    prefill_itl_max = float(in_window.max())
+    median = float(running["gap"].median())
+    others = [r for r in trace.requests if r.request_id != long_id and r.token_times]
+    return pd.Series({
+        "long_ttft": float(record.visible_token_times[0] - record.arrival_time),
+        "long_prefill_steps": prefill_steps,
+        "admission_gap": admission_gap,
+        "prefill_itl_max": prefill_itl_max,
+        "running_itl_median": median,
+        "running_itl_max": float(running["gap"].max()),
+        "stall_ratio": admission_gap / median,
+        "running_e2e_mean": float(np.mean([r.visible_token_times[-1] - r.arrival_time for r in others])),
+    }, name="stall", dtype=object)
+
+
+def budget_sweep(backend: Backend, requests: Sequence[Request], budgets: Iterable[int | None],
+                 max_num_seqs: int = 8, long_id: str = f"{LONG_PREFIX}000",
+                 progress: bool = False) -> pd.DataFrame:
+    """Serve ``requests`` once per token budget with continuous batching; one row per budget.
+
+    ``budgets``: values of ``max_batched_tokens`` with chunked prefill; ``None`` means no
+    chunking (the whole prompt in one step, with a budget of 2,048 tokens, or more if the
+    longest prompt and a decode for every other request need more). Columns:
+    ``max_batched_tokens``, ``chunked_prefill`` and ``SUMMARY_COLUMNS`` (``stall_summary``).
+    The traces are in ``df.attrs["traces"]`` (keyed by budget; ``None`` for no chunking).
+    """
+    rows, traces = [], {}
+    whole_budget = max(2048, max(r.prompt_len for r in requests) + len(requests))
+    for budget in budgets:
+        if budget is None:
+            scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_batched_tokens=whole_budget,
+                                          chunked_prefill=False)
+        else:
+            scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_batched_tokens=budget,
+                                          chunked_prefill=True)
+        trace = Engine(scheduler, backend).run(list(requests), progress=progress)
+        traces[budget] = trace
+        rows.append({"max_batched_tokens": scheduler.max_batched_tokens,
+                     "chunked_prefill": scheduler.chunked_prefill,
+                     **stall_summary(trace, long_id).to_dict()})
+    df = pd.DataFrame(rows, columns=["max_batched_tokens", "chunked_prefill", *SUMMARY_COLUMNS])
+    df = df.astype({c: float for c in SUMMARY_COLUMNS if c != "long_prefill_steps"})
+    df.attrs["traces"] = traces
+    return df
+
+
+def plot_token_gaps(trace: Trace, long_id: str = f"{LONG_PREFIX}000", ax: Axes | None = None,
+                    unit: str = "ms", title: str | None = None) -> Axes:
+    """The running requests' gaps between successive tokens against time (each gap drawn over
+    the interval it spans), with the long request's arrival marked and its prefill shaded."""
+    scale = {"ms": 1e3, "s": 1.0}
+    if unit not in scale:
+        raise ValueError(f"unit={unit!r}; allowed: {list(scale)}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.5))
+    gaps = token_gaps(trace).dropna(subset=["gap"])
+    running = gaps[gaps["request_id"] != long_id]
+    num_running = running["request_id"].nunique()
+    # Each gap is drawn over the interval it spans (previous token -> this token), so a stalled
+    # step shows as a tall block as wide as the step. Requests that step together overlap.
+    for i, (_, group) in enumerate(running.groupby("request_id")):
+        label = f"running requests ({num_running}; lines overlap)" if i == 0 else None
+        ax.step(group["time"], group["gap"] * scale[unit], where="pre", linewidth=1.2,
+                color=PHASE_COLORS["decode"], alpha=0.8, label=label)
+    record = _record(trace, long_id)
+    start, first_token = prefill_window(trace, long_id)
+    ax.axvspan(start, first_token, color=PHASE_COLORS["prefill"], alpha=0.25,
+               label=f"{long_id} prefill")
+    ax.axvline(record.arrival_time, color="black", linestyle="--", linewidth=0.8,
+               label=f"{long_id} arrives")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(f"gap since previous token ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def _record(trace: Trace, request_id: str):
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    for r in trace.requests:
+        if r.request_id == request_id:
+            return r
+    raise ValueError(f"request {request_id!r} is not in the trace; it has "
+                     f"{[r.request_id for r in trace.requests][:10]}")

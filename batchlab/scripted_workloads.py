@@ -1,0 +1,76 @@
+"""Scripted workloads: requests at exactly the times and with exactly the lengths a scene needs.
+
+``make_workload`` draws arrivals and lengths from distributions, which is what a benchmark wants.
+A worked example wants a scene instead: "eight requests, one second apart", "five short answers
+and one long one, all at once". ``scripted_workload`` builds exactly that::
+
+    reqs = scripted_workload([0, 1, 2, 3, 4, 5, 6, 7], max_new_tokens=8, tokenizer=lm.tokenizer)
+    reqs = scripted_workload([0] * 6, max_new_tokens=[4, 4, 4, 4, 4, 48], tokenizer=lm.tokenizer)
+
+Prompts follow the same rule as ``make_workload``: with a tokenizer, each prompt is a window of
+``data/corpus.txt`` chosen by the request id alone (``workloads.prompt_seed``), so a request
+``r003`` of 16 prompt tokens gets the same text here as there. Without a tokenizer the requests
+are simulated (``prompt_ids=None``) and can only run on the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .requests import Request
+from .workloads import CorpusPrompts, prompt_seed, request_ids
+
+
+def _per_request(value: int | Sequence[int], n: int, what: str) -> list[int]:
+    """One int >= 1 per request: a single int is repeated, a sequence must have ``n`` items."""
+    if isinstance(value, (int, np.integer)):
+        values = [value] * n
+    elif isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, str):
+        values = list(value)
+    else:
+        raise ValueError(f"{what}={value!r}: must be an int >= 1 (a number of tokens) or one such "
+                         "int per request")
+    if len(values) != n:
+        raise ValueError(f"{what} has {len(values)} values but there are {n} arrival times; "
+                         "give one int for all requests or one per request")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{what} value {v!r}: must be an int >= 1 (a number of tokens)")
+    return [int(v) for v in values]
+
+
+def scripted_workload(arrival_times: Sequence[float], max_new_tokens: int | Sequence[int],
+                      prompt_len: int | Sequence[int] = 16, *, tokenizer: Any = None,
+                      id_prefix: str = "r") -> list[Request]:
+    """Requests ``r000, r001, ...`` arriving at ``arrival_times`` (seconds, non-decreasing, >= 0).
+
+    ``max_new_tokens`` and ``prompt_len``: one int for every request, or one per request.
+    ``tokenizer``: real prompts cut from the corpus (as ``make_workload`` does); ``None`` makes
+    simulated requests. Requests are greedy and make exactly ``max_new_tokens`` tokens each.
+    """
+    times = [float(t) for t in arrival_times]
+    if not times:
+        raise ValueError("arrival_times is empty: give at least one arrival time (seconds)")
+    for i, t in enumerate(times):
+        if not math.isfinite(t) or t < 0:
+            raise ValueError(f"arrival_times[{i}]={t!r}: must be a finite number of seconds >= 0")
+        if i and t < times[i - 1]:
+            raise ValueError(f"arrival_times[{i}]={t!r} is earlier than arrival_times[{i - 1}]="
+                             f"{times[i - 1]!r}; list requests in order of arrival")
+    n = len(times)
+    outputs = _per_request(max_new_tokens, n, "max_new_tokens")
+    prompts = _per_request(prompt_len, n, "prompt_len")
+    if not isinstance(id_prefix, str):
+        raise ValueError(f"id_prefix={id_prefix!r}: must be a string")
+    source = CorpusPrompts(tokenizer) if tokenizer is not None else None
+
+    requests = []
+    for request_id, t, out, length in zip(request_ids(n, id_prefix), times, outputs, prompts):
+        # The prompt window depends on the id only, exactly as in make_workload.
+        ids = None if source is None else source(length, np.random.default_rng(prompt_seed(request_id)))
+        requests.append(Request(request_id, ids, out, t, prompt_len=length))
+    return requests

@@ -1,0 +1,166 @@
+"""Load sweeps: serve the same workload at several request rates under several policies.
+
+A single run answers "how fast is this server at this traffic?". A *load sweep* answers the
+question an operator asks: "how do latency and goodput change as traffic grows, and which policy
+holds up longer?". It is a loop over two things::
+
+    for each policy:                          # e.g. {"dynamic": ..., "continuous": ...}
+        for each rate:                        # requests per second
+            requests = workload_fn(rate)      # the same requests, moved in time
+            trace = Engine(policy(), backend_factory()).run(requests)
+            one row = summary_row(trace)      # counts, rates, TTFT/ITL/E2E percentiles
+
+Rules the sweep keeps:
+
+- **Fresh state for every run.** A scheduler holds queues and a backend holds a KV cache, so the
+  sweep takes *factories* (functions that build a new one) and calls them once per run.
+- **Same requests at every rate.** ``workload_fn(rate)`` should return the same requests with
+  arrivals scaled to the rate (``make_workload(..., rate=rate, seed=s)`` does, because lengths
+  and arrival gaps come from separate random streams); the sweep does not check this, but the
+  comparison is only fair if it holds.
+- **Nothing is hidden.** Rejected or unfinished requests are counted in the row
+  (``num_rejected``, ``num_unfinished``) and left out of the latencies, as ``metrics`` does.
+
+``capacity`` measures how many requests per second a policy sustains at all (everything sent at
+once), so a sweep can place its rates as fractions of it, which means the same on any machine.
+
+The result is a tidy table (one row per policy and rate) that ``plots.plot_load_curve`` draws
+directly: ``plot_load_curve(df, x="request_rate", y="ttft_p99", hue="policy")``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from .backends.base import Backend
+from .engine import Engine
+from .metrics import SLO, summary_row, throughput
+from .requests import Request
+from .schedulers.base import Scheduler
+from .workloads import scale_arrivals
+
+WorkloadFn = Callable[[float], Sequence[Request]]
+SchedulerFactory = Callable[[], Scheduler]
+BackendFactory = Callable[[], Backend]
+
+
+def _check_rates(rates: Iterable[float]) -> list[float]:
+    """Rates must be a non-empty collection of finite numbers > 0 (requests per second)."""
+    if isinstance(rates, (str, bytes)) or not isinstance(rates, Iterable):
+        raise TypeError(f"rates={rates!r}: give a list of request rates (requests/s), e.g. [0.5, 1, 2]")
+    values = list(rates)
+    if not values:
+        raise ValueError("rates is empty: give at least one request rate (requests/s)")
+    for r in values:
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r) or r <= 0:
+            raise ValueError(f"rate {r!r} is not allowed: each rate must be a finite number of "
+                             "requests per second > 0")
+    return [float(r) for r in values]
+
+
+def _check_policies(policies: Mapping[str, SchedulerFactory]) -> dict[str, SchedulerFactory]:
+    """Policies must be a non-empty dict of {name: function that builds a new scheduler}."""
+    if not isinstance(policies, Mapping) or not policies:
+        raise ValueError(f"policies={policies!r}: give a non-empty dict of {{name: scheduler factory}}, "
+                         "e.g. {'continuous': lambda: ContinuousBatcher(max_num_seqs=16)}")
+    for name, factory in policies.items():
+        if not isinstance(name, str):
+            raise ValueError(f"policy name {name!r} must be a string")
+        if isinstance(factory, Scheduler):
+            raise ValueError(f"policy {name!r} is a scheduler object ({factory!r}), not a factory: a "
+                             "scheduler keeps its queues between runs, so the sweep needs a function "
+                             f"that builds a fresh one, e.g. lambda: {factory!r}")
+        if not callable(factory):
+            raise ValueError(f"policy {name!r}: {factory!r} is not callable; give a function that "
+                             "returns a new Scheduler")
+    return dict(policies)
+
+
+def run_point(requests: Sequence[Request], scheduler: Scheduler, backend: Backend,
+              slo: SLO | Mapping[str, float] | None = None,
+              percentiles: Iterable[float] = (50, 90, 99)) -> dict[str, float]:
+    """Serve ``requests`` once and return ``metrics.summary_row`` of the run (one sweep point)."""
+    if not isinstance(scheduler, Scheduler):
+        raise ValueError(f"the policy factory returned {scheduler!r}, not a batchlab Scheduler")
+    if not isinstance(backend, Backend):
+        raise ValueError(f"backend_factory returned {backend!r}, not a batchlab Backend "
+                         "(SimBackend, ModelBackend)")
+    trace = Engine(scheduler, backend).run(list(requests))
+    return summary_row(trace, slo=slo, percentiles=percentiles)
+
+
+def capacity(requests: Sequence[Request], make_scheduler: SchedulerFactory,
+             backend_factory: BackendFactory) -> float:
+    """Requests per second a server sustains: serve ``requests`` all arriving at ``t = 0``.
+
+    With everyone already waiting, the server never idles and every step is as full as the
+    policy allows, so finished requests / duration is the most it can do for these requests.
+    (A slight underestimate: the last few requests run in a half-empty batch.) A load sweep uses
+    it to place its rates: a fraction of capacity means the same thing on any machine.
+    """
+    if not callable(make_scheduler) or isinstance(make_scheduler, Scheduler):
+        raise ValueError(f"make_scheduler={make_scheduler!r}: give a function that returns a new Scheduler")
+    if not callable(backend_factory):
+        raise ValueError(f"backend_factory={backend_factory!r}: give a function that returns a new Backend")
+    at_once = scale_arrivals(requests, 0.0)
+    scheduler, backend = make_scheduler(), backend_factory()
+    if not isinstance(scheduler, Scheduler):
+        raise ValueError(f"make_scheduler returned {scheduler!r}, not a batchlab Scheduler")
+    trace = Engine(scheduler, backend).run(at_once)
+    return float(throughput(trace)["request_throughput"])
+
+
+def load_sweep(workload_fn: WorkloadFn, rates: Iterable[float],
+               policies: Mapping[str, SchedulerFactory], backend_factory: BackendFactory,
+               slo: SLO | Mapping[str, float] | None = None, progress: bool = True,
+               percentiles: Iterable[float] = (50, 90, 99)) -> pd.DataFrame:
+    """Serve ``workload_fn(rate)`` at every rate under every policy; one row per (policy, rate).
+
+    ``workload_fn(rate)``: the requests to serve at ``rate`` requests/s (sorted by arrival).
+    ``policies``: ``{name: factory}``, each factory returning a *new* scheduler.
+    ``backend_factory()``: a new backend for each run (``lambda: SimBackend(cost, kv_capacity_tokens=...)``;
+    for the real model, a function that returns the same ``ModelBackend`` works too, since the
+    engine checks its cache is empty and resets it between runs).
+    ``slo``: bounds in seconds (``SLO`` or a dict like ``{"ttft": 0.5}``) to add ``num_good`` and
+    ``goodput``. ``progress``: a tqdm bar over the runs.
+
+    Columns: ``policy``, ``request_rate``, then every key of ``metrics.summary_row``
+    (``num_finished``, ``request_throughput``, ``goodput`` with an SLO, ``ttft_p50``,
+    ``ttft_p99``, ``itl_p50``, ``e2e_p99``, ``busy_share``...). Latencies are in seconds.
+    """
+    rate_list = _check_rates(rates)
+    policy_factories = _check_policies(policies)
+    if not callable(workload_fn):
+        raise ValueError(f"workload_fn={workload_fn!r}: give a function rate -> list of Request")
+    if not callable(backend_factory):
+        raise ValueError(f"backend_factory={backend_factory!r}: give a function that returns a new "
+                         "Backend (e.g. lambda: SimBackend(cost, kv_capacity_tokens=...))")
+    if slo is not None:
+        slo = SLO.coerce(slo)
+
+    # Each rate's workload is built once and served under every policy (the engine copies it).
+    workloads = {rate: list(workload_fn(rate)) for rate in rate_list}
+    points = [(name, rate) for name in policy_factories for rate in rate_list]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(points), unit="run", desc="load sweep")
+    rows = []
+    try:
+        for name, rate in points:
+            try:
+                row = run_point(workloads[rate], policy_factories[name](), backend_factory(), slo,
+                                percentiles)
+            except ValueError as err:
+                raise ValueError(f"policy {name!r} at rate {rate:g} req/s: {err}") from err
+            rows.append({"policy": name, "request_rate": rate, **row})
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return pd.DataFrame(rows).infer_objects()

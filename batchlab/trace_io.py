@@ -1,0 +1,296 @@
+"""Saving a ``Trace`` to a JSON file and loading it back, so a run can be studied later.
+
+A workload file (``workloads.save_workload``) stores what clients *asked*; a trace file stores
+what the server *did*: every request's life (arrival, first step, release) and every step (when
+it ran, and which requests it computed how many tokens for). Metrics and plots of a loaded trace
+are those of the original run, to the microsecond.
+
+Small files by leaving out what can be worked out again. The engine's rules fix a lot:
+
+- A chunk always continues where its request's computed tokens end, so its ``start`` is a count
+  the loader keeps itself; and it samples exactly when it reaches the last known token.
+- Every sampled token is computed at the end of its step, so token times come from the steps.
+- Most steps decode exactly the requests that sampled a token in the step before and have not
+  finished, in the same order; such a step stores ``null`` instead of the list.
+
+So a step stores its idle gap and duration, the requests it decodes (or ``null``), and its
+prompt chunks as (request, number of tokens) pairs. ``save_trace`` checks that replaying the
+file gives back every token time; a trace where it would not (one made by hand, without steps)
+stores its token times explicitly instead.
+
+Schema (``format`` ``"batchlab-trace"``, ``version`` 1; times are integer microseconds)::
+
+    {"format": "batchlab-trace", "version": 1, "time_unit": "us",
+     "meta": {...},                          # free-form, JSON-able
+     "requests": {                           # one list per column, one item per request
+        "request_id", "arrival", "prompt_len", "max_new_tokens", "status", "finish_reason",
+        "first_scheduled" (or null), "release" (or null), "streamed",
+        "token_gaps"  (only if token times cannot be replayed: per request, first token time
+                       minus arrival, then the gaps between successive token times),
+        "output_ids"  (only if some token is not the simulator's placeholder -1)},
+     "steps": {                              # one list per column, one item per step
+        "idle_before" (gap since the previous step's end; the first: since t = 0),
+        "duration", "held_slots", "batch_id" (or null),
+        "decodes"  (request indices, or null: "the requests that sampled last step, unfinished"),
+        "prefills" (flat list [request index, num_tokens, ...])}}
+
+Request indices point into the ``requests`` columns. A loaded step lists its decodes first, then
+its prompt chunks; the order of chunks inside a step changes no metric.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .plan import ScheduledChunk
+from .requests import RequestStatus
+from .trace import RequestRecord, StepRecord, Trace
+
+TRACE_FILE_FORMAT = "batchlab-trace"
+TRACE_FILE_VERSION = 1
+PLACEHOLDER_TOKEN = -1                  # the simulator's output token (backends.sim)
+_US = 1_000_000                         # microseconds per second
+
+
+def _to_us(t: float | None) -> int | None:
+    """Seconds to integer microseconds (None stays None)."""
+    if t is None:
+        return None
+    if not math.isfinite(t):
+        raise ValueError(f"time {t!r} is not finite; a trace file stores finite times only")
+    return int(round(t * _US))
+
+
+def _from_us(us: int | None) -> float | None:
+    return None if us is None else us / _US
+
+
+# --- replaying steps -------------------------------------------------------------------------------
+class _Replay:
+    """Follows the engine's rules over a list of steps: how many tokens each request has
+    computed and produced, which chunk samples, and when each token appears."""
+
+    def __init__(self, prompt_lens: list[int]) -> None:
+        self.prompt_lens = prompt_lens
+        self.computed = [0] * len(prompt_lens)
+        self.num_out = [0] * len(prompt_lens)
+        self.token_times_us: list[list[int]] = [[] for _ in prompt_lens]
+        self.expected_decodes: list[int] = []     # sampled last step and not finished
+
+    def step(self, decodes: list[int], prefills: list[tuple[int, int]], end_us: int,
+             max_new_tokens: list[int], where: str) -> list[tuple[int, int, int, bool]]:
+        """Apply one step; returns its chunks as (request index, start, num_tokens, samples)."""
+        chunks, sampled = [], []
+        for r, num_tokens in [(r, 1) for r in decodes] + prefills:
+            if not 0 <= r < len(self.computed):
+                raise ValueError(f"{where}: request index {r} is outside 0..{len(self.computed) - 1}")
+            start = self.computed[r]
+            known = self.prompt_lens[r] + self.num_out[r]
+            if num_tokens < 1 or start + num_tokens > known:
+                raise ValueError(f"{where}: request {r} computes tokens [{start}, {start + num_tokens}) "
+                                 f"but has only {known} known tokens")
+            samples = start + num_tokens == known
+            self.computed[r] = start + num_tokens
+            if samples:
+                self.num_out[r] += 1
+                self.token_times_us[r].append(end_us)
+                sampled.append(r)
+            chunks.append((r, start, num_tokens, samples))
+        self.expected_decodes = [r for r in sampled if self.num_out[r] < max_new_tokens[r]]
+        return chunks
+
+
+# --- to and from a dict ----------------------------------------------------------------------------
+def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
+    """The JSON-able form of ``trace`` (see the module docstring). ``meta`` replaces the trace's
+    own ``meta`` when given (e.g. to leave out labels a reader should not see)."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    meta = dict(trace.meta if meta is None else meta)
+    try:
+        json.dumps(meta)
+    except TypeError as err:
+        raise ValueError(f"meta must be JSON-able (str, numbers, lists, dicts): {err}") from None
+
+    reqs = trace.requests
+    index: dict[str, int] = {}
+    for i, r in enumerate(reqs):
+        if r.request_id in index:
+            raise ValueError(f"request id {r.request_id!r} appears twice in the trace")
+        index[r.request_id] = i
+
+    # Steps: idle gap + duration in whole microseconds; decodes (or null) and prompt chunks.
+    replay = _Replay([r.prompt_len for r in reqs])
+    max_new = [r.max_new_tokens for r in reqs]
+    columns: dict[str, list] = {k: [] for k in ("idle_before", "duration", "held_slots", "batch_id",
+                                                 "decodes", "prefills")}
+    previous_end_us = 0
+    for s in sorted(trace.steps, key=lambda s: s.start):
+        start_us, end_us = _to_us(s.start), _to_us(s.end)
+        decodes, prefills = [], []
+        for c in s.chunks:
+            if c.request_id not in index:
+                raise ValueError(f"step {s.index} computes {c.request_id!r}, which is not a request "
+                                 "of this trace")
+            if c.is_decode:
+                decodes.append(index[c.request_id])
+            else:
+                prefills.append((index[c.request_id], c.num_tokens))
+        expected = replay.expected_decodes
+        replay.step(decodes, prefills, end_us, max_new, f"step {s.index}")
+        columns["idle_before"].append(start_us - previous_end_us)
+        columns["duration"].append(end_us - start_us)
+        columns["held_slots"].append(s.held_slots)
+        columns["batch_id"].append(s.batch_id)
+        columns["decodes"].append(None if decodes == expected else decodes)
+        columns["prefills"].append([x for pair in prefills for x in pair])
+        previous_end_us = end_us
+
+    requests: dict[str, list] = {
+        "request_id": [r.request_id for r in reqs],
+        "arrival": [_to_us(r.arrival_time) for r in reqs],
+        "prompt_len": [r.prompt_len for r in reqs],
+        "max_new_tokens": max_new,
+        "status": [RequestStatus(r.status).value for r in reqs],
+        "finish_reason": [r.finish_reason for r in reqs],
+        "first_scheduled": [_to_us(r.first_scheduled_time) for r in reqs],
+        "release": [_to_us(r.release_time) for r in reqs],
+        "streamed": [bool(r.streamed) for r in reqs],
+    }
+    stored_us = [[_to_us(t) for t in r.token_times] for r in reqs]
+    if stored_us != replay.token_times_us:
+        # Token times that the steps do not explain: store them (arrival -> first, then gaps).
+        requests["token_gaps"] = [[b - a for a, b in zip([arr] + ts, ts)]
+                                  for arr, ts in zip(requests["arrival"], stored_us)]
+    if any(t != PLACEHOLDER_TOKEN for r in reqs for t in r.output_ids):
+        requests["output_ids"] = [[int(t) for t in r.output_ids] for r in reqs]
+    return {"format": TRACE_FILE_FORMAT, "version": TRACE_FILE_VERSION, "time_unit": "us",
+            "meta": meta, "requests": requests, "steps": columns}
+
+
+def _column(table: dict, key: str, length: int | None, where: str) -> list:
+    if key not in table:
+        raise ValueError(f"{where}: missing column {key!r}")
+    values = table[key]
+    if not isinstance(values, list) or (length is not None and len(values) != length):
+        raise ValueError(f"{where}: column {key!r} must be a list of {length} items")
+    return values
+
+
+def trace_from_dict(data: dict, where: str = "trace") -> Trace:
+    """Rebuild a ``Trace`` from ``trace_to_dict``'s output; ``where`` names it in errors."""
+    if not isinstance(data, dict) or data.get("format") != TRACE_FILE_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{where}: not a {TRACE_FILE_FORMAT} file (format={found!r})")
+    if data.get("version") != TRACE_FILE_VERSION:
+        raise ValueError(f"{where}: version={data.get('version')!r}; this code reads version "
+                         f"{TRACE_FILE_VERSION}")
+    if data.get("time_unit") != "us":
+        raise ValueError(f"{where}: time_unit={data.get('time_unit')!r}; expected 'us'")
+    req_table, step_table = data.get("requests"), data.get("steps")
+    if not isinstance(req_table, dict) or not isinstance(step_table, dict):
+        raise ValueError(f"{where}: needs 'requests' and 'steps' objects")
+
+    ids = _column(req_table, "request_id", None, where)
+    n = len(ids)
+    req = {k: _column(req_table, k, n, where) for k in
+           ("arrival", "prompt_len", "max_new_tokens", "status", "finish_reason",
+            "first_scheduled", "release", "streamed")}
+
+    # Replay the steps: chunk starts, which chunk samples, and token times.
+    m = len(_column(step_table, "duration", None, where))
+    st = {k: _column(step_table, k, m, where) for k in
+          ("idle_before", "duration", "held_slots", "batch_id", "decodes", "prefills")}
+    replay = _Replay(req["prompt_len"])
+    steps, end_us = [], 0
+    for k in range(m):
+        step_where = f"{where}: step {k}"
+        start_us = end_us + st["idle_before"][k]
+        end_us = start_us + st["duration"][k]
+        decodes = st["decodes"][k]
+        decodes = list(replay.expected_decodes) if decodes is None else decodes
+        flat = st["prefills"][k]
+        if not isinstance(flat, list) or len(flat) % 2:
+            raise ValueError(f"{step_where}: prefills must be a flat list of (request, num_tokens) pairs")
+        prefills = list(zip(flat[0::2], flat[1::2]))
+        chunks = replay.step(decodes, prefills, end_us, req["max_new_tokens"], step_where)
+        steps.append(StepRecord(k, start_us / _US, (end_us - start_us) / _US,
+                                [ScheduledChunk(ids[r], s, num, samples) for r, s, num, samples in chunks],
+                                st["held_slots"][k], st["batch_id"][k]))
+
+    if "token_gaps" in req_table:
+        gaps = _column(req_table, "token_gaps", n, where)
+        token_us = []
+        for rid, arrival, g in zip(ids, req["arrival"], gaps):
+            if not isinstance(g, list) or any(not isinstance(x, int) or x < 0 for x in g):
+                raise ValueError(f"{where}: request {rid!r}: token_gaps must be ints >= 0")
+            times, t = [], arrival
+            for x in g:
+                t += x
+                times.append(t)
+            token_us.append(times)
+    else:
+        token_us = replay.token_times_us
+    output_ids = _column(req_table, "output_ids", n, where) if "output_ids" in req_table else None
+
+    records = []
+    for i, rid in enumerate(ids):
+        outs = list(output_ids[i]) if output_ids is not None else [PLACEHOLDER_TOKEN] * len(token_us[i])
+        if len(outs) != len(token_us[i]):
+            raise ValueError(f"{where}: request {rid!r} has {len(token_us[i])} token times but "
+                             f"{len(outs)} output ids")
+        try:
+            status = RequestStatus(req["status"][i])
+        except ValueError:
+            raise ValueError(f"{where}: request {rid!r}: status={req['status'][i]!r}; allowed: "
+                             f"{[s.value for s in RequestStatus]}") from None
+        records.append(RequestRecord(
+            request_id=rid, arrival_time=req["arrival"][i] / _US, prompt_len=req["prompt_len"][i],
+            max_new_tokens=req["max_new_tokens"][i], status=status,
+            finish_reason=req["finish_reason"][i],
+            first_scheduled_time=_from_us(req["first_scheduled"][i]),
+            token_times=[t / _US for t in token_us[i]], release_time=_from_us(req["release"][i]),
+            streamed=bool(req["streamed"][i]), output_ids=outs))
+    return Trace(requests=records, steps=steps, meta=dict(data.get("meta") or {}))
+
+
+# --- files -------------------------------------------------------------------------------------------
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def format_trace_json(data: dict) -> str:
+    """JSON text with one line per top-level key and per column, so a diff shows which column
+    changed (``json.loads`` reads it like any JSON)."""
+    lines = []
+    for key in sorted(data):
+        value = data[key]
+        if key in ("requests", "steps") and isinstance(value, dict):
+            columns = [f" {_dumps(col)}: {_dumps(value[col])}" for col in sorted(value)]
+            lines.append(f"{_dumps(key)}: {{\n" + ",\n".join(columns) + "\n}")
+        else:
+            lines.append(f"{_dumps(key)}: {_dumps(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def save_trace(trace: Trace, path: str | Path, meta: dict | None = None) -> Path:
+    """Write ``trace`` to ``path`` as JSON (byte-identical for identical traces); returns the path.
+
+    ``meta`` replaces the trace's ``meta`` in the file when given.
+    """
+    path = Path(path)
+    path.write_text(format_trace_json(trace_to_dict(trace, meta)), encoding="utf-8")
+    return path
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a trace written by ``save_trace``."""
+    path = Path(path)
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return trace_from_dict(data, where=str(path))

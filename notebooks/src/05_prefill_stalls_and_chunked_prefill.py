@@ -1,0 +1,380 @@
+# %% [markdown]
+# # 05 · Prefill stalls and chunked prefill
+#
+# Continuous batching (notebook 04) lets a waiting request join at the very next step. That
+# step computes the newcomer's whole prompt next to everybody else's one decode token, and a
+# step lasts as long as all of its work. So the moment a long prompt is admitted, every request
+# that was streaming tokens sits through one heavy step before it gets its next token: its
+# inter-token gap jumps. The article names the cost in one sentence (a newcomer's prefill
+# delays everyone else's tokens) and the cure in the next: cut long prompts into pieces and
+# spread them over several steps. This notebook measures both on the real model.
+#
+# ## What you will learn
+#
+# - Why a newcomer's prefill stalls the requests already decoding: a step's time grows with
+#   the tokens it computes, and everyone in the step waits for all of them.
+# - To see the stall on the real model: the running requests' gap between tokens jumps several
+#   times at the step that admits a long prompt.
+# - How **chunked prefill** spreads a prompt over steps under a per-step token budget
+#   (`ContinuousBatcher(max_batched_tokens=...)`, vLLM's `max_num_batched_tokens`), and how
+#   much smoother the running requests' tokens become.
+# - The price: the newcomer's first token comes later. Sweeping the budget draws the trade
+#   between its TTFT and the others' inter-token latency, and a latency target picks the budget.
+
+# %% [markdown]
+# ## Setup
+#
+# The real model serves the experiment; a simulator calibrated on it (the step-time formula of
+# `batchlab.cost_model`, fitted to a few hundred real steps of many shapes) serves the full
+# budget sweep. The calibration takes some seconds and adapts to whatever device runs this.
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from batchlab.backends import ModelBackend, SimBackend
+from batchlab.calibration import calibrate_cost_model
+from batchlab.engine import Engine
+from batchlab.exercises import check
+from batchlab.model import load_model
+from batchlab.prefill_stall import (StallScenario, arrival_after_tokens, budget_sweep,
+                                    long_prompt_len_for, plot_token_gaps, stall_summary,
+                                    token_gaps)
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.widgets import explore
+
+lm = load_model()
+ON_GPU = lm.device == "cuda"
+print(f"{lm.name} on {lm.device} ({lm.dtype})")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+cost = calibrate_cost_model(ModelBackend(lm, max_num_seqs=16, max_seq_len=256), progress=True)
+print(cost)
+
+# %% [markdown]
+# ## Why a prefill stalls the others
+#
+# A step computes all its tokens in one forward pass (notebook 00's packed step): the decode
+# tokens of the running requests and, if someone joins, the newcomer's prompt chunk. The
+# calibrated formula says what each part costs: a fixed cost per step (reading the weights),
+# plus a cost per sequence, per token and per attention pair. A decode step of a few sequences
+# is mostly the fixed cost. A prompt of a few hundred tokens adds hundreds of tokens of matrix
+# work to that *same* step, and every request in the step gets its next token only when the
+# step ends.
+#
+# The experiment: a few decode-heavy requests start together and stream their answers. While
+# they are mid-answer, one request with a long prompt arrives. We size that prompt for this
+# device: the shortest prompt whose one-step prefill, by the calibrated formula, costs about eight
+# plain decode steps (a few hundred tokens on a CPU; a GPU, where a small step is nearly all
+# fixed cost, needs thousands).
+
+# %%
+NUM_RUNNING = 8 if ON_GPU else 4
+prompt_len = long_prompt_len_for(cost, NUM_RUNNING, target_ratio=8.0, max_len=6000)
+scenario = StallScenario(num_running=NUM_RUNNING, running_prompt_len=16,
+                         running_output_len=128 if ON_GPU else 64, long_prompt_len=prompt_len)
+backend = ModelBackend(lm, max_num_seqs=NUM_RUNNING + 1, max_seq_len=scenario.max_seq_len)
+decode_ms = 1e3 * cost.predict_features(NUM_RUNNING, NUM_RUNNING, NUM_RUNNING * 40)
+print(f"{NUM_RUNNING} running requests ({scenario.running_output_len} tokens each); the newcomer "
+      f"brings {prompt_len} prompt tokens. Predicted decode step: {decode_ms:.0f} ms")
+
+# %% [markdown]
+# First the running requests alone, a control run. Each step decodes one token for each of
+# them, so their gaps are flat. It also tells us when to send the long prompt: when the running
+# requests have 6 tokens each, measured on this run, so the newcomer lands early in their
+# answers on any device, fast or slow. (Early, with most of their answers still ahead: if the
+# machine runs faster in a later run, the newcomer still arrives while they decode.)
+
+# %%
+control = Engine(ContinuousBatcher(max_num_seqs=NUM_RUNNING + 1), backend).run(
+    scenario.running_requests(lm.tokenizer), progress=True)
+ARRIVE_AFTER_TOKENS = 6
+long_arrival = arrival_after_tokens(control, ARRIVE_AFTER_TOKENS)
+requests = scenario.requests(long_arrival, tokenizer=lm.tokenizer)
+control_gaps = token_gaps(control)["gap"].dropna()
+print(f"the long prompt arrives at t = {long_arrival:.2f} s")
+
+# %% [markdown]
+# ## The stall, on the real model
+#
+# Now the same requests with the newcomer, under continuous batching **without** chunking:
+# `chunked_prefill=False` computes a prompt in the step that admits it (the budget, vLLM's
+# usual 2,048 tokens or more, holds it whole). The figure shows each running request's gap since
+# its previous token, drawn over the time it spans: a stalled step is a tall block as wide as
+# the step.
+
+# %%
+WHOLE_BUDGET = max(2048, prompt_len + NUM_RUNNING)
+whole = Engine(ContinuousBatcher(max_num_seqs=NUM_RUNNING + 1, max_batched_tokens=WHOLE_BUDGET,
+                                 chunked_prefill=False), backend).run(requests, progress=True)
+whole_stall = stall_summary(whole, scenario.long_id)
+plot_token_gaps(whole, scenario.long_id,
+                title=f"Admitting a {prompt_len}-token prompt stalls every running request")
+plt.show()
+
+# %% [markdown]
+# The steps around the admission, from the trace: the step that admitted the newcomer computed
+# its whole prompt next to the decodes, and took several times as long as its neighbours.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+steps = whole.steps_df()
+admitted = int(steps.index[steps["num_prefill_tokens"] >= prompt_len][0])
+around = steps.iloc[admitted - 2:admitted + 3].copy()
+around["duration_ms"] = 1e3 * around["duration"]
+around[["step", "num_seqs", "num_tokens", "num_prefill_tokens", "duration_ms"]].round(1)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+pd.DataFrame({"control (no newcomer)": {"running_itl_median": control_gaps.median(),
+                                        "running_itl_p90": control_gaps.quantile(0.9),
+                                        "running_itl_max": control_gaps.max()},
+              "whole prompt in one step": whole_stall[["running_itl_median", "running_itl_max",
+                                                      "admission_gap", "long_ttft"]]}).astype(float).round(3)
+
+# %%
+# The step that admits the prompt makes every running request wait several typical gaps.
+assert whole_stall["stall_ratio"] >= 3, (
+    f"the admission gap is only {whole_stall['stall_ratio']:.1f}x the median gap; expected >= 3x")
+# And it is the newcomer that did it: without it, nine gaps in ten are far smaller.
+assert whole_stall["admission_gap"] > 2 * control_gaps.quantile(0.9), (whole_stall, control_gaps.quantile(0.9))
+print(f"admission step: {1e3 * whole_stall['admission_gap']:.0f} ms against a median gap of "
+      f"{1e3 * whole_stall['running_itl_median']:.0f} ms ({whole_stall['stall_ratio']:.1f}x)")
+
+# %% [markdown]
+# A user streaming one of those answers sees the text freeze for a moment. The median gap
+# (what TPOT and mean ITL mostly report) barely moved: only the maximum tells. Now imagine a
+# busy server where prompts arrive all the time: these freezes come again and again.
+#
+# (If your figure shows a spike somewhere else too, that is the machine: a step measured while
+# another program had the CPU. Those spikes are why we compare runs by the gaps *while the
+# newcomer's prompt is computed*: before and after it, all runs here do exactly the same work.)
+#
+# ## Chunked prefill: a token budget per step
+#
+# `ContinuousBatcher` plans each step from a budget of `max_batched_tokens` tokens (its rules,
+# as in vLLM's scheduler): running requests that are decoding get one token each first; what is
+# left of the budget goes to prompts, in pieces. Under a budget of 64 next to 4 decodes, a long
+# prompt is computed 60 tokens at a time, over as many steps as that takes, and only its last
+# piece samples its first token. Each of those steps costs a little more than a plain decode
+# step, none of them a lot more.
+
+# %%
+CHUNK_BUDGET = 512 if ON_GPU else 64
+chunked = Engine(ContinuousBatcher(max_num_seqs=NUM_RUNNING + 1, max_batched_tokens=CHUNK_BUDGET),
+                 backend).run(requests, progress=True)
+chunked_stall = stall_summary(chunked, scenario.long_id)
+
+fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True, sharey=True)
+plot_token_gaps(whole, scenario.long_id, ax=axes[0], title="whole prompt in one step")
+plot_token_gaps(chunked, scenario.long_id, ax=axes[1],
+                title=f"chunked prefill, max_batched_tokens={CHUNK_BUDGET}")
+fig.suptitle("Chunked prefill spreads the prompt: smaller gaps, for longer")
+fig.tight_layout()
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+pd.DataFrame({"whole prompt": whole_stall, f"chunked ({CHUNK_BUDGET})": chunked_stall}).astype(float).round(3)
+
+# %%
+# While the prompt is computed, chunking lowers the running requests' worst gap...
+assert chunked_stall["prefill_itl_max"] < 0.7 * whole_stall["prefill_itl_max"], (
+    chunked_stall["prefill_itl_max"], whole_stall["prefill_itl_max"])
+# ...by spreading the prompt over several steps...
+assert chunked_stall["long_prefill_steps"] >= 3 and whole_stall["long_prefill_steps"] == 1
+# ...which makes the newcomer's first token come later.
+assert chunked_stall["long_ttft"] > whole_stall["long_ttft"], (chunked_stall, whole_stall)
+print(f"worst gap {1e3 * whole_stall['prefill_itl_max']:.0f} → "
+      f"{1e3 * chunked_stall['prefill_itl_max']:.0f} ms; the newcomer's TTFT "
+      f"{1e3 * whole_stall['long_ttft']:.0f} → {1e3 * chunked_stall['long_ttft']:.0f} ms")
+
+# %% [markdown]
+# Why is the newcomer slower? Its prompt's matrix work is the same in total (the same tokens,
+# the same attention pairs), but every extra step pays the step's fixed cost again and waits for
+# the decodes that share it. Chunking moves time from the running requests' worst gap to the
+# newcomer's TTFT. That is the trade vLLM's chunked prefill (from the Sarathi-Serve work) makes
+# on purpose: decodes are never held back behind a whole prompt.
+#
+# ## The trade: sweeping the budget
+#
+# How big should the budget be? We serve the same requests on the real model at two more
+# budgets, and then every budget from tiny to "whole prompt" on the simulator, which runs the
+# same scheduler with the calibrated step times. For each budget: the newcomer's TTFT and the
+# running requests' largest gap while its prompt is computed.
+
+# %%
+REAL_BUDGETS = [256, 2048] if ON_GPU else [32, 128]
+real_sweep = budget_sweep(backend, requests, REAL_BUDGETS, max_num_seqs=NUM_RUNNING + 1,
+                          long_id=scenario.long_id, progress=True)
+whole_row = {"max_batched_tokens": WHOLE_BUDGET, "chunked_prefill": False, **whole_stall.to_dict()}
+chunk_row = {"max_batched_tokens": CHUNK_BUDGET, "chunked_prefill": True, **chunked_stall.to_dict()}
+real_points = (pd.concat([real_sweep, pd.DataFrame([chunk_row, whole_row])], ignore_index=True)
+               .astype({"long_ttft": float, "prefill_itl_max": float})
+               .sort_values(["chunked_prefill", "max_batched_tokens"], ascending=[False, True]))
+
+# %%
+sim = SimBackend(cost, kv_capacity_tokens=(NUM_RUNNING + 1) * scenario.max_seq_len,
+                 max_seq_len=scenario.max_seq_len)
+sim_control = Engine(ContinuousBatcher(max_num_seqs=NUM_RUNNING + 1), sim).run(scenario.running_requests())
+sim_requests = scenario.requests(arrival_after_tokens(sim_control, ARRIVE_AFTER_TOKENS))
+SIM_BUDGETS = [b for b in (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+                           1536, 2048, 3072, 4096, 6144)
+               if NUM_RUNNING < b <= 2 * (prompt_len + NUM_RUNNING)]
+sim_sweep = budget_sweep(sim, sim_requests, SIM_BUDGETS, max_num_seqs=NUM_RUNNING + 1,
+                         long_id=scenario.long_id)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+show = ["max_batched_tokens", "chunked_prefill", "long_prefill_steps", "long_ttft", "prefill_itl_max"]
+print("real model:")
+print(real_points[show].round(3).to_string(index=False))
+print("simulator:")
+print(sim_sweep[show].round(3).to_string(index=False))
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4.5))
+ax.plot(1e3 * sim_sweep["prefill_itl_max"], 1e3 * sim_sweep["long_ttft"], marker="o",
+        color="gray", label="simulator (calibrated)")
+labelled = set()
+for _, row in sim_sweep.iterrows():   # label each budget, once per distinct point
+    point = (round(1e3 * row["prefill_itl_max"], 1), round(1e3 * row["long_ttft"], 1))
+    if point not in labelled:
+        labelled.add(point)
+        ax.annotate(str(int(row["max_batched_tokens"])), point, textcoords="offset points",
+                    xytext=(4, 4), fontsize=7, color="gray")
+ax.scatter(1e3 * real_points["prefill_itl_max"], 1e3 * real_points["long_ttft"], marker="*", s=120,
+           color="tab:red", zorder=3, label="real model")
+ax.set_xlabel("running requests' worst gap while the prompt is computed (ms)")
+ax.set_ylabel("newcomer's time to first token (ms)")
+ax.set_yscale("log")
+ax.grid(alpha=0.3)
+ax.legend()
+ax.set_title("A bigger token budget: the newcomer's first token sooner, everyone else's worst gap longer")
+plt.show()
+
+# %%
+budgets, ttft, itl = (sim_sweep[c].to_numpy(dtype=float) for c in
+                      ("max_batched_tokens", "long_ttft", "prefill_itl_max"))
+# On the simulator a bigger budget never delays the newcomer's first token (fewer steps, each
+# paying the fixed cost once)...
+assert (np.diff(ttft) <= 1e-9).all(), sim_sweep[show]
+# ...and the running requests' worst gap grows with it. (Up to 10%: a later piece of a prompt
+# also attends to all the pieces before it, so it can cost about as much as a bigger first one.)
+assert (np.diff(itl) >= -0.1 * itl[:-1]).all(), sim_sweep[show]
+assert ttft[0] > 3 * ttft[-1] and itl[-1] > 3 * itl[0], sim_sweep[show]
+# The real model shows the same trade at its smallest budget against no chunking at all.
+smallest = real_points.iloc[0]
+assert smallest["prefill_itl_max"] < whole_stall["prefill_itl_max"], real_points[show]
+assert smallest["long_ttft"] > whole_stall["long_ttft"], real_points[show]
+print(f"simulator, budget {int(budgets[0])} → {int(budgets[-1])}: newcomer TTFT "
+      f"{1e3 * ttft[0]:.0f} → {1e3 * ttft[-1]:.0f} ms, running worst gap "
+      f"{1e3 * itl[0]:.0f} → {1e3 * itl[-1]:.0f} ms")
+
+# %% [markdown]
+# Read the curve from the left. Tiny budgets keep the running requests' gaps at their usual
+# size, but the prompt crawls in over dozens of steps, each paying the fixed cost again: the
+# newcomer waits many times longer for its first token. Large budgets give the newcomer its
+# first token almost as soon as possible, and freeze the others for the whole prefill. Once
+# the budget holds the whole prompt, nothing changes any more.
+#
+# How to choose: start from the latency target of the running requests (say "no gap above
+# twice the usual decode step") and take the **largest** budget that meets it; every token of
+# budget beyond that point is paid by the streaming users, every token below it by the
+# newcomers. vLLM exposes the same knob as `max_num_batched_tokens` (and
+# `long_prefill_token_threshold` caps how much of one step a single prompt may take, so several
+# long prompts share the budget instead of queueing behind each other).
+#
+# The simulator is a model: on the real machine individual steps are noisier (the red stars sit
+# near, not on, the curve), but the direction and the size of the trade agree.
+#
+# ## Explorer: the token budget
+#
+# The slider re-runs the experiment on the simulator with your budget and redraws the running
+# requests' gaps, with the budget's point on the trade curve.
+
+# %%
+def show_budget(max_batched_tokens=64):
+    """Gaps of the running requests, and the trade curve, at one token budget (simulator)."""
+    row = budget_sweep(sim, sim_requests, [max_batched_tokens], max_num_seqs=NUM_RUNNING + 1,
+                       long_id=scenario.long_id)
+    trace = row.attrs["traces"][max_batched_tokens]
+    fig, (ax_gaps, ax_trade) = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [3, 2]})
+    plot_token_gaps(trace, scenario.long_id, ax=ax_gaps,
+                    title=f"max_batched_tokens={max_batched_tokens}: "
+                          f"{int(row['long_prefill_steps'].iloc[0])} prefill steps")
+    ax_trade.plot(1e3 * sim_sweep["prefill_itl_max"], 1e3 * sim_sweep["long_ttft"], color="gray",
+                  marker=".")
+    ax_trade.scatter(1e3 * row["prefill_itl_max"], 1e3 * row["long_ttft"], s=120, marker="*",
+                     color="tab:red", zorder=3)
+    ax_trade.set_yscale("log")
+    ax_trade.set_xlabel("running requests' worst gap (ms)")
+    ax_trade.set_ylabel("newcomer's TTFT (ms)")
+    ax_trade.grid(alpha=0.3)
+    ax_trade.set_title(f"TTFT {1e3 * row['long_ttft'].iloc[0]:.0f} ms, "
+                       f"worst gap {1e3 * row['prefill_itl_max'].iloc[0]:.0f} ms")
+    fig.tight_layout()
+    return fig
+
+# %%
+fig = show_budget(max_batched_tokens=CHUNK_BUDGET)
+plt.show()
+
+# %%
+explore(show_budget, max_batched_tokens=(NUM_RUNNING + 4, 2 * (prompt_len + NUM_RUNNING), 4))
+
+# %% [markdown]
+# ## Summary
+#
+# - A step lasts as long as all the tokens it computes. When continuous batching admits a long
+#   prompt whole, the running requests get their next token only after the prefill: on the real
+#   model their gap at the admission step was several times their median gap, while the median
+#   itself barely moved (watch the maximum, not the mean).
+# - Chunked prefill computes a prompt in pieces under a per-step token budget, decodes first.
+#   The running requests' worst gap dropped; the newcomer's first token came later, because
+#   every extra step pays the fixed cost again.
+# - The budget sets the trade between the newcomer's TTFT and the running requests' ITL; the
+#   calibrated simulator draws the whole curve and the real model agrees at the points we
+#   measured. Choose the largest budget that keeps the running requests within their target.
+#
+# Next: the metrics in full (TTFT, TPOT, ITL, E2E, their percentiles), and which phase each one
+# measures.
+
+# %% [markdown]
+# ## Exercises
+#
+# Worked solutions are in `solutions/05_prefill_stalls_and_chunked_prefill.py`.
+#
+# **05.1** Six requests are decoding when a request with a 500-token prompt is admitted, under
+# `ContinuousBatcher(max_batched_tokens=48)`. The six keep decoding all along. In how many steps
+# is the prompt computed (counting the step that samples its first token)? Work it out from the
+# scheduler's rules, then check it on a simulator with
+# `StallScenario(num_running=6, long_prompt_len=500)` and `stall_summary`.
+
+# %%
+answer = None  # your code here
+check("05.1", answer)
+
+# %% [markdown]
+# **05.2** Tune for a latency target. On a simulator with the cost model
+# `CostModel(fixed_s=0.040, per_seq_s=0.004, per_token_s=0.0006, per_attention_pair_s=2e-8)`
+# (roughly this course's CPU), serve `StallScenario()` with the long prompt arriving when the
+# running requests have 12 tokens each. The running requests must never wait more than 110 ms
+# between two tokens. Which is the **largest** budget among
+# `[16, 32, 48, 64, 96, 128, 192, 256, 512]` that meets the target?
+
+# %%
+answer = None  # your code here
+check("05.2", answer)
+
+# %% [markdown]
+# **05.3** Measure it yourself. Write a function `worst_running_gap(trace, long_id)` that returns
+# the largest gap (seconds) between two successive tokens of any request *other than* `long_id`,
+# using only `trace.requests` (each record has `request_id` and `visible_token_times`). The
+# checker runs your function on traces of its own and compares it with `stall_summary`.
+
+# %%
+answer = None  # your code here: answer = worst_running_gap
+check("05.3", answer)

@@ -1,0 +1,60 @@
+"""batches_df reads request-level batches back from a trace, with idle/busy formation."""
+
+import math
+
+import pytest
+
+from batchlab.backends import SimBackend
+from batchlab.batches import BATCH_COLUMNS, batch_of_request, batches_df
+from batchlab.cost_model import CostModel
+from batchlab.engine import Engine
+from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
+from batchlab.scripted_workloads import scripted_workload
+from batchlab.trace import Trace
+
+
+def steps_of(seconds):
+    """Every step takes exactly ``seconds``."""
+    return SimBackend(CostModel(seconds, 0.0, 0.0, 0.0), kv_capacity_tokens=4096)
+
+
+def test_dynamic_scene_batches_by_hand():
+    # max 4, timeout 0.3 s, 5 steps of 0.1 s per batch. By hand: the timer sends the first three
+    # off at 0.3 s; the rush fills a batch at 1.06 s; its fifth member waits for the server (1.56 s);
+    # the last request comes to an idle server and leaves by its timer at 2.8 s.
+    arrivals = [0.0, 0.1, 0.15, 1.0, 1.02, 1.04, 1.06, 1.08, 2.5]
+    trace = Engine(DynamicBatcher(4, 0.3), steps_of(0.1)).run(
+        scripted_workload(arrivals, max_new_tokens=5))
+    df = batches_df(trace)
+    assert list(df.columns) == BATCH_COLUMNS
+    assert df["size"].tolist() == [3, 4, 1, 1]
+    assert df["request_ids"].tolist()[2] == ("r007",)
+    assert df["start"].tolist() == pytest.approx([0.3, 1.06, 1.56, 2.8])
+    assert df["end"].tolist() == pytest.approx([0.8, 1.56, 2.06, 3.3])
+    assert df["formed_while"].tolist() == ["idle", "idle", "busy", "idle"]
+    assert df["max_wait"].tolist() == pytest.approx([0.3, 0.06, 0.48, 0.3])
+    assert math.isnan(df["previous_end"].iloc[0])
+    assert df["previous_end"].tolist()[1:] == pytest.approx([0.8, 1.56, 2.06])
+    assert df["num_steps"].tolist() == [5, 5, 5, 5]
+    assert batch_of_request(trace)["r007"] == 2 and batch_of_request(trace)["r000"] == 0
+
+
+def test_static_batch_lengths_and_steps():
+    reqs = scripted_workload([0.0] * 6, max_new_tokens=[4, 4, 4, 4, 4, 48])
+    df = batches_df(Engine(StaticBatcher(6), steps_of(0.05)).run(reqs))
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert (row["size"], row["shortest_output"], row["longest_output"], row["num_steps"]) == (6, 4, 48, 48)
+    assert row["formed_while"] == "idle" and row["max_wait"] == 0.0
+
+
+def test_continuous_batching_has_no_batches():
+    reqs = scripted_workload([0.0, 0.0], max_new_tokens=3)
+    trace = Engine(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=64), steps_of(0.01)).run(reqs)
+    assert batches_df(trace).empty and batch_of_request(trace) == {}
+    assert batches_df(Trace()).empty
+
+
+def test_not_a_trace_is_refused():
+    with pytest.raises(TypeError, match="Trace"):
+        batches_df([1, 2, 3])

@@ -1,0 +1,83 @@
+"""``python -m batchlab.bench`` keeps working: it runs end to end at its tiny size, writes the JSON
+it promises, and batchlab's three engines produce the same greedy tokens. No timing is asserted."""
+
+import json
+
+import pytest
+
+from batchlab import bench
+
+
+def test_tiny_benchmark_runs_every_contender_and_writes_its_json(lm, tmp_path, capsys):
+    out = tmp_path / "results.json"
+    returned = bench.main(["--tiny", "--out", str(out)], lm=lm)
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+
+    assert data["errors"] == {}, data["errors"]
+    assert set(data["contenders"]) == set(bench.CONTENDERS)
+    assert data["command"] == f"python -m batchlab.bench --tiny --out {out}"
+    assert len(data["machine"]["loadavg_start"]) == 3 and data["machine"]["cores_available"] >= 1
+    assert "os.getloadavg()" in printed and data["command"] in printed
+    assert returned["table"] in printed
+
+    workload = data["workload"]
+    assert workload["num_requests"] == bench.TINY["num_requests"]
+    wanted = {r["request_id"]: r["max_new_tokens"] for r in workload["requests"]}
+    for name, s in data["contenders"].items():
+        assert s["label"] in printed
+        assert s["num_finished"] == len(wanted), name
+        assert s["output_tokens"] == workload["output_tokens"], name
+        assert {r["request_id"]: len(r["output_ids"]) for r in s["requests"]} == wanted, name
+        for r in s["requests"]:
+            assert len(r["token_times"]) == wanted[r["request_id"]]
+            assert r["token_times"] == sorted(r["token_times"])
+        assert s["throughput_tok_s"] > 0 and s["wall_seconds"] > 0
+        assert 0 <= s["ttft_p50_s"] <= s["ttft_p99_s"] and s["ttft_p50_s"] <= s["e2e_p99_s"]
+        assert s["peak_memory_mib"] is None or s["peak_memory_mib"] >= 0
+    # Non-streamed contenders hand back a whole batch at once: their first token is seen at the end.
+    for name in ("hf_static", "batchlab_static", "batchlab_dynamic"):
+        s = data["contenders"][name]
+        assert not s["streamed"] and s["ttft_p50_s"] == pytest.approx(s["e2e_p50_s"])
+    assert data["contenders"]["hf_continuous"]["throughput_vs_hf_continuous"] == pytest.approx(1.0)
+    assert [t["max_batch_tokens"] for t in data["contenders"]["hf_continuous"]["extra"]["tries"]] \
+        == list(bench.TINY["hf_batch_tokens"])
+
+    # batchlab's engines compute the same greedy tokens, whatever the batching.
+    assert data["greedy_reference"] == "batchlab_continuous"
+    for name in bench.BATCHLAB_CONTENDERS:
+        agreement = data["greedy_agreement"][name]
+        assert agreement["matches"] == agreement["total"] == len(wanted), (name, agreement)
+    tokens = {name: {r["request_id"]: r["output_ids"] for r in data["contenders"][name]["requests"]}
+              for name in bench.BATCHLAB_CONTENDERS}
+    assert tokens["batchlab_static"] == tokens["batchlab_dynamic"] == tokens["batchlab_continuous"]
+    assert set(data["goal"]) >= {"throughput_ratio", "throughput_met", "ttft_p50_ratio", "ttft_met"}
+
+
+def test_greedy_agreement_reports_the_first_differing_position():
+    outputs = {"ref": {"a": [1, 2, 3], "b": [4, 5, 6], "c": [7, 8]},
+               "other": {"a": [1, 2, 3], "b": [4, 9, 6], "c": [7]}}
+    report = bench.greedy_agreement(outputs, "ref")
+    assert report["ref"] == {"matches": 3, "total": 3, "mismatches_first_position": {}}
+    assert report["other"] == {"matches": 1, "total": 3, "mismatches_first_position": {"b": 1, "c": 1}}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mode": "batch"}, "mode='batch'"),
+    ({"only": ("vllm",)}, "unknown ['vllm']"),
+    ({"rate": 0}, "rate=0"),
+    ({"hf_batch_tokens": ()}, "hf_batch_tokens=()"),
+    ({"threads": 0}, "threads=0"),
+])
+def test_bench_config_names_the_bad_value(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        bench.BenchConfig(**kwargs)
+
+
+def test_peak_memory_sees_a_new_allocation():
+    with bench.PeakMemory() as mem:
+        block = bytearray(64 * 2**20)   # 64 MiB, written so the pages are really resident
+        block[::4096] = b"x" * len(block[::4096])
+    if mem.method == "unavailable":
+        pytest.skip("neither /proc/self/clear_refs nor psutil is available here")
+    assert mem.peak_bytes >= 48 * 2**20, (mem.method, mem.peak_bytes)
