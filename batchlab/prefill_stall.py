@@ -10,16 +10,15 @@ requests' gaps stay small, and the newcomer's first token comes later.
 
 This module holds the experiment that shows it (notebook 05):
 
-- ``StallScenario``: a few decode-heavy requests that start together, and one long prompt that
-  arrives while they decode. ``requests(long_arrival)`` builds them.
+- ``StallScenario``: a few decode-heavy requests and one short one start together on a full
+  server; a long prompt waits for a slot and joins the step after the short one finishes.
 - ``long_prompt_len_for(cost_model, num_running)``: a prompt long enough to stall this device.
-- ``arrival_after_tokens(control_trace, k)``: when the running requests have ``k`` tokens.
 - ``token_gaps(trace)``: every output token with the gap since the same request's previous one.
-- ``stall_summary(trace)``: the numbers of the lesson: the newcomer's TTFT, the running
-  requests' median gap, their largest gap while the prompt was computed, the gap of the step
-  that admitted it.
-- ``budget_sweep(backend, requests, budgets)``: the same workload under several token budgets,
-  one row per budget (the TTFT-versus-ITL trade).
+- ``stall_summary(trace)``: the numbers of the lesson: the newcomer's TTFT and prefill time, the
+  running requests' median gap, their largest gap while the prompt was computed, the gap of the
+  step that admitted it.
+- ``budget_sweep(backend, requests, budgets, max_num_seqs)``: the same workload under several
+  token budgets, one row per budget (the TTFT-versus-ITL trade).
 - ``plot_token_gaps(trace)``: the running requests' gaps over time, with the prompt's prefill
   window shaded.
 """
@@ -45,10 +44,11 @@ from .workloads import make_workload
 
 LONG_PREFIX = "long"
 RUNNING_PREFIX = "run"
+SHORT_PREFIX = "short"
 
 SUMMARY_COLUMNS = [
-    "long_ttft", "long_prefill_steps", "admission_gap", "prefill_itl_max", "running_itl_median",
-    "running_itl_max", "stall_ratio", "running_e2e_mean",
+    "long_ttft", "long_prefill_time", "long_prefill_steps", "admission_gap", "prefill_itl_max",
+    "running_itl_median", "running_itl_max", "stall_ratio", "running_e2e_mean",
 ]
 
 
@@ -59,29 +59,52 @@ def _check_count(value: object, name: str) -> None:
 
 @dataclass(frozen=True)
 class StallScenario:
-    """``num_running`` requests (prompt ``running_prompt_len``, ``running_output_len`` tokens out)
-    arrive together at t = 0; one request with a ``long_prompt_len``-token prompt and
-    ``long_output_len`` tokens out arrives later, while they decode.
+    """A full server on which a long prompt joins requests that are decoding.
 
-    Ids: the running requests are ``run000, run001, ...`` and the long one is ``long000``.
-    The defaults keep the real model on a CPU to a few seconds: four decode-heavy requests of
-    48 tokens, and a 400-token prompt (the CPU scale of the ``prefill_heavy`` preset).
+    Everyone arrives at t = 0, in this order: ``num_running`` requests with long answers
+    (prompt ``running_prompt_len``, ``running_output_len`` tokens out), one with a short answer
+    (``short_output_len`` tokens), and one with a ``long_prompt_len``-token prompt
+    (``long_output_len`` tokens out). The server runs at most ``max_num_seqs = num_running + 1``
+    sequences, so the long prompt waits for a slot. When the short answer is done, its slot is
+    free and the long prompt joins at the very next step, next to the ``num_running`` requests
+    still decoding.
+
+    The moment is set in steps, not seconds: it comes at the same point of the run on any
+    machine, fast or slow, even if the machine's speed changes between runs.
+
+    Ids: ``run000, run001, ...``, ``short000`` and ``long000``. The defaults keep the real
+    model on a CPU to a few seconds: four decode-heavy requests of 48 tokens, and a 400-token
+    prompt (the CPU scale of the ``prefill_heavy`` preset).
     """
 
     num_running: int = 4
     running_prompt_len: int = 16
     running_output_len: int = 48
+    short_output_len: int = 6
     long_prompt_len: int = 400
     long_output_len: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("num_running", "running_prompt_len", "running_output_len", "long_prompt_len",
-                     "long_output_len"):
+        for name in ("num_running", "running_prompt_len", "running_output_len", "short_output_len",
+                     "long_prompt_len", "long_output_len"):
             _check_count(getattr(self, name), name)
+        if self.short_output_len >= self.running_output_len:
+            raise ValueError(f"short_output_len={self.short_output_len} must be smaller than "
+                             f"running_output_len={self.running_output_len}: the short answer's end "
+                             "is what lets the long prompt in while the others decode")
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Sequences the server may run at once: the running requests and the short one."""
+        return self.num_running + 1
 
     @property
     def long_id(self) -> str:
         return f"{LONG_PREFIX}000"
+
+    @property
+    def short_id(self) -> str:
+        return f"{SHORT_PREFIX}000"
 
     @property
     def running_ids(self) -> list[str]:
@@ -93,25 +116,24 @@ class StallScenario:
         return max(self.running_prompt_len + self.running_output_len,
                    self.long_prompt_len + self.long_output_len)
 
-    def running_requests(self, tokenizer=None) -> list[Request]:
-        """Only the running requests (all at t = 0): the control run without the newcomer."""
-        return make_workload(self.num_running, prompt_len=self.running_prompt_len,
-                             output_len=self.running_output_len, arrival="at_once",
-                             tokenizer=tokenizer, id_prefix=RUNNING_PREFIX)
-
-    def requests(self, long_arrival: float, tokenizer=None) -> list[Request]:
-        """The running requests at t = 0 and the long prompt at ``long_arrival`` seconds.
+    def control_requests(self, tokenizer=None) -> list[Request]:
+        """The running requests and the short one, without the newcomer: the control run.
 
         With ``tokenizer`` the prompts are real corpus text (for the real model); without it the
         requests are simulated (lengths only).
         """
-        if isinstance(long_arrival, bool) or not isinstance(long_arrival, (int, float)) \
-                or not np.isfinite(long_arrival) or long_arrival < 0:
-            raise ValueError(f"long_arrival={long_arrival!r}: must be a finite number of seconds >= 0")
-        (long,) = make_workload(1, prompt_len=self.long_prompt_len, output_len=self.long_output_len,
-                                arrival="at_once", tokenizer=tokenizer, id_prefix=LONG_PREFIX)
-        long.arrival_time = float(long_arrival)
-        return self.running_requests(tokenizer) + [long]
+        running = make_workload(self.num_running, prompt_len=self.running_prompt_len,
+                                output_len=self.running_output_len, arrival="at_once",
+                                tokenizer=tokenizer, id_prefix=RUNNING_PREFIX)
+        short = make_workload(1, prompt_len=self.running_prompt_len, output_len=self.short_output_len,
+                              arrival="at_once", tokenizer=tokenizer, id_prefix=SHORT_PREFIX)
+        return running + short
+
+    def requests(self, tokenizer=None) -> list[Request]:
+        """The whole scenario: the control requests, then the long prompt (queued behind them)."""
+        long = make_workload(1, prompt_len=self.long_prompt_len, output_len=self.long_output_len,
+                             arrival="at_once", tokenizer=tokenizer, id_prefix=LONG_PREFIX)
+        return self.control_requests(tokenizer) + long
 
 
 def long_prompt_len_for(cost_model: CostModel, num_running: int, context_len: int = 32,
@@ -138,19 +160,6 @@ def long_prompt_len_for(cost_model: CostModel, num_running: int, context_len: in
             return length
         length += multiple
     return max_len
-
-
-def arrival_after_tokens(trace: Trace, num_tokens: int) -> float:
-    """When the running requests of a control run have ``num_tokens`` tokens each: the time of
-    the ``num_tokens``-th token of the first request (they all start and step together).
-
-    Used to make the long prompt arrive mid-decode on any device, fast or slow."""
-    _check_count(num_tokens, "num_tokens")
-    first = min(trace.requests, key=lambda r: r.request_id)
-    if len(first.token_times) < num_tokens:
-        raise ValueError(f"request {first.request_id!r} made only {len(first.token_times)} tokens; "
-                         f"num_tokens={num_tokens} must be at most that")
-    return float(first.token_times[num_tokens - 1])
 
 
 def token_gaps(trace: Trace, request_ids: Iterable[str] | None = None) -> pd.DataFrame:
@@ -186,7 +195,9 @@ def prefill_window(trace: Trace, long_id: str) -> tuple[float, float]:
 def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series:
     """The lesson's numbers for one run (seconds):
 
-    - ``long_ttft``: the long request's time to first token (arrival to first token).
+    - ``long_ttft``: the long request's time to first token (arrival to first token): its wait
+      for a slot plus ``long_prefill_time``.
+    - ``long_prefill_time``: from the start of the step that admitted it to its first token.
     - ``long_prefill_steps``: how many steps computed part of its prompt.
     - ``admission_gap``: the running requests' largest gap ending in the step that admitted it
       (the first step with part of its prompt).
@@ -196,7 +207,7 @@ def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series
       this is the number to compare them by; on a noisy machine it is also far less exposed to
       a random slow step than the maximum over the whole run.
     - ``running_itl_median`` / ``running_itl_max``: median and largest gap between successive
-      tokens of the other (running) requests, over the whole run.
+      tokens of the other requests, over the whole run.
     - ``stall_ratio``: ``admission_gap / running_itl_median``.
     - ``running_e2e_mean``: the running requests' mean end-to-end latency.
     """
@@ -215,15 +226,15 @@ def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series
     if in_window.empty:
         raise ValueError(
             f"no other request was decoding while {long_id!r}'s prompt was computed (from "
-            f"{start:.3f} s to {first_token:.3f} s): they had finished before it arrived (or had "
-            "not started), so this run shows no stall. Send it earlier or give the others more "
-            "tokens to generate (if the arrival was timed on another run, this machine ran faster "
-            "this time).")
+            f"{start:.3f} s to {first_token:.3f} s): they had finished before it was admitted (or "
+            "had not started), so this run shows no stall. Admit it earlier or give the others "
+            "more tokens to generate.")
     prefill_itl_max = float(in_window.max())
     median = float(running["gap"].median())
     others = [r for r in trace.requests if r.request_id != long_id and r.token_times]
     return pd.Series({
         "long_ttft": float(record.visible_token_times[0] - record.arrival_time),
+        "long_prefill_time": first_token - start,
         "long_prefill_steps": prefill_steps,
         "admission_gap": admission_gap,
         "prefill_itl_max": prefill_itl_max,
@@ -235,9 +246,12 @@ def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series
 
 
 def budget_sweep(backend: Backend, requests: Sequence[Request], budgets: Iterable[int | None],
-                 max_num_seqs: int = 8, long_id: str = f"{LONG_PREFIX}000",
+                 max_num_seqs: int, long_id: str = f"{LONG_PREFIX}000",
                  progress: bool = False) -> pd.DataFrame:
     """Serve ``requests`` once per token budget with continuous batching; one row per budget.
+
+    ``max_num_seqs``: the server's sequence limit (``StallScenario.max_num_seqs``; it is what
+    makes the long prompt wait for a slot).
 
     ``budgets``: values of ``max_batched_tokens`` with chunked prefill; ``None`` means no
     chunking (the whole prompt in one step, with a budget of 2,048 tokens, or more if the
@@ -267,8 +281,9 @@ def budget_sweep(backend: Backend, requests: Sequence[Request], budgets: Iterabl
 
 def plot_token_gaps(trace: Trace, long_id: str = f"{LONG_PREFIX}000", ax: Axes | None = None,
                     unit: str = "ms", title: str | None = None) -> Axes:
-    """The running requests' gaps between successive tokens against time (each gap drawn over
-    the interval it spans), with the long request's arrival marked and its prefill shaded."""
+    """The other requests' gaps between successive tokens against time (each gap drawn over the
+    interval it spans), with the long request's prefill shaded: from the step that admitted it
+    to its first token."""
     scale = {"ms": 1e3, "s": 1.0}
     if unit not in scale:
         raise ValueError(f"unit={unit!r}; allowed: {list(scale)}")
@@ -280,15 +295,12 @@ def plot_token_gaps(trace: Trace, long_id: str = f"{LONG_PREFIX}000", ax: Axes |
     # Each gap is drawn over the interval it spans (previous token -> this token), so a stalled
     # step shows as a tall block as wide as the step. Requests that step together overlap.
     for i, (_, group) in enumerate(running.groupby("request_id")):
-        label = f"running requests ({num_running}; lines overlap)" if i == 0 else None
+        label = f"the other {num_running} requests (lines overlap)" if i == 0 else None
         ax.step(group["time"], group["gap"] * scale[unit], where="pre", linewidth=1.2,
                 color=PHASE_COLORS["decode"], alpha=0.8, label=label)
-    record = _record(trace, long_id)
     start, first_token = prefill_window(trace, long_id)
     ax.axvspan(start, first_token, color=PHASE_COLORS["prefill"], alpha=0.25,
-               label=f"{long_id} prefill")
-    ax.axvline(record.arrival_time, color="black", linestyle="--", linewidth=0.8,
-               label=f"{long_id} arrives")
+               label=f"{long_id} prefill (joins → first token)")
     ax.set_xlabel("time (s)")
     ax.set_ylabel(f"gap since previous token ({unit})")
     ax.set_ylim(bottom=0)

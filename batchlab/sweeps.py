@@ -41,6 +41,7 @@ from .engine import Engine
 from .metrics import SLO, summary_row, throughput
 from .requests import Request
 from .schedulers.base import Scheduler
+from .trace import Trace
 from .workloads import scale_arrivals
 
 WorkloadFn = Callable[[float], Sequence[Request]]
@@ -82,15 +83,15 @@ def _check_policies(policies: Mapping[str, SchedulerFactory]) -> dict[str, Sched
 
 def run_point(requests: Sequence[Request], scheduler: Scheduler, backend: Backend,
               slo: SLO | Mapping[str, float] | None = None,
-              percentiles: Iterable[float] = (50, 90, 99)) -> dict[str, float]:
-    """Serve ``requests`` once and return ``metrics.summary_row`` of the run (one sweep point)."""
+              percentiles: Iterable[float] = (50, 90, 99)) -> tuple[dict[str, float], Trace]:
+    """Serve ``requests`` once; return ``metrics.summary_row`` of the run and its trace."""
     if not isinstance(scheduler, Scheduler):
         raise ValueError(f"the policy factory returned {scheduler!r}, not a batchlab Scheduler")
     if not isinstance(backend, Backend):
         raise ValueError(f"backend_factory returned {backend!r}, not a batchlab Backend "
                          "(SimBackend, ModelBackend)")
     trace = Engine(scheduler, backend).run(list(requests))
-    return summary_row(trace, slo=slo, percentiles=percentiles)
+    return summary_row(trace, slo=slo, percentiles=percentiles), trace
 
 
 def capacity(requests: Sequence[Request], make_scheduler: SchedulerFactory,
@@ -117,7 +118,7 @@ def capacity(requests: Sequence[Request], make_scheduler: SchedulerFactory,
 def load_sweep(workload_fn: WorkloadFn, rates: Iterable[float],
                policies: Mapping[str, SchedulerFactory], backend_factory: BackendFactory,
                slo: SLO | Mapping[str, float] | None = None, progress: bool = True,
-               percentiles: Iterable[float] = (50, 90, 99)) -> pd.DataFrame:
+               percentiles: Iterable[float] = (50, 90, 99), keep_traces: bool = False) -> pd.DataFrame:
     """Serve ``workload_fn(rate)`` at every rate under every policy; one row per (policy, rate).
 
     ``workload_fn(rate)``: the requests to serve at ``rate`` requests/s (sorted by arrival).
@@ -126,7 +127,9 @@ def load_sweep(workload_fn: WorkloadFn, rates: Iterable[float],
     for the real model, a function that returns the same ``ModelBackend`` works too, since the
     engine checks its cache is empty and resets it between runs).
     ``slo``: bounds in seconds (``SLO`` or a dict like ``{"ttft": 0.5}``) to add ``num_good`` and
-    ``goodput``. ``progress``: a tqdm bar over the runs.
+    ``goodput``. ``progress``: a tqdm bar over the runs. ``keep_traces``: also keep every run's
+    ``Trace`` in ``df.attrs["traces"]``, a dict keyed by ``(policy, rate)`` (off by default: a
+    large sweep's traces take a lot of memory).
 
     Columns: ``policy``, ``request_rate``, then every key of ``metrics.summary_row``
     (``num_finished``, ``request_throughput``, ``goodput`` with an SLO, ``ttft_p50``,
@@ -141,6 +144,8 @@ def load_sweep(workload_fn: WorkloadFn, rates: Iterable[float],
                          "Backend (e.g. lambda: SimBackend(cost, kv_capacity_tokens=...))")
     if slo is not None:
         slo = SLO.coerce(slo)
+    if not isinstance(keep_traces, bool):
+        raise ValueError(f"keep_traces={keep_traces!r}; must be True or False")
 
     # Each rate's workload is built once and served under every policy (the engine copies it).
     workloads = {rate: list(workload_fn(rate)) for rate in rate_list}
@@ -149,18 +154,23 @@ def load_sweep(workload_fn: WorkloadFn, rates: Iterable[float],
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(points), unit="run", desc="load sweep")
-    rows = []
+    rows, traces = [], {}
     try:
         for name, rate in points:
             try:
-                row = run_point(workloads[rate], policy_factories[name](), backend_factory(), slo,
-                                percentiles)
+                row, trace = run_point(workloads[rate], policy_factories[name](), backend_factory(),
+                                       slo, percentiles)
             except ValueError as err:
                 raise ValueError(f"policy {name!r} at rate {rate:g} req/s: {err}") from err
             rows.append({"policy": name, "request_rate": rate, **row})
+            if keep_traces:
+                traces[(name, rate)] = trace
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    return pd.DataFrame(rows).infer_objects()
+    table = pd.DataFrame(rows).infer_objects()
+    if keep_traces:
+        table.attrs["traces"] = traces
+    return table

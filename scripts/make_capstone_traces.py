@@ -109,20 +109,20 @@ CHAT_OUTPUTS = Mixture(((0.6, Range(8, 32)), (0.4, Range(32, 96))))
 CONFIGS: tuple[CapstoneConfig, ...] = (
     # The walked-through example: a chat service whose traffic peaks above what it can serve.
     CapstoneConfig("example", "continuous", CHAT_PROMPTS, CHAT_OUTPUTS,
-                   segments=(Segment(90, 0.3), Segment(150, 1.3), Segment(60, 0.3)),
+                   segments=(Segment(90, 0.3), Segment(150, 1.5), Segment(60, 0.3)),
                    max_num_seqs=128, max_batched_tokens=1024, kv_capacity_tokens=1536, seed=10,
                    about="peak hour: more arrivals than the server can serve, for a while; "
                          "its memory holds about a dozen chat sequences"),
     # Long documents arrive among chatty streams; prompts are computed in one step each.
     CapstoneConfig("trace_a", "continuous",
-                   Mixture(((0.25, Range(600, 1000)), (0.75, Range(8, 48)))),
-                   Mixture(((0.25, Range(4, 16)), (0.75, Range(48, 128)))),
-                   segments=(Segment(240, 0.5),), max_num_seqs=32, max_batched_tokens=2048,
+                   Mixture(((0.4, Range(400, 800)), (0.6, Range(8, 48)))),
+                   Mixture(((0.4, Range(4, 16)), (0.6, Range(64, 160)))),
+                   segments=(Segment(240, 0.6),), max_num_seqs=32, max_batched_tokens=2048,
                    chunked_prefill=False, seed=11,
                    about="no chunked prefill: every long prompt stalls every stream"),
     # A server that admits only four sequences at a time.
     CapstoneConfig("trace_b", "continuous", CHAT_PROMPTS, CHAT_OUTPUTS,
-                   segments=(Segment(240, 0.5),), max_num_seqs=4, max_batched_tokens=1024,
+                   segments=(Segment(240, 0.6),), max_num_seqs=4, max_batched_tokens=1024,
                    seed=12,
                    about="max_num_seqs=4: a queue forms while each step is nearly empty"),
     # A dynamic batcher with a long timer under light traffic, serving short answers.

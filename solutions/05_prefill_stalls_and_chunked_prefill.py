@@ -5,16 +5,10 @@ import numpy as np
 from batchlab.backends import SimBackend
 from batchlab.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.prefill_stall import StallScenario, arrival_after_tokens, budget_sweep, stall_summary
+from batchlab.prefill_stall import StallScenario, budget_sweep, stall_summary
 from batchlab.schedulers import ContinuousBatcher
 
 CPU_LIKE = CostModel(fixed_s=0.040, per_seq_s=0.004, per_token_s=0.0006, per_attention_pair_s=2e-8)
-
-
-def _stalled_requests(scenario: StallScenario, sim: SimBackend, after_tokens: int = 12):
-    """The scenario's requests, the long prompt arriving when the others have ``after_tokens``."""
-    control = Engine(ContinuousBatcher(max_num_seqs=8), sim).run(scenario.running_requests())
-    return scenario.requests(arrival_after_tokens(control, after_tokens))
 
 
 def solve_05_1() -> int:
@@ -23,8 +17,8 @@ def solve_05_1() -> int:
     The simulator agrees (any cost model gives the same plan)."""
     scenario = StallScenario(num_running=6, long_prompt_len=500)
     sim = SimBackend(CPU_LIKE, kv_capacity_tokens=8 * scenario.max_seq_len)
-    trace = Engine(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=48), sim).run(
-        _stalled_requests(scenario, sim))
+    scheduler = ContinuousBatcher(max_num_seqs=scenario.max_num_seqs, max_batched_tokens=48)
+    trace = Engine(scheduler, sim).run(scenario.requests())
     return int(stall_summary(trace, scenario.long_id)["long_prefill_steps"])
 
 
@@ -34,8 +28,8 @@ def solve_05_2() -> int:
     chunk about 118 ms: the answer is 64."""
     scenario = StallScenario()
     sim = SimBackend(CPU_LIKE, kv_capacity_tokens=8 * scenario.max_seq_len)
-    sweep = budget_sweep(sim, _stalled_requests(scenario, sim), [16, 32, 48, 64, 96, 128, 192, 256, 512],
-                         max_num_seqs=8, long_id=scenario.long_id)
+    sweep = budget_sweep(sim, scenario.requests(), [16, 32, 48, 64, 96, 128, 192, 256, 512],
+                         scenario.max_num_seqs, long_id=scenario.long_id)
     return int(sweep.loc[sweep["running_itl_max"] <= 0.110, "max_batched_tokens"].max())
 
 

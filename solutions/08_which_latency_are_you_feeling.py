@@ -25,10 +25,10 @@ def diagnose(trace, cost: CostModel) -> dict:
        extra waiting comes before the first token, users feel a late first token ("ttft");
        otherwise a slow stream ("itl").
     2. A late first token comes from waiting. If the device was idle while requests waited, a
-       rule held them back: a batching timer ("shorter_timeout"). If it was busy, ask the cost
-       model how much more a step twice as large would serve: a lot more means the batch is
-       capped far below what the device can do ("more_max_num_seqs"); little more means the
-       device is full ("more_capacity").
+       rule held them back: a batching timer ("shorter_timeout"). If it was busy, look at the
+       batch while people waited: pinned at one size, with the cost model saying a step twice
+       as large would serve clearly more, means a setting caps it ("more_max_num_seqs");
+       otherwise the device is full ("more_capacity").
     3. A slow stream is either spiky or uniformly slow. If the long gaps (over 3x the median)
        are a visible share and nearly all come from steps that computed prompt tokens, prompts
        stall the streams ("chunked_prefill"); otherwise every step is just slow
@@ -39,11 +39,14 @@ def diagnose(trace, cost: CostModel) -> dict:
         if waited > 0 and idle_while_waiting(trace) > 0.2 * waited:
             return {"slow": "ttft", "knob": "shorter_timeout"}
         steps = steps_with_waiting(trace)
-        batch = int(steps.loc[steps["num_waiting"] > 0, "num_seqs"].median())
+        sizes = steps.loc[steps["num_waiting"] > 0, "num_seqs"]
+        pinned = (sizes == sizes.max()).mean() > 0.8
+        batch = int(sizes.median())
         # Decode tokens per second at this batch size and at twice it, from the cost model.
         rate = lambda b: b / cost.predict_features(b, b, b * 100)  # noqa: E731 (context ~100)
         gain = rate(2 * batch) / rate(batch)
-        return {"slow": "ttft", "knob": "more_max_num_seqs" if gain > 1.4 else "more_capacity"}
+        knob = "more_max_num_seqs" if pinned and gain > 1.25 else "more_capacity"
+        return {"slow": "ttft", "knob": knob}
     gaps = token_gaps(trace)
     long = gaps[gaps["gap"] > 3 * gaps["gap"].median()]
     if len(long) > 0.005 * len(gaps) and np.mean(long["step_prefill_tokens"] > 0) > 0.8:

@@ -4,19 +4,26 @@ it promises, and batchlab's three engines produce the same greedy tokens. No tim
 import json
 
 import pytest
+import torch
 
 from batchlab import bench
 
 
 def test_tiny_benchmark_runs_every_contender_and_writes_its_json(lm, tmp_path, capsys):
+    # One torch thread: on a machine shared with other jobs, a thread pool waiting on preempted
+    # peers can make a 2-thread run many times slower; the setting is restored afterwards.
+    threads_before = torch.get_num_threads()
     out = tmp_path / "results.json"
-    returned = bench.main(["--tiny", "--out", str(out)], lm=lm)
+    argv = ["--tiny", "--threads", "1", "--out", str(out)]
+    returned = bench.main(argv, lm=lm)
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
+    assert torch.get_num_threads() == threads_before
 
     assert data["errors"] == {}, data["errors"]
     assert set(data["contenders"]) == set(bench.CONTENDERS)
-    assert data["command"] == f"python -m batchlab.bench --tiny --out {out}"
+    assert data["command"] == "python -m batchlab.bench " + " ".join(argv)
+    assert data["machine"]["torch_threads"] == 1
     assert len(data["machine"]["loadavg_start"]) == 3 and data["machine"]["cores_available"] >= 1
     assert "os.getloadavg()" in printed and data["command"] in printed
     assert returned["table"] in printed
@@ -26,7 +33,7 @@ def test_tiny_benchmark_runs_every_contender_and_writes_its_json(lm, tmp_path, c
     wanted = {r["request_id"]: r["max_new_tokens"] for r in workload["requests"]}
     for name, s in data["contenders"].items():
         assert s["label"] in printed
-        assert s["num_finished"] == len(wanted), name
+        assert s["num_finished"] == len(wanted) and s["unfinished"] == {}, name
         assert s["output_tokens"] == workload["output_tokens"], name
         assert {r["request_id"]: len(r["output_ids"]) for r in s["requests"]} == wanted, name
         for r in s["requests"]:

@@ -12,9 +12,8 @@ matplotlib.use("Agg")
 from batchlab.backends import SimBackend
 from batchlab.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.prefill_stall import (StallScenario, arrival_after_tokens, budget_sweep,
-                                    long_prompt_len_for, plot_token_gaps, prefill_window,
-                                    stall_summary, token_gaps)
+from batchlab.prefill_stall import (StallScenario, budget_sweep, long_prompt_len_for,
+                                    plot_token_gaps, prefill_window, stall_summary, token_gaps)
 from batchlab.schedulers import ContinuousBatcher
 
 # 10 ms per step plus 1 ms per token: a step's duration tells exactly how many tokens it computed.
@@ -25,20 +24,23 @@ def _sim(scenario: StallScenario, cost: CostModel = PER_TOKEN) -> SimBackend:
     return SimBackend(cost, kv_capacity_tokens=8 * scenario.max_seq_len)
 
 
-def _stalled(scenario: StallScenario, sim: SimBackend, after: int = 5):
-    control = Engine(ContinuousBatcher(max_num_seqs=8), sim).run(scenario.running_requests())
-    return scenario.requests(arrival_after_tokens(control, after))
+def _run(scenario: StallScenario, budget: int = 2048, chunked: bool = True, requests=None):
+    scheduler = ContinuousBatcher(max_num_seqs=scenario.max_num_seqs, max_batched_tokens=budget,
+                                  chunked_prefill=chunked)
+    return Engine(scheduler, _sim(scenario)).run(requests or scenario.requests())
 
 
 def test_scenario_builds_the_requests():
     scenario = StallScenario(num_running=3, running_prompt_len=8, running_output_len=20,
-                             long_prompt_len=100, long_output_len=4)
-    reqs = scenario.requests(1.5)
-    assert [r.request_id for r in reqs] == ["run000", "run001", "run002", "long000"]
-    assert scenario.running_ids == ["run000", "run001", "run002"] and scenario.long_id == "long000"
-    assert [r.arrival_time for r in reqs] == [0.0, 0.0, 0.0, 1.5]
-    assert [(r.prompt_len, r.max_new_tokens) for r in reqs] == [(8, 20)] * 3 + [(100, 4)]
+                             short_output_len=5, long_prompt_len=100, long_output_len=4)
+    reqs = scenario.requests()
+    assert [r.request_id for r in reqs] == ["run000", "run001", "run002", "short000", "long000"]
+    assert scenario.running_ids == ["run000", "run001", "run002"]
+    assert (scenario.short_id, scenario.long_id, scenario.max_num_seqs) == ("short000", "long000", 4)
+    assert all(r.arrival_time == 0.0 for r in reqs)
+    assert [(r.prompt_len, r.max_new_tokens) for r in reqs] == [(8, 20)] * 3 + [(8, 5), (100, 4)]
     assert all(r.prompt_ids is None for r in reqs)          # no tokenizer: simulated
+    assert [r.request_id for r in scenario.control_requests()] == ["run000", "run001", "run002", "short000"]
     assert scenario.max_seq_len == 104
 
 
@@ -46,33 +48,31 @@ def test_scenario_builds_the_requests():
     (dict(num_running=0), "num_running=0"),
     (dict(long_prompt_len=2.5), "long_prompt_len=2.5"),
     (dict(running_output_len=True), "running_output_len=True"),
+    (dict(short_output_len=48), "short_output_len=48 must be smaller"),
 ])
 def test_scenario_rejects_bad_sizes(kwargs, match):
     with pytest.raises(ValueError, match=match):
         StallScenario(**kwargs)
 
 
-def test_requests_reject_a_bad_arrival():
-    with pytest.raises(ValueError, match="long_arrival=-1"):
-        StallScenario().requests(-1)
-
-
-def test_arrival_after_tokens_is_the_kth_token_time():
-    scenario = StallScenario(num_running=2, running_output_len=10)
-    control = Engine(ContinuousBatcher(max_num_seqs=4), _sim(scenario)).run(scenario.running_requests())
-    # Step 1: two 16-token prompts (10 + 32 ms); later steps: two decodes (12 ms each).
-    assert arrival_after_tokens(control, 1) == pytest.approx(0.042)
-    assert arrival_after_tokens(control, 4) == pytest.approx(0.042 + 3 * 0.012)
-    with pytest.raises(ValueError, match="num_tokens=11"):
-        arrival_after_tokens(control, 11)
+def test_the_long_prompt_joins_the_step_after_the_short_answer_ends():
+    scenario = StallScenario(num_running=3, running_output_len=20, short_output_len=5, long_prompt_len=60)
+    trace = _run(scenario)
+    short = next(r for r in trace.requests if r.request_id == "short000")
+    start, _ = prefill_window(trace, scenario.long_id)
+    assert start == short.token_times[-1]                  # the very next step
+    chunks = trace.chunks_df()
+    admitted = chunks[chunks.start == start]
+    assert sorted(admitted.request_id) == ["long000", "run000", "run001", "run002"]
+    assert (admitted[admitted.request_id != "long000"].kind == "decode").all()
 
 
 def test_token_gaps_follow_the_token_times():
-    scenario = StallScenario(num_running=2, running_output_len=6, long_prompt_len=40, long_output_len=3)
-    sim = _sim(scenario)
-    trace = Engine(ContinuousBatcher(max_num_seqs=4), sim).run(_stalled(scenario, sim, after=2))
+    scenario = StallScenario(num_running=2, running_output_len=6, short_output_len=2,
+                             long_prompt_len=40, long_output_len=3)
+    trace = _run(scenario)
     gaps = token_gaps(trace)
-    assert len(gaps) == 2 * 6 + 3
+    assert len(gaps) == 2 * 6 + 2 + 3
     for record in trace.requests:
         mine = gaps[gaps.request_id == record.request_id]
         assert mine["time"].tolist() == record.token_times
@@ -85,11 +85,9 @@ def test_token_gaps_follow_the_token_times():
 
 def test_whole_prompt_stalls_the_running_requests():
     scenario = StallScenario(num_running=4, running_output_len=20, long_prompt_len=200)
-    sim = _sim(scenario)
-    trace = Engine(ContinuousBatcher(max_num_seqs=8, chunked_prefill=False), sim).run(
-        _stalled(scenario, sim))
+    trace = _run(scenario, chunked=False)
     s = stall_summary(trace, scenario.long_id)
-    decode_step = 0.010 + 4 * 0.001
+    decode_step = 0.010 + 5 * 0.001                       # five sequences decode, before and after
     stall_step = 0.010 + (4 + 200) * 0.001                 # 4 decodes and the whole prompt
     assert s["long_prefill_steps"] == 1
     assert s["admission_gap"] == pytest.approx(stall_step)
@@ -98,14 +96,13 @@ def test_whole_prompt_stalls_the_running_requests():
     assert s["running_itl_median"] == pytest.approx(decode_step)
     assert s["stall_ratio"] == pytest.approx(stall_step / decode_step)
     start, first_token = prefill_window(trace, scenario.long_id)
-    assert first_token - start == pytest.approx(stall_step)
+    assert first_token - start == pytest.approx(stall_step) == pytest.approx(s["long_prefill_time"])
+    assert s["long_ttft"] == pytest.approx(first_token)    # it arrived at 0 and waited for a slot
 
 
 def test_chunked_prefill_splits_the_prompt_by_the_budget():
     scenario = StallScenario(num_running=4, running_output_len=40, long_prompt_len=200)
-    sim = _sim(scenario)
-    trace = Engine(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=36), sim).run(
-        _stalled(scenario, sim))
+    trace = _run(scenario, budget=36)
     s = stall_summary(trace, scenario.long_id)
     # Decodes first (4 tokens), 32 left for the prompt each step: 200 / 32 -> 7 steps.
     assert s["long_prefill_steps"] == math.ceil(200 / 32)
@@ -119,9 +116,8 @@ def test_chunked_prefill_splits_the_prompt_by_the_budget():
 
 def test_budget_sweep_rows_and_traces():
     scenario = StallScenario(num_running=4, running_output_len=40, long_prompt_len=200)
-    sim = _sim(scenario)
-    sweep = budget_sweep(sim, _stalled(scenario, sim), [None, 20, 68], max_num_seqs=8,
-                         long_id=scenario.long_id)
+    sweep = budget_sweep(_sim(scenario), scenario.requests(), [None, 20, 68],
+                         scenario.max_num_seqs, long_id=scenario.long_id)
     assert sweep["max_batched_tokens"].tolist() == [2048, 20, 68]
     assert sweep["chunked_prefill"].tolist() == [False, True, True]
     assert sweep["long_prefill_steps"].tolist() == [1, math.ceil(200 / 16), math.ceil(200 / 64)]
@@ -150,11 +146,10 @@ def test_long_prompt_len_for_reaches_the_target_ratio():
 
 def test_plot_token_gaps_draws_the_prefill_window():
     scenario = StallScenario(num_running=2, running_output_len=10, long_prompt_len=50)
-    sim = _sim(scenario)
-    trace = Engine(ContinuousBatcher(max_num_seqs=4), sim).run(_stalled(scenario, sim))
+    trace = _run(scenario)
     ax = plot_token_gaps(trace, scenario.long_id, title="t")
     labels = ax.get_legend_handles_labels()[1]
-    assert "long000 prefill" in labels and "long000 arrives" in labels
+    assert labels == ["the other 3 requests (lines overlap)", "long000 prefill (joins → first token)"]
     assert ax.get_ylabel() == "gap since previous token (ms)"
     with pytest.raises(ValueError, match="unit="):
         plot_token_gaps(trace, scenario.long_id, unit="us")
@@ -162,8 +157,8 @@ def test_plot_token_gaps_draws_the_prefill_window():
 
 
 def test_a_newcomer_after_everyone_left_is_reported_not_measured():
-    scenario = StallScenario(num_running=2, running_output_len=4, long_prompt_len=30)
-    sim = _sim(scenario)
-    trace = Engine(ContinuousBatcher(max_num_seqs=4), sim).run(scenario.requests(long_arrival=10.0))
+    scenario = StallScenario(num_running=2, running_output_len=4, short_output_len=2, long_prompt_len=30)
+    late = scenario.requests()
+    late[-1].arrival_time = 10.0                           # long after the others are done
     with pytest.raises(ValueError, match="no other request was decoding"):
-        stall_summary(trace, scenario.long_id)
+        stall_summary(_run(scenario, requests=late), scenario.long_id)

@@ -163,11 +163,24 @@ def test_errors_say_which_point_failed():
         load_sweep(chat, [2.0], {"continuous": POLICIES["continuous"]}, tiny, progress=False)
 
 
-def test_run_point_is_one_summary_row():
+def test_run_point_is_one_summary_row_and_its_trace():
     reqs = chat(2.0)
-    row = run_point(reqs, POLICIES["continuous"](), sim(SHAPED)())
-    assert row == pytest.approx(summary_row(Engine(POLICIES["continuous"](), sim(SHAPED)()).run(reqs)),
-                                nan_ok=True)
+    row, trace = run_point(reqs, POLICIES["continuous"](), sim(SHAPED)())
+    alone = Engine(POLICIES["continuous"](), sim(SHAPED)()).run(reqs)
+    assert row == pytest.approx(summary_row(alone), nan_ok=True)
+    assert [s.duration for s in trace.steps] == [s.duration for s in alone.steps]
+
+
+def test_keep_traces():
+    df = load_sweep(chat, [1.0, 2.0], POLICIES, sim(SHAPED), progress=False, keep_traces=True)
+    traces = df.attrs["traces"]
+    assert sorted(traces) == sorted((p, r) for p in POLICIES for r in (1.0, 2.0))
+    for _, row in df.iterrows():
+        trace = traces[(row["policy"], row["request_rate"])]
+        assert summary_row(trace)["ttft_p99"] == pytest.approx(row["ttft_p99"])
+    assert "traces" not in load_sweep(chat, [1.0], POLICIES, sim(SHAPED), progress=False).attrs
+    with pytest.raises(ValueError, match="keep_traces"):
+        load_sweep(chat, [1.0], POLICIES, sim(SHAPED), progress=False, keep_traces="yes")
 
 
 def test_capacity_serves_everything_at_once():

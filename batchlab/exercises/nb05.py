@@ -16,7 +16,6 @@ NUM_RUNNING_1, PROMPT_LEN_1, BUDGET_1 = 6, 500, 48
 COST_2 = dict(fixed_s=0.040, per_seq_s=0.004, per_token_s=0.0006, per_attention_pair_s=2e-8)
 ITL_TARGET_2 = 0.110
 BUDGETS_2 = (16, 32, 48, 64, 96, 128, 192, 256, 512)
-ARRIVAL_AFTER_TOKENS = 12
 
 
 @exercise("05.1")
@@ -30,15 +29,12 @@ def _stall_sweep(budgets):
     """The default StallScenario on the 05.2 simulator, one row per budget."""
     from ..backends import SimBackend
     from ..cost_model import CostModel
-    from ..engine import Engine
-    from ..prefill_stall import StallScenario, arrival_after_tokens, budget_sweep
-    from ..schedulers import ContinuousBatcher
+    from ..prefill_stall import StallScenario, budget_sweep
 
     scenario = StallScenario()
     sim = SimBackend(CostModel(**COST_2), kv_capacity_tokens=8 * scenario.max_seq_len)
-    control = Engine(ContinuousBatcher(max_num_seqs=8), sim).run(scenario.running_requests())
-    requests = scenario.requests(arrival_after_tokens(control, ARRIVAL_AFTER_TOKENS))
-    return budget_sweep(sim, requests, budgets, max_num_seqs=8, long_id=scenario.long_id)
+    return budget_sweep(sim, scenario.requests(), budgets, scenario.max_num_seqs,
+                        long_id=scenario.long_id)
 
 
 @exercise("05.2")

@@ -22,8 +22,8 @@
 #   numbers from `batchlab.metrics`.
 # - Why 2,000 tokens in / 20 out and 20 in / 2,000 out, with about the same number of tokens,
 #   stress different phases: the first spends its time before the first token, the second after.
-# - Means against percentiles: a run where most first tokens arrive in well under a second and
-#   one request in a hundred waits about ten times longer, while the mean still looks fine.
+# - Means against percentiles: a run where the typical first token comes quickly and one request
+#   in a hundred waits about ten times longer, while the mean still looks fine.
 # - Why vLLM, LLMPerf and GuideLLM report different "ITL" numbers for the same run, and which
 #   one includes the wait for the first token.
 # - **Goodput** under service-level objectives (SLOs), and how two runs with the same
@@ -365,7 +365,8 @@ itl_compare.round(4)
 #
 # To make the lesson hold on any device, we state the SLOs in units of this machine's decode
 # step for one sequence: the first token within 20 steps' time, and at most 3 steps' time per
-# token after it (on a CPU about 1 s and 150 ms: a reader's patience and reading speed).
+# token after it (on the course's CPU roughly a second and a bit over 100 ms: about a reader's
+# patience and reading speed).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -454,8 +455,8 @@ plt.show()
 # - The article's two requests of ~2,000 tokens behave oppositely: the long prompt spends its
 #   life before the first token (prefill), the long answer after it (decode), and takes many
 #   times longer in total.
-# - Under bursty traffic at half of capacity, the median TTFT was well under a second and the
-#   p99 many times larger; the mean hid it. Report p50, p90 and p99, not the mean.
+# - Under bursty traffic at half of capacity, the p99 TTFT was many times the median, and the
+#   mean hid it. Report p50, p90 and p99, not the mean.
 # - "ITL" is not one number: LLMPerf's includes the first token's wait (`E2E / n`), vLLM's does
 #   not, and GuideLLM weights requests by their length. Compare like with like.
 # - Goodput counts only requests that met their SLOs. The same requests at the same average rate

@@ -229,9 +229,11 @@ assert idle_share < 0.05, idle_share       # not a timer: the device was busy wh
 steps = steps_with_waiting(example)
 busy_while_waiting = steps[steps["num_waiting"] > 0]
 batch = busy_while_waiting["num_seqs"]
+at_largest = (batch == batch.max()).mean()
 print(f"while requests waited the batch held {batch.min()}-{batch.max()} sequences "
-      f"(median {batch.median():.0f}); a step took {busy_while_waiting['duration'].median() / STEP_S:.1f}x "
-      f"a lone decode step")
+      f"(median {batch.median():.0f}; at its largest size in {at_largest:.0%} of those steps); "
+      f"a step took {busy_while_waiting['duration'].median() / STEP_S:.1f}x a lone decode step")
+assert at_largest < 0.5, at_largest        # no fixed cap: the batch size moves with the requests
 
 # %% [markdown]
 # The batch size varies while people wait (it is limited by how many sequences fit in memory,
@@ -248,21 +250,22 @@ def decode_rate(batch_size, context=100):
 b = int(batch.median())
 gain = decode_rate(2 * b) / decode_rate(b)
 print(f"doubling the batch from {b} to {2 * b} would raise throughput by {gain - 1:.0%}")
-assert gain < 1.4, gain     # the device is nearly full: a bigger batch would not absorb the peak
+assert gain < 1.25, gain    # the device is nearly full: a bigger batch would not absorb the peak
 
 # %% [markdown]
-# Finally, make sure the stream is not the problem hiding behind the queue: no long gaps caused
-# by prompt steps, and gaps within a small multiple of a lone step.
+# Finally, check the stream. A full device slows every step, so the gaps are a few times a lone
+# step; but they are *even*: no burst of long gaps that a prompt step would cause (compare
+# p99 with the median).
 
 # %%
 gaps = token_gaps(example)
-long_gaps = gaps[gaps["gap"] > 3 * gaps["gap"].median()]
-print(f"median gap {gaps['gap'].median() / STEP_S:.1f}x a lone step; "
-      f"{len(long_gaps) / len(gaps):.2%} of gaps are over 3x the median")
-assert len(long_gaps) < 0.005 * len(gaps), len(long_gaps)
+spread = gaps["gap"].quantile(0.99) / gaps["gap"].median()
+print(f"median gap {gaps['gap'].median() / STEP_S:.1f}x a lone step; p99 gap {spread:.1f}x the median")
+assert spread < 5, spread
 
+pinned = at_largest > 0.8
 diagnosis = {"slow": "ttft" if share_before > 0.5 else "itl",
-             "knob": "more_max_num_seqs" if gain > 1.4 else "more_capacity"}
+             "knob": "more_max_num_seqs" if pinned and gain > 1.25 else "more_capacity"}
 assert diagnosis == {"slow": "ttft", "knob": "more_capacity"}, diagnosis
 diagnosis
 
