@@ -36,7 +36,7 @@ _SEALED_KEY = ("eyJ0cmFjZV9hIjogWyJpdGwiLCAiY2h1bmtlZF9wcmVmaWxsIl0sICJ0cmFjZV9i
 
 # What each configuration was, shown once the reader's diagnosis is right.
 _REVEAL = {
-    "trace_a": "continuous batching without chunked prefill: every long prompt (600-1,000 tokens) "
+    "trace_a": "continuous batching without chunked prefill: every long prompt (400-800 tokens) "
                "was computed in one step, and every stream froze for that step.",
     "trace_b": "continuous batching with max_num_seqs=4: a queue grew while each step carried only "
                "four sequences and cost little more than a step for one.",

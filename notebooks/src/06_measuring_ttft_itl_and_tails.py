@@ -228,7 +228,7 @@ print("prefill-heavy: {:.0%} of its latency before the first token; decode-heavy
 # At full size the real model would take minutes on a CPU, so we use the simulator. First we
 # calibrate it: `calibrate_cost_model` serves a short, varied workload on the real model and
 # fits a four-term step-time formula (a fixed cost per step, per sequence, per token and per
-# attention pair) to the measured steps (10-20 s on a CPU). Then the article's requests at their
+# attention pair) to the measured steps (10-30 s on a CPU). Then the article's requests at their
 # real sizes:
 
 # %%
