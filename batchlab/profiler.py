@@ -45,6 +45,26 @@ def measure_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5,
     return data.numel() * 4 / best
 
 
+def measure_matmul_flops(size: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32,
+                         device: str | torch.device = "cpu") -> float:
+    """Peak matmul throughput in FLOP/s: the best of ``repeats`` (size × size) @ (size × size)
+    products. It is the compute ceiling of the roofline, as ``measure_bandwidth`` is the memory one."""
+    if size < 64:
+        raise ValueError(f"size={size}; use at least 64 (ideally 1024 or more)")
+    device = torch.device(device)
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best
+
+
 def time_step(weights: LlamaWeights, cache, chunks: list[SeqChunk], repeats: int = 5) -> float:
     """Median seconds of ``forward_step`` over ``repeats`` runs, after one warm-up run."""
     forward_step(weights, cache, chunks)

@@ -2,7 +2,9 @@
 
     .venv/bin/python scripts/bench_step.py [--context 64] [--repeats 7]
 
-Prints: the measured memory bandwidth and the weight-read floor of a decode step; batchlab's
+Prints: the measured memory bandwidth and the weight-read floor of a decode step; the measured
+peak matmul throughput and the compute ceilings it sets (prefill tokens/s at best, the shortest a
+batch-32 decode step can be); batchlab's
 decode step at batch 1, 8, 32 (ms, × floor, ratio to batch 1); transformers' own forward for a
 batch-1 decode step with its KV cache (the same weights); prefill throughput. The targets from
 the project's issue on these 2-core CPUs: batch-1 ≤ 1.5× floor, batch-32 ≤ 2.5× batch-1,
@@ -20,7 +22,7 @@ import torch
 
 from batchlab.llama import LlamaWeights
 from batchlab.model import load_model
-from batchlab.profiler import measure_bandwidth, profile_steps
+from batchlab.profiler import measure_bandwidth, measure_matmul_flops, profile_steps
 
 
 def transformers_decode_ms(lm, context: int, repeats: int) -> float:
@@ -52,6 +54,7 @@ def main() -> None:
     weights = LlamaWeights.from_hf(lm.model)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     bandwidth = measure_bandwidth(device=weights.device)
+    peak_flops = measure_matmul_flops(dtype=weights.dtype, device=weights.device)
     hf_ms = transformers_decode_ms(lm, args.context, args.repeats)
     df = profile_steps(weights, batch_sizes=batches, context_len=args.context,
                        prefill_sizes=(128, 512), repeats=args.repeats, bandwidth=bandwidth)
@@ -66,13 +69,21 @@ def main() -> None:
           f"{weights.num_bytes() / 1e6:.0f} MB → floor {floor:.1f} ms")
     print(f"transformers forward, batch 1: {hf_ms:.1f} ms before, {hf_ms_after:.1f} ms after "
           f"({min(hf_ms, hf_ms_after) / floor:.2f}× floor)")
+    # Every token multiplies its row by every projection once (2 FLOPs per weight); a token that
+    # needs a next token also goes through the LM head. Attention's FLOPs come on top.
+    proj = sum(w.numel() for lw in weights.layers for w in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down))
+    flops_token, flops_head = 2 * proj, 2 * weights.lm_head.numel()
+    print(f"peak matmul {peak_flops / 1e9:.0f} GFLOP/s ({str(weights.dtype).removeprefix('torch.')}); "
+          f"{flops_token / 1e6:.0f} MFLOP per token in the projections, {flops_head / 1e6:.0f} in the LM head")
+    print(f"  compute ceilings: prefill ≤ {peak_flops / flops_token:.0f} tokens/s before attention; "
+          f"a batch-32 decode step ≥ {32 * (flops_token + flops_head) / peak_flops * 1e3:.1f} ms")
     for b, row in decode.iterrows():
         print(f"batchlab decode batch {b:>3}: {row.ms_per_step:7.1f} ms  {row.x_floor:5.2f}× floor  "
               f"{row.ms_per_step / b1:5.2f}× batch-1  {row.ms_per_token:6.2f} ms/token")
     for n, row in prefill.iterrows():
         print(f"batchlab prefill {n:>4} tokens: {row.ms_per_step:7.1f} ms  {row.tokens_per_s:7.0f} tokens/s")
     if args.json:
-        result = {"bandwidth_GBps": bandwidth / 1e9, "floor_ms": floor,
+        result = {"bandwidth_GBps": bandwidth / 1e9, "floor_ms": floor, "peak_GFLOPs": peak_flops / 1e9,
                   "transformers_b1_ms": [hf_ms, hf_ms_after], "profile": df.to_dict(orient="records")}
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
