@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduledChunk:
     """Compute tokens ``[start, start + num_tokens)`` of one request in this step.
 
     ``samples`` is True when this chunk reaches the request's last known token, so the step
     produces the request's next token (the final prompt chunk, or any decode).
+
+    Treat a chunk as read-only once planned. (It is not a frozen dataclass only because a
+    simulation creates millions of them, and a frozen one takes three times longer to make.)
     """
 
     request_id: str
