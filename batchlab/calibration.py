@@ -9,12 +9,18 @@ to whatever machine runs it: on a GPU the fitted costs are a GPU's.
 
 from __future__ import annotations
 
+import warnings
+
 from .backends.model import ModelBackend
 from .cost_model import CostModel
 from .engine import Engine
 from .schedulers import ContinuousBatcher
 from .trace import Trace
 from .workloads import make_workload
+
+
+# Median relative error of a fit above which calibration warns (quiet CPUs here give 5-10%).
+POOR_FIT_ERROR = 0.15
 
 
 def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
@@ -45,4 +51,19 @@ def calibrate_cost_model(backend: ModelBackend, num_requests: int = 24, seed: in
                                   max_batched_tokens=budget, seed=seed, progress=progress)
         steps += trace.steps[1:]  # the first step warms caches up; leave it out
     lm = backend.lm
-    return CostModel.fit(steps, source=f"{lm.name} on {lm.device} ({lm.dtype}), {len(steps)} steps")
+    cost = CostModel.fit(steps, source=f"{lm.name} on {lm.device} ({lm.dtype}), {len(steps)} steps")
+    warn_if_poor_fit(cost)
+    return cost
+
+
+def warn_if_poor_fit(cost: CostModel) -> bool:
+    """Warn (``RuntimeWarning``) and return True when a fit misses its own steps by more than
+    ``POOR_FIT_ERROR`` (median relative error): the steps were probably timed on a busy CPU."""
+    error = (cost.fit_stats or {}).get("median_rel_error")
+    if error is None or error <= POOR_FIT_ERROR:
+        return False
+    warnings.warn(f"the cost model misses its own measured steps by {error:.0%} (median); on a quiet "
+                  f"machine it is under {POOR_FIT_ERROR:.0%}. Something else was probably using the "
+                  "CPU during calibration, so simulated latencies will be off: calibrate again when "
+                  "the machine is quiet.", RuntimeWarning, stacklevel=3)
+    return True

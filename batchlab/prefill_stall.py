@@ -48,7 +48,8 @@ SHORT_PREFIX = "short"
 
 SUMMARY_COLUMNS = [
     "long_ttft", "long_prefill_time", "long_prefill_steps", "admission_gap", "prefill_itl_max",
-    "running_itl_median", "running_itl_max", "stall_ratio", "running_e2e_mean",
+    "running_itl_median", "running_itl_max", "stall_ratio", "prefill_itl_max_rel",
+    "long_prefill_time_rel", "running_e2e_mean",
 ]
 
 
@@ -209,6 +210,10 @@ def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series
     - ``running_itl_median`` / ``running_itl_max``: median and largest gap between successive
       tokens of the other requests, over the whole run.
     - ``stall_ratio``: ``admission_gap / running_itl_median``.
+    - ``prefill_itl_max_rel`` and ``long_prefill_time_rel``: ``prefill_itl_max`` and
+      ``long_prefill_time`` divided by ``running_itl_median`` (a typical decode step of this
+      run). Runs measured one after another on a shared machine may run at different speeds;
+      in units of their own decode step they can still be compared.
     - ``running_e2e_mean``: the running requests' mean end-to-end latency.
     """
     record = _record(trace, long_id)
@@ -241,6 +246,8 @@ def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series
         "running_itl_median": median,
         "running_itl_max": float(running["gap"].max()),
         "stall_ratio": admission_gap / median,
+        "prefill_itl_max_rel": prefill_itl_max / median,
+        "long_prefill_time_rel": (first_token - start) / median,
         "running_e2e_mean": float(np.mean([r.visible_token_times[-1] - r.arrival_time for r in others])),
     }, name="stall", dtype=object)
 

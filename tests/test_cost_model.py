@@ -207,3 +207,16 @@ def test_repr_reads_in_milliseconds_per_term():
         warnings.simplefilter("error")
         fit = CostModel.fit(measured(random_steps(40, seed=9), noise=0.02, seed=1))
     assert "fit on 40 steps, median error" in repr(fit)
+
+
+def test_calibration_warns_on_a_poor_fit():
+    from batchlab.calibration import POOR_FIT_ERROR, warn_if_poor_fit
+
+    good = CostModel(0.02, 0.001, 0.001, 1e-7, fit_stats={"median_rel_error": POOR_FIT_ERROR / 2})
+    bad = CostModel(0.02, 0.001, 0.001, 1e-7, fit_stats={"median_rel_error": 2 * POOR_FIT_ERROR})
+    by_hand = CostModel(0.02, 0.001, 0.001, 1e-7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_if_poor_fit(good) is False and warn_if_poor_fit(by_hand) is False
+    with pytest.warns(RuntimeWarning, match=r"misses its own measured steps by 30%"):
+        assert warn_if_poor_fit(bad) is True

@@ -95,6 +95,8 @@ def test_whole_prompt_stalls_the_running_requests():
     assert s["prefill_itl_max"] == pytest.approx(stall_step)
     assert s["running_itl_median"] == pytest.approx(decode_step)
     assert s["stall_ratio"] == pytest.approx(stall_step / decode_step)
+    assert s["prefill_itl_max_rel"] == pytest.approx(stall_step / decode_step)
+    assert s["long_prefill_time_rel"] == pytest.approx(stall_step / decode_step)
     start, first_token = prefill_window(trace, scenario.long_id)
     assert first_token - start == pytest.approx(stall_step) == pytest.approx(s["long_prefill_time"])
     assert s["long_ttft"] == pytest.approx(first_token)    # it arrived at 0 and waited for a slot

@@ -156,8 +156,8 @@ print(f"{len(log)} steps; every join came on arrival or in the step after a slot
 # %%
 alone_outputs, _ = serve_continuously(toy, num_slots=1)
 assert alone_outputs == toy_outputs, "continuous batching changed a greedy answer"
-for name in "AD":
-    print(f"{name}: {lm.decode(toy_outputs[name])!r}")
+for name in "AD":   # the first line: requests run to max_new_tokens, past the end of the answer
+    print(f"{name}: {lm.decode(toy_outputs[name]).splitlines()[0]!r}")
 
 # %% [markdown]
 # ## `batchlab`'s `ContinuousBatcher`
@@ -192,7 +192,7 @@ print(f"decode step of {MAX_SEQS}: {1e3 * decode_s:.0f} ms → full batches serv
       f"{full_batch_rate:.2f} req/s; we offer {RATE:.2f} req/s")
 
 # %% [markdown]
-# ## Three policies, one trace
+# ## Three policies, one workload
 #
 # The same requests, served three times on the real model, with the same number of slots:
 #
@@ -258,10 +258,9 @@ assert continuous.ttft_p99 < 0.5 * min(static.ttft_p99, dynamic.ttft_p99), table
 assert continuous.e2e_mean < 0.8 * min(static.e2e_mean, dynamic.e2e_mean), table[COLUMNS]
 # No slot is held by a finished sequence; the request-level batchers hold many.
 assert continuous.slot_waste == 0 and static.slot_waste > 0.1 and dynamic.slot_waste > 0.1
-# The device is busy a larger share of the run than with static batching (no idling to fill).
-assert continuous.busy_share > static.busy_share, table[COLUMNS]
-# And the same requests are done sooner, so throughput over the run is at least as high.
-assert continuous.output_throughput >= max(static.output_throughput, dynamic.output_throughput)
+# The same requests are done sooner, so throughput over the run is about as high or higher
+# (10% slack: the three runs were measured one after another on a machine whose speed varies).
+assert continuous.output_throughput >= 0.9 * max(static.output_throughput, dynamic.output_throughput)
 print(f"continuous vs static: p99 TTFT {continuous.ttft_p99:.2f} vs {static.ttft_p99:.2f} s, "
       f"mean E2E {continuous.e2e_mean:.2f} vs {static.e2e_mean:.2f} s")
 
@@ -277,14 +276,19 @@ print(f"continuous vs static: p99 TTFT {continuous.ttft_p99:.2f} vs {static.ttft
 #   with the longest answer of its batch.
 # - **Slot waste** (zero). A finished sequence's slot is reused at the next step; request-level
 #   batching holds it until the batch ends.
-# - **Busy share** (higher than static). Static batching leaves the device idle while a batch
-#   fills. A higher busy share is not by itself a virtue: continuous batching runs *smaller*
-#   batches on average here (`mean_num_seqs`), because it starts work as soon as there is any.
-#   It spends device time to buy latency, which is the right trade for a live service.
-# - **Throughput** (a little higher). At this load all three eventually serve the same requests
-#   as they arrive, so throughput over the run is set mostly by the arrival rate; continuous
-#   batching finishes the last requests sooner, which is all the difference. Throughput
-#   differences grow when the server is overloaded (notebook 07).
+# - **Throughput** (about the same, or a little higher). At this load all three eventually
+#   serve the same requests as they arrive, so throughput over the run is set mostly by the
+#   arrival rate; continuous batching finishes the last requests sooner, which is all the
+#   difference. Throughput differences grow when the server is overloaded (notebook 07).
+# - **Busy share** (no fixed order, and that is the lesson). It is the share of the run the
+#   device spent computing, so it depends on how long each run lasts and how full its steps
+#   are. Static batching idles while a batch fills, then runs long, full batches that drag on
+#   with held slots; continuous batching starts work the moment a request arrives, with smaller
+#   batches (`mean_num_seqs`), and is done soon after the last arrival. Neither number says
+#   "efficient": a busy device can be busy with half-empty steps. Continuous batching spends
+#   device time to buy latency, the right trade for a live service. At this load every policy
+#   leaves the device idle much of the time: spare capacity, which the explorer's rate slider
+#   uses up.
 
 # %% [markdown]
 # ## Same answers as alone
@@ -366,8 +370,9 @@ explore(show_policies, max_num_seqs=(1, 4 * MAX_SEQS),
 #   `ContinuousBatcher` adds the token budget, KV admission and the bookkeeping.
 # - On the same Poisson workload with mixed answer lengths on the real model, continuous
 #   batching cut the p99 TTFT many times and the mean E2E substantially against both
-#   request-level batchers, held no slot for a finished sequence, kept the device busy a larger
-#   share of the run than static batching, and served the same work at least as fast.
+#   request-level batchers, held no slot for a finished sequence, and served the same work about
+#   as fast or faster. The device's busy share ranks nothing by itself: it mixes load, run length
+#   and how full the steps are.
 # - Batching does not change greedy answers: every checked request produced exactly the tokens it
 #   produces alone.
 # - It is not free: a newcomer's prompt is computed in a step next to everyone else's decode

@@ -34,8 +34,8 @@
 #
 # We load the model, measure its step costs (`calibrate_cost_model` serves a short, varied
 # workload on the real model and fits the simulator's four-term cost formula to the measured
-# steps; about 10-20 s on a CPU), and build simulator backends whose KV cache is the size of the
-# real backend's.
+# steps; up to half a minute on a CPU), and build simulator backends whose KV cache is the size
+# of the real backend's.
 
 # %%
 import math
@@ -561,7 +561,7 @@ assert ttft[f"continuous, budget {2 * longest}"] < ttft["dynamic, streaming"]
 #   continuous batching should win.
 #
 # Arrivals are evenly spaced (`arrival="fixed"`), so a handful of requests already shows what the
-# rate does. Four real runs, about 20 s on a CPU.
+# rate does. Four real runs, about half a minute on a CPU.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -1,0 +1,104 @@
+"""Does the calibrated simulator predict the real engine? (Prints numbers; asserts nothing.)
+
+    .venv/bin/python scripts/bench_calibration.py [--json out.json]
+
+1. Calibrate: ``calibrate_cost_model`` serves its own workload on the real model (chat-like
+   requests all arriving at once, continuous batching with token budgets 64 and 512) and fits
+   the simulator's cost model to the measured steps.
+2. Predict: serve *different* traces on the real model and, with the same requests, scheduler
+   settings and KV size, on the simulator; print TTFT p50 and ITL p50 side by side with the
+   simulator's error. The traces differ from the calibration in arrivals (Poisson over time, not
+   a burst), policy settings and lengths:
+
+   - ``chat, continuous``: the CPU chat preset, Poisson arrivals at 60% of the (simulated)
+     capacity, ``ContinuousBatcher(max_num_seqs=8, max_batched_tokens=128)``, chunked prefill.
+   - ``prefill-heavy, dynamic``: 400-token prompts and 8-token answers,
+     ``DynamicBatcher(max_batch_size=4, timeout=0.5 s, stream=True)``, Poisson arrivals at 60% of capacity.
+
+The goal from the project's issue: within 15% for both metrics on a different trace. The
+machine's own speed drifts on a shared VM, so the last column prints the "speed factor" notebook
+07 explains: the median ratio of each real step's time to the cost model's prediction for that
+very step. Far from 1.00, the machine ran at another speed than during calibration, and an
+error in the latencies says more about the machine than about the simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from batchlab.backends import CostModel, ModelBackend, SimBackend
+from batchlab.calibration import calibrate_cost_model
+from batchlab.cost_model import features_df
+from batchlab.engine import Engine
+from batchlab.metrics import summarize
+from batchlab.model import load_model
+from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
+from batchlab.sweeps import capacity
+from batchlab.workloads import make_workload
+
+MAX_NUM_SEQS, MAX_SEQ_LEN = 8, 512
+CASES = {
+    # name: (workload keyword arguments, scheduler factory)
+    "chat, continuous": (dict(n=24, preset="chat", seed=11),
+                         lambda: ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_batched_tokens=128,
+                                                   chunked_prefill=True)),
+    "prefill-heavy, dynamic": (dict(n=12, preset="prefill_heavy", seed=12),
+                               lambda: DynamicBatcher(max_batch_size=4, timeout=0.5, stream=True)),
+}
+LOAD = 0.6
+
+
+def p50s(trace) -> dict[str, float]:
+    s = summarize(trace)
+    return {"ttft_p50": float(s.loc["ttft", "p50"]), "itl_p50": float(s.loc["itl", "p50"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the numbers to this JSON file")
+    args = parser.parse_args()
+
+    lm = load_model()
+    backend = ModelBackend(lm, max_num_seqs=MAX_NUM_SEQS, max_seq_len=MAX_SEQ_LEN)
+    t0 = time.perf_counter()
+    cost = calibrate_cost_model(backend)
+    print(f"calibrated in {time.perf_counter() - t0:.0f} s: {cost!r}")
+
+    def sim(model: CostModel = cost) -> SimBackend:
+        return SimBackend(model, kv_capacity_tokens=MAX_NUM_SEQS * MAX_SEQ_LEN, max_seq_len=MAX_SEQ_LEN)
+
+    rows = []
+    for name, (kwargs, make_scheduler) in CASES.items():
+        n, preset, seed = kwargs["n"], kwargs["preset"], kwargs["seed"]
+        burst = make_workload(n, preset, arrival="at_once", seed=seed, tokenizer=lm.tokenizer)
+        rate = LOAD * capacity(burst, make_scheduler, sim)
+        requests = make_workload(n, preset, arrival="poisson", rate=rate, seed=seed, tokenizer=lm.tokenizer)
+        t0 = time.perf_counter()
+        real = Engine(make_scheduler(), backend).run(requests)
+        real_s = time.perf_counter() - t0
+        predicted = Engine(make_scheduler(), sim()).run(requests)
+        steps = features_df(real)
+        speed = float(np.median(steps["duration"] / cost.predict_df(steps)))
+        row = {"trace": name, "num_requests": n, "rate": rate, "real_seconds": real_s, "speed_factor": speed}
+        for label, trace in (("real", real), ("sim", predicted)):
+            row.update({f"{k}_{label}": v for k, v in p50s(trace).items()})
+        rows.append(row)
+
+    print(f"\n{'trace':<24} {'metric':<9} {'real':>9} {'sim':>9} {'error':>7}  {'speed factor':>12}")
+    for row in rows:
+        for metric in ("ttft_p50", "itl_p50"):
+            real, sim_v = row[f"{metric}_real"], row[f"{metric}_sim"]
+            print(f"{row['trace']:<24} {metric:<9} {1e3 * real:7.1f}ms {1e3 * sim_v:7.1f}ms "
+                  f"{sim_v / real - 1:+7.1%}  {row['speed_factor']:12.2f}")
+        print(f"{'':<24} ({row['rate']:.2f} req/s; the real run took {row['real_seconds']:.0f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cost_model": cost.to_dict(), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
