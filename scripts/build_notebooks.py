@@ -15,11 +15,13 @@ inserted here so they never drift. The built notebooks are fully stripped: no ou
 execution counts (tests/test_notebooks_policy.py enforces it). Run:
 
     python scripts/build_notebooks.py          # rebuild every notebook
+    python scripts/build_notebooks.py 05 07    # rebuild notebooks 05 and 07 only
     python scripts/build_notebooks.py --check  # exit 1 if any notebook is out of date
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -103,14 +105,25 @@ def render(nb: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", help="numbers or names (05, 05_prefill...); default: all")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a notebook is out of date; write nothing")
+    args = parser.parse_args(argv)
     sources = sorted(SRC.glob("[0-9][0-9]_*.py"))
+    chosen = [src for src in sources
+              if not args.notebooks or any(src.stem.startswith(name) for name in args.notebooks)]
+    unknown = [name for name in args.notebooks if not any(s.stem.startswith(name) for s in sources)]
+    if unknown:
+        parser.error(f"no notebook source matches {unknown}; sources: {[s.stem for s in sources]}")
     stale = []
     for i, src in enumerate(sources):
+        if src not in chosen:
+            continue
         prev = sources[i - 1] if i > 0 else None
         nxt = sources[i + 1] if i + 1 < len(sources) else None
         text = render(build(src, prev, nxt))
         target = OUT / (src.stem + ".ipynb")
-        if "--check" in argv:
+        if args.check:
             if not target.exists() or target.read_text() != text:
                 stale.append(target.name)
         else:
@@ -118,8 +131,8 @@ def main(argv: list[str]) -> int:
     if stale:
         print("out of date (run python scripts/build_notebooks.py):", ", ".join(stale))
         return 1
-    if "--check" not in argv:
-        print(f"built {len(sources)} notebooks")
+    if not args.check:
+        print(f"built {len(chosen)} notebook{'s' if len(chosen) != 1 else ''}")
     return 0
 
 
