@@ -14,7 +14,7 @@ the price of admitting fewer requests when ``max_new_tokens`` is generous.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 
 @dataclass(slots=True)
@@ -44,8 +44,30 @@ class ScheduledChunk:
         return self.num_tokens == 1 and self.start > 0 and self.samples
 
 
+class ChunkCounts:
+    """Sizes of a step, counted from its ``chunks`` (shared by ``StepPlan`` and ``StepRecord``)."""
+
+    chunks: Sequence[ScheduledChunk]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return sum(1 for c in self.chunks if c.is_decode)
+
+
 @dataclass
-class StepPlan:
+class StepPlan(ChunkCounts):
     """One step's work. An empty plan means "nothing to run now".
 
     ``wake_at``: when the plan is empty, the earliest time at which the scheduler may have work
@@ -65,21 +87,6 @@ class StepPlan:
     def is_empty(self) -> bool:
         return not self.chunks
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.chunks)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
-
-    @property
-    def num_decode_seqs(self) -> int:
-        return sum(1 for c in self.chunks if c.is_decode)
 
 
 @runtime_checkable

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .plan import ScheduledChunk
+from .plan import ChunkCounts, ScheduledChunk
 from .requests import Request, RequestStatus
 
 
 @dataclass
-class StepRecord:
+class StepRecord(ChunkCounts):
     """One engine step: when it ran, what it computed, and for whom."""
 
     index: int
@@ -33,22 +33,6 @@ class StepRecord:
     @property
     def end(self) -> float:
         return self.start + self.duration
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.chunks)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
-
-    @property
-    def num_decode_seqs(self) -> int:
-        return sum(1 for c in self.chunks if c.is_decode)
 
 
 @dataclass
