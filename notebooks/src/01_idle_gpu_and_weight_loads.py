@@ -259,10 +259,12 @@ print(f"peak {peak_flops / 1e9:.0f} GFLOP/s, ridge point {ridge:.0f} FLOPs/byte 
 # %% [markdown]
 # On a data-centre GPU the ridge point is in the hundreds (an H100 does about 990 TFLOP/s in
 # bf16 against 3.35 TB/s: about 300 FLOPs per byte, so batches of a few hundred ride on the
-# memory floor). On a small CPU it is much lower: it multiplies slowly compared with how fast it
-# reads memory, so decode steps turn compute-bound after a handful of sequences. The lesson
-# "8 cost about as much as 1" is a GPU's; on this CPU we expect "8 cost much less *per token*
-# than 1", which is the part that matters for serving.
+# memory floor). On a small CPU it is much lower (printed above): it multiplies slowly compared
+# with how fast it reads memory, so by the roofline decode leaves the memory floor after a few
+# tens of sequences at most. Real steps turn up sooner still, because the peak is what one large
+# square multiply reaches, and a multiply with only *b* rows runs at a fraction of it (the
+# measurement below shows how much). The lesson "8 cost about as much as 1" is a GPU's; on this
+# CPU we expect "8 cost much less *per token* than 1", which is the part that matters for serving.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -319,10 +321,12 @@ assert per_token[8] < 0.5 * per_token[1], (
 assert (profile.x_floor > 0.5).all(), f"a step beat the bandwidth floor by 2x:\n{profile[['batch_size', 'x_floor']]}"
 
 # %% [markdown]
-# Where the measured line sits well above the floor, the gap is work the floor does not count:
-# on a CPU, the matrix multiplies themselves (the compute roof) and attention; on a GPU with a
-# model this small, mostly the fixed cost of launching a few hundred small kernels per step.
-# Either way that cost is also paid per step, not per sequence.
+# Where the measured line sits well above the roofline, the gap is work the roofline does not
+# count. On a CPU: matrix multiplies with only *b* rows run far below the peak of a large square
+# one, and attention and the small element-wise operations add time of their own. On a GPU with
+# a model this small: mostly the fixed cost of launching a few hundred small kernels per step.
+# Either way the step grows far more slowly than the number of sequences in it, so every added
+# sequence makes each token cheaper.
 #
 # A one-at-a-time server runs every step at batch 1, the most expensive point per token on the
 # curve. Whatever its busy share, it pays a full weight read for every token it produces.
