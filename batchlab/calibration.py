@@ -15,7 +15,7 @@ from .backends.model import ModelBackend
 from .cost_model import CostModel
 from .engine import Engine
 from .schedulers import ContinuousBatcher
-from .trace import Trace
+from .trace import StepRecord, Trace
 from .workloads import make_workload
 
 
@@ -45,11 +45,23 @@ def calibrate_cost_model(backend: ModelBackend, num_requests: int = 24, seed: in
     Two passes with different token budgets (a small one for many small mixed steps, a large one
     for whole prompts at once) give the fit a wide range of step shapes.
     """
-    steps = []
+    return fit_calibration(backend, calibration_steps(backend, num_requests, seed, progress))
+
+
+def calibration_steps(backend: ModelBackend, num_requests: int = 24, seed: int = 0,
+                      progress: bool = False) -> list[StepRecord]:
+    """The measured steps ``calibrate_cost_model`` fits: both passes, without warm-up steps."""
+    steps: list[StepRecord] = []
     for budget, seqs in ((64, 16), (512, 8)):
         trace = calibration_trace(backend, num_requests, max_num_seqs=seqs,
                                   max_batched_tokens=budget, seed=seed, progress=progress)
         steps += trace.steps[1:]  # the first step warms caches up; leave it out
+    return steps
+
+
+def fit_calibration(backend: ModelBackend, steps: list[StepRecord]) -> CostModel:
+    """Fit the cost model to calibration steps measured on ``backend`` (e.g. several rounds of
+    ``calibration_steps`` pooled, to average over a machine whose speed drifts)."""
     lm = backend.lm
     cost = CostModel.fit(steps, source=f"{lm.name} on {lm.device} ({lm.dtype}), {len(steps)} steps")
     warn_if_poor_fit(cost)
@@ -65,5 +77,5 @@ def warn_if_poor_fit(cost: CostModel) -> bool:
     warnings.warn(f"the cost model misses its own measured steps by {error:.0%} (median); on a quiet "
                   f"machine it is under {POOR_FIT_ERROR:.0%}. Something else was probably using the "
                   "CPU during calibration, so simulated latencies will be off: calibrate again when "
-                  "the machine is quiet.", RuntimeWarning, stacklevel=3)
+                  "the machine is quiet.", RuntimeWarning, stacklevel=2)
     return True

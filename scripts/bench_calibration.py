@@ -2,9 +2,9 @@
 
     .venv/bin/python scripts/bench_calibration.py [--json out.json]
 
-1. Calibrate: ``calibrate_cost_model`` serves its own workload on the real model (chat-like
-   requests all arriving at once, continuous batching with token budgets 64 and 512) and fits
-   the simulator's cost model to the measured steps.
+1. Calibrate: ``calibration_steps`` serves the calibration workload on the real model (chat-like
+   requests all arriving at once, continuous batching with token budgets 64 and 512), and the
+   simulator's cost model is fitted to the measured steps.
 2. Predict: serve *different* traces on the real model and, with the same requests, scheduler
    settings and KV size, on the simulator; print TTFT p50 and ITL p50 side by side with the
    simulator's error. The traces differ from the calibration in arrivals (Poisson over time, not
@@ -13,13 +13,18 @@
    - ``chat, continuous``: the CPU chat preset, Poisson arrivals at 60% of the (simulated)
      capacity, ``ContinuousBatcher(max_num_seqs=8, max_batched_tokens=128)``, chunked prefill.
    - ``prefill-heavy, dynamic``: 400-token prompts and 8-token answers,
-     ``DynamicBatcher(max_batch_size=4, timeout=0.5 s, stream=True)``, Poisson arrivals at 60% of capacity.
+     ``DynamicBatcher(max_batch_size=4, timeout=0.5 s, stream=True)``, Poisson arrivals at 60%
+     of capacity.
 
-The goal from the project's issue: within 15% for both metrics on a different trace. The
-machine's own speed drifts on a shared VM, so the last column prints the "speed factor" notebook
-07 explains: the median ratio of each real step's time to the cost model's prediction for that
-very step. Far from 1.00, the machine ran at another speed than during calibration, and an
-error in the latencies says more about the machine than about the simulator.
+The goal from the project's issue: within 15% for both metrics on a different trace.
+
+A shared VM's speed drifts by 10-20% over minutes, which alone would move the errors by that
+much. So the calibration is run before and after each test trace, and each trace is predicted
+from the two rounds around it, pooled (``--no-bracket``: one calibration before everything, as
+a notebook does). Only calibration steps are fitted; the test trace's own steps never are. The
+last column prints the "speed factor" notebook 07 explains: the median ratio of each real step's
+time to the cost model's prediction for that very step. Far from 1.00, the machine ran at
+another speed than during calibration.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import time
 import numpy as np
 
 from batchlab.backends import CostModel, ModelBackend, SimBackend
-from batchlab.calibration import calibrate_cost_model
+from batchlab.calibration import calibration_steps, fit_calibration
 from batchlab.cost_model import features_df
 from batchlab.engine import Engine
 from batchlab.metrics import summarize
@@ -46,7 +51,7 @@ CASES = {
     "chat, continuous": (dict(n=24, preset="chat", seed=11),
                          lambda: ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_batched_tokens=128,
                                                    chunked_prefill=True)),
-    "prefill-heavy, dynamic": (dict(n=12, preset="prefill_heavy", seed=12),
+    "prefill-heavy, dynamic": (dict(n=24, preset="prefill_heavy", seed=12),
                                lambda: DynamicBatcher(max_batch_size=4, timeout=0.5, stream=True)),
 }
 LOAD = 0.6
@@ -60,33 +65,43 @@ def p50s(trace) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the numbers to this JSON file")
+    parser.add_argument("--no-bracket", action="store_true",
+                        help="calibrate once, before every trace, instead of around each trace")
     args = parser.parse_args()
 
     lm = load_model()
     backend = ModelBackend(lm, max_num_seqs=MAX_NUM_SEQS, max_seq_len=MAX_SEQ_LEN)
     t0 = time.perf_counter()
-    cost = calibrate_cost_model(backend)
-    print(f"calibrated in {time.perf_counter() - t0:.0f} s: {cost!r}")
+    rounds = [calibration_steps(backend)]   # one round before every trace, and one after each
+    print(f"calibration round: {time.perf_counter() - t0:.0f} s")
 
-    def sim(model: CostModel = cost) -> SimBackend:
+    def sim(model: CostModel) -> SimBackend:
         return SimBackend(model, kv_capacity_tokens=MAX_NUM_SEQS * MAX_SEQ_LEN, max_seq_len=MAX_SEQ_LEN)
 
     rows = []
     for name, (kwargs, make_scheduler) in CASES.items():
+        before = fit_calibration(backend, rounds[-1])
         n, preset, seed = kwargs["n"], kwargs["preset"], kwargs["seed"]
         burst = make_workload(n, preset, arrival="at_once", seed=seed, tokenizer=lm.tokenizer)
-        rate = LOAD * capacity(burst, make_scheduler, sim)
+        rate = LOAD * capacity(burst, make_scheduler, lambda: sim(before))
         requests = make_workload(n, preset, arrival="poisson", rate=rate, seed=seed, tokenizer=lm.tokenizer)
         t0 = time.perf_counter()
         real = Engine(make_scheduler(), backend).run(requests)
         real_s = time.perf_counter() - t0
-        predicted = Engine(make_scheduler(), sim()).run(requests)
+        if args.no_bracket:
+            cost = fit_calibration(backend, rounds[0])
+        else:
+            rounds.append(calibration_steps(backend))
+            cost = fit_calibration(backend, rounds[-2] + rounds[-1])
+        predicted = Engine(make_scheduler(), sim(cost)).run(requests)
         steps = features_df(real)
         speed = float(np.median(steps["duration"] / cost.predict_df(steps)))
-        row = {"trace": name, "num_requests": n, "rate": rate, "real_seconds": real_s, "speed_factor": speed}
+        row = {"trace": name, "num_requests": n, "rate": rate, "real_seconds": real_s,
+               "speed_factor": speed, "cost_model": cost.to_dict()}
         for label, trace in (("real", real), ("sim", predicted)):
             row.update({f"{k}_{label}": v for k, v in p50s(trace).items()})
         rows.append(row)
+        print(f"{name}: {cost!r}")
 
     print(f"\n{'trace':<24} {'metric':<9} {'real':>9} {'sim':>9} {'error':>7}  {'speed factor':>12}")
     for row in rows:
@@ -97,7 +112,7 @@ def main() -> None:
         print(f"{'':<24} ({row['rate']:.2f} req/s; the real run took {row['real_seconds']:.0f} s)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cost_model": cost.to_dict(), "rows": rows}, f, indent=2)
+            json.dump({"bracketed": not args.no_bracket, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
