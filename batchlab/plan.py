@@ -88,7 +88,6 @@ class StepPlan(ChunkCounts):
         return not self.chunks
 
 
-
 @runtime_checkable
 class KVSpace(Protocol):
     """The KV-cache accounting a scheduler may see: sizes and reservations, never tensors."""
