@@ -19,7 +19,26 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from ..plan import KVSpace, StepPlan
-from ..requests import Request
+from ..requests import Request, RequestStatus
+
+_FINISHED, _REJECTED = RequestStatus.FINISHED, RequestStatus.REJECTED
+
+
+def split_ended(requests: list[Request]) -> tuple[list[Request], list[Request]]:
+    """Split ``requests`` into (ended: finished or rejected, still running), keeping their order.
+
+    Statuses are compared by identity because ``req.is_done`` (an enum ``in`` a tuple) costs
+    several times more, and this runs once per request per step.
+    """
+    ended: list[Request] = []
+    running: list[Request] = []
+    for req in requests:
+        status = req.status
+        if status is _FINISHED or status is _REJECTED:
+            ended.append(req)
+        else:
+            running.append(req)
+    return ended, running
 
 
 class Scheduler(ABC):

@@ -37,9 +37,7 @@ from typing import Any
 
 from ..plan import ScheduledChunk, StepPlan
 from ..requests import Request, RequestStatus
-from .base import Scheduler
-
-_FINISHED, _REJECTED = RequestStatus.FINISHED, RequestStatus.REJECTED
+from .base import Scheduler, split_ended
 
 
 class RequestLevelBatcher(Scheduler):
@@ -102,15 +100,7 @@ class RequestLevelBatcher(Scheduler):
         """
         if not self.batch:
             return []
-        # Statuses compared by identity: ``req.is_done`` costs several times more per request.
-        just_finished: list[Request] = []
-        still_running: list[Request] = []
-        for req in self._unfinished:
-            status = req.status
-            if status is _FINISHED or status is _REJECTED:
-                just_finished.append(req)
-            else:
-                still_running.append(req)
+        just_finished, still_running = split_ended(self._unfinished)
         if just_finished:
             self._unfinished = still_running
         released = just_finished if self.stream else []
