@@ -63,6 +63,15 @@ def _call(fn, *args):
         return None, f"your function raised {type(err).__name__}: {err}"
 
 
+def _not_a_function(answer, example: str) -> Verdict | None:
+    """A verdict when ``answer`` is not the reader's function (unset, or a result), else None."""
+    if answer is None or answer is ...:
+        return Verdict("not attempted", "define your function and pass it (not its result)")
+    if not callable(answer):
+        return Verdict("wrong", f"pass the function itself, e.g. {example}")
+    return None
+
+
 # --- 06.1 ----------------------------------------------------------------------------------------
 def expected_latencies(trace: Trace) -> pd.DataFrame:
     """TTFT, TPOT (NaN for one token) and E2E per finished request, indexed by request id."""
@@ -77,10 +86,8 @@ def expected_latencies(trace: Trace) -> pd.DataFrame:
 @exercise("06.1")
 def check_latencies_by_hand(answer) -> Verdict:
     """``answer(trace)`` -> DataFrame indexed by request_id with columns ttft, tpot, e2e."""
-    if answer is None or answer is ...:
-        return Verdict("not attempted", "define your function and pass it (not its result)")
-    if not callable(answer):
-        return Verdict("wrong", "pass the function itself, e.g. check('06.1', latencies_by_hand)")
+    if (verdict := _not_a_function(answer, "check('06.1', latencies_by_hand)")) is not None:
+        return verdict
     for name, trace in checker_traces().items():
         got, error = _call(answer, trace)
         if error:
@@ -112,10 +119,8 @@ def expected_llmperf_itl(trace: Trace) -> float:
 @exercise("06.2")
 def check_llmperf_itl(answer) -> Verdict:
     """``answer(trace)`` -> float: the mean of LLMPerf-style inter-token latency (seconds)."""
-    if answer is None or answer is ...:
-        return Verdict("not attempted", "define your function and pass it (not its result)")
-    if not callable(answer):
-        return Verdict("wrong", "pass the function itself, e.g. check('06.2', llmperf_itl)")
+    if (verdict := _not_a_function(answer, "check('06.2', llmperf_itl)")) is not None:
+        return verdict
     for name, trace in checker_traces().items():
         got, error = _call(answer, trace)
         if error:
@@ -144,10 +149,8 @@ def expected_ttft_slo(trace: Trace, share: float) -> float:
 def check_smallest_ttft_slo(answer) -> Verdict:
     """``answer(trace, share)`` -> the smallest TTFT SLO (seconds) that at least ``share`` of the
     finished requests meet."""
-    if answer is None or answer is ...:
-        return Verdict("not attempted", "define your function and pass it (not its result)")
-    if not callable(answer):
-        return Verdict("wrong", "pass the function itself, e.g. check('06.3', smallest_ttft_slo)")
+    if (verdict := _not_a_function(answer, "check('06.3', smallest_ttft_slo)")) is not None:
+        return verdict
     for name, trace in checker_traces().items():
         for share in SHARES_3:
             got, error = _call(answer, trace, share)
