@@ -8,7 +8,7 @@ of one step (``ContinuousBatcher(max_batched_tokens=...)``, vLLM's
 ``max_num_batched_tokens``), so the prompt is spread over several smaller steps: the running
 requests' gaps stay small, and the newcomer's first token comes later.
 
-This module holds the experiment that shows it (notebook 05):
+This module holds the experiment that shows it (notebook 06):
 
 - ``StallScenario``: a few decode-heavy requests and one short one start together on a full
   server; a long prompt waits for a slot and joins the step after the short one finishes.

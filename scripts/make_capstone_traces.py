@@ -1,4 +1,4 @@
-"""Make the capstone's traces in data/capstone/ (notebook 08): served by unnamed configurations.
+"""Make the capstone's traces in data/capstone/ (notebook 11): served by unnamed configurations.
 
     python scripts/make_capstone_traces.py               # rewrite the traces from cost_model.json
     python scripts/make_capstone_traces.py --calibrate   # first measure a new cost model on the
@@ -16,9 +16,9 @@ completes on the same device (``reference_rate``), so a cost model measured on a
 (a GPU, say) gives traces with the same character.
 
 Each configuration below is a deliberately unhealthy server. The saved files carry no label of
-it (their ``meta`` holds only the file's name and how it was made): the reader of notebook 08
+it (their ``meta`` holds only the file's name and how it was made): the reader of notebook 11
 must diagnose each one from its measurements. The answers are in the checker
-(``batchlab/exercises/nb08.py``); ``KNOBS`` and ``with_knob`` let tests confirm them by
+(``batchlab/exercises/nb11.py``); ``KNOBS`` and ``with_knob`` let tests confirm them by
 turning each knob and re-serving the same workload.
 """
 

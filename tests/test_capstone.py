@@ -1,6 +1,6 @@
 """The capstone traces (data/capstone/): reproducible, small, unlabelled, and correctly keyed.
 
-The answer key of notebook 08 lives in batchlab/exercises/nb08.py. Here it is confirmed the hard
+The answer key of notebook 11 lives in batchlab/exercises/nb11.py. Here it is confirmed the hard
 way: every knob is turned on each configuration of scripts/make_capstone_traces.py and the same
 workload is served again. The keyed knob must be the one that helps (a free setting whenever one
 helps, more capacity only when none does), and the keyed latency must be where the excess
@@ -20,12 +20,12 @@ import pytest
 from batchlab import metrics
 from batchlab.cost_model import CostModel
 from batchlab.diagnosis import excess_share_before_first_token
-from batchlab.exercises import nb08
+from batchlab.exercises import nb11
 from batchlab.trace_io import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPSTONE = ROOT / "data" / "capstone"
-EXAMPLE_KEY = ("ttft", "more_capacity")   # notebook 08 walks through this one in the open
+EXAMPLE_KEY = ("ttft", "more_capacity")   # notebook 11 walks through this one in the open
 FREE_KNOBS = ("more_max_num_seqs", "chunked_prefill", "shorter_timeout")
 
 
@@ -45,7 +45,7 @@ def _cost() -> CostModel:
 
 
 def _keys() -> dict[str, tuple[str, str]]:
-    return {**nb08.answer_key(), "example": EXAMPLE_KEY}
+    return {**nb11.answer_key(), "example": EXAMPLE_KEY}
 
 
 def test_files_are_what_the_script_makes(tmp_path):
@@ -73,11 +73,11 @@ def test_files_are_small_and_unlabelled():
 
 def test_key_covers_the_exercises_and_uses_known_knobs():
     script = _script()
-    assert set(nb08.KNOBS) == set(script.KNOBS)
-    assert set(nb08.EXERCISE_TRACES.values()) == set(nb08.answer_key())
+    assert set(nb11.KNOBS) == set(script.KNOBS)
+    assert set(nb11.EXERCISE_TRACES.values()) == set(nb11.answer_key())
     assert set(_keys()) == {c.name for c in script.CONFIGS}
     for slow, knob in _keys().values():
-        assert slow in nb08.SLOW and knob in nb08.KNOBS
+        assert slow in nb11.SLOW and knob in nb11.KNOBS
 
 
 @pytest.mark.parametrize("name", ["example", "trace_a", "trace_b", "trace_c", "trace_d"])

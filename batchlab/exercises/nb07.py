@@ -1,8 +1,10 @@
-"""Checkers for notebook 07 (load, tails, and who wins).
+"""Checkers for notebook 07 (measuring TTFT, ITL and tails).
 
-07.1 and 07.2 are computed by arithmetic from the cost formula, independently of the schedulers
-the notebook uses to find them; 07.3 has no closed form, so its checker serves the workload on
-the simulator with a plain engine loop (not ``load_sweep``).
+Each exercise asks for a *function* of a trace. The checker builds its own traces on the
+simulator (a fixed, hand-written cost model, so they are the same on every machine), calls the
+reader's function on each, and compares with the answer computed here from the trace's raw
+times. The traces include a non-streaming one, where what the client saw (``visible_time``)
+differs from when tokens were computed.
 """
 
 from __future__ import annotations
@@ -10,74 +12,153 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+import numpy as np
+import pandas as pd
+
+from ..backends import SimBackend
+from ..cost_model import CostModel
+from ..engine import Engine
+from ..schedulers import ContinuousBatcher, DynamicBatcher
+from ..trace import Trace
+from ..workloads import make_workload
 from . import Verdict, compare, exercise
 
-# The exercises' GPU-like cost model (the same numbers as the notebook's ``gpu_like``).
-GPU_LIKE = dict(fixed_s=0.006, per_seq_s=1e-4, per_token_s=2e-5, per_attention_pair_s=1e-9)
-# 07.1 / 07.2: a lone request on an idle server.
-PROMPT_LEN_1, BUDGET_1, TIMEOUT_1 = 4096, 512, 0.002
-# 07.3: a goodput sweep of continuous batching.
-RATES_3 = (20, 40, 60, 80, 100, 120)
-NUM_REQUESTS_3, SEED_3 = 400, 7
-SLO_TTFT_3, SLO_TPOT_3 = 0.1, 0.02
-
-
-def _step_s(num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
-    c = GPU_LIKE
-    return (c["fixed_s"] + c["per_seq_s"] * num_seqs + c["per_token_s"] * num_tokens
-            + c["per_attention_pair_s"] * attention_pairs)
-
-
-def _pairs(start: int, n: int) -> int:
-    """Query-key pairs of tokens [start, start + n): each attends to itself and all before it."""
-    return n * start + n * (n + 1) // 2
-
-
-def _lone_ttfts() -> tuple[float, float, float]:
-    """(continuous TTFT, one whole-prompt step, dynamic TTFT) for the lone request of 07.1."""
-    chunks = [(start, min(BUDGET_1, PROMPT_LEN_1 - start)) for start in range(0, PROMPT_LEN_1, BUDGET_1)]
-    continuous = sum(_step_s(1, n, _pairs(start, n)) for start, n in chunks)
-    whole_prompt = _step_s(1, PROMPT_LEN_1, _pairs(0, PROMPT_LEN_1))
-    return continuous, whole_prompt, TIMEOUT_1 + whole_prompt
-
-
-@exercise("07.1")
-def check_lone_advantage(answer) -> Verdict:
-    """ceil(P / B) chunk steps against the timeout plus one whole-prompt step."""
-    continuous, _, dynamic = _lone_ttfts()
-    return compare(answer, continuous - dynamic, rtol=1e-3, what="TTFT difference (s)")
-
-
-@exercise("07.2")
-def check_break_even_timeout(answer) -> Verdict:
-    """Dynamic ties when timeout + whole-prompt step == the chunked prefill's total."""
-    continuous, whole_prompt, _ = _lone_ttfts()
-    return compare(answer, continuous - whole_prompt, rtol=1e-3, what="longest timeout (s)")
+# A small device: 20 ms per step, 1 ms per sequence, 0.2 ms per token.
+CHECK_COST = CostModel(fixed_s=0.02, per_seq_s=0.001, per_token_s=0.0002,
+                       per_attention_pair_s=1e-8, source="hand-written for the 06 checkers")
 
 
 @lru_cache(maxsize=1)
-def _best_goodput_rate() -> float:
-    from ..backends import SimBackend
-    from ..cost_model import CostModel
-    from ..engine import Engine
-    from ..metrics import SLO, goodput
-    from ..schedulers import ContinuousBatcher
-    from ..workloads import make_workload
+def checker_traces() -> dict[str, Trace]:
+    """Three small runs: streaming continuous batching under bursty load, the same requests on a
+    non-streaming dynamic batcher, and a run with 1-token answers mixed in."""
+    bursty = make_workload(60, "chat", scale="full", arrival="gamma", rate=6.0, burstiness=0.3,
+                           seed=61)
+    one_token = make_workload(30, prompt_len=64, output_len=1, arrival="poisson", rate=4.0, seed=62,
+                              id_prefix="s")
+    mixed = sorted(make_workload(30, "chat", scale="full", arrival="poisson", rate=4.0, seed=63)
+                   + one_token, key=lambda r: r.arrival_time)
 
-    cost = CostModel(**GPU_LIKE)
-    slo = SLO(ttft=SLO_TTFT_3, tpot=SLO_TPOT_3)
-    best_rate, best = math.nan, -1.0
-    for rate in RATES_3:
-        requests = make_workload(NUM_REQUESTS_3, "chat", arrival="poisson", rate=rate, seed=SEED_3)
-        trace = Engine(ContinuousBatcher(max_num_seqs=16, max_batched_tokens=256),
-                       SimBackend(cost, kv_capacity_tokens=16 * 512)).run(requests)
-        good = goodput(trace, slo)
-        if good > best:
-            best_rate, best = float(rate), good
-    return best_rate
+    def serve(scheduler, requests):
+        return Engine(scheduler, SimBackend(CHECK_COST, kv_capacity_tokens=1 << 16)).run(requests)
+
+    return {
+        "continuous": serve(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=512), bursty),
+        "dynamic_non_streaming": serve(DynamicBatcher(max_batch_size=8, timeout=0.5), bursty),
+        "mixed_lengths": serve(ContinuousBatcher(max_num_seqs=16, max_batched_tokens=512), mixed),
+    }
+
+
+def _visible_times(trace: Trace) -> dict[str, tuple[float, np.ndarray]]:
+    """request id -> (arrival, visible token times) for finished requests, from the raw records."""
+    return {r.request_id: (r.arrival_time, np.asarray(r.visible_token_times, dtype=float))
+            for r in trace.requests if r.status.value == "finished"}
+
+
+def _call(fn, *args):
+    """Call the reader's function; turn an exception into a message."""
+    try:
+        return fn(*args), None
+    except Exception as err:  # the reader's code may fail in any way; report it
+        return None, f"your function raised {type(err).__name__}: {err}"
+
+
+def _not_a_function(answer, example: str) -> Verdict | None:
+    """A verdict when ``answer`` is not the reader's function (unset, or a result), else None."""
+    if answer is None or answer is ...:
+        return Verdict("not attempted", "define your function and pass it (not its result)")
+    if not callable(answer):
+        return Verdict("wrong", f"pass the function itself, e.g. {example}")
+    return None
+
+
+# --- 07.1 ----------------------------------------------------------------------------------------
+def expected_latencies(trace: Trace) -> pd.DataFrame:
+    """TTFT, TPOT (NaN for one token) and E2E per finished request, indexed by request id."""
+    rows = {}
+    for rid, (arrival, t) in _visible_times(trace).items():
+        ttft, e2e = t[0] - arrival, t[-1] - arrival
+        rows[rid] = {"ttft": ttft, "tpot": (e2e - ttft) / (len(t) - 1) if len(t) > 1 else np.nan,
+                     "e2e": e2e}
+    return pd.DataFrame.from_dict(rows, orient="index").sort_index()
+
+
+@exercise("07.1")
+def check_latencies_by_hand(answer) -> Verdict:
+    """``answer(trace)`` -> DataFrame indexed by request_id with columns ttft, tpot, e2e."""
+    if (verdict := _not_a_function(answer, "check('07.1', latencies_by_hand)")) is not None:
+        return verdict
+    for name, trace in checker_traces().items():
+        got, error = _call(answer, trace)
+        if error:
+            return Verdict("wrong", f"on the {name} trace {error}")
+        if not isinstance(got, pd.DataFrame) or not {"ttft", "tpot", "e2e"} <= set(got.columns):
+            return Verdict("wrong", "return a DataFrame with columns ttft, tpot, e2e, indexed by request_id")
+        expected = expected_latencies(trace)
+        if sorted(map(str, got.index)) != list(expected.index):
+            return Verdict("wrong", f"on the {name} trace: the index must be the finished requests' ids "
+                                    f"({len(expected)} of them), got {len(got)} rows")
+        got = got.loc[expected.index, ["ttft", "tpot", "e2e"]]
+        verdict = compare(got.to_numpy(dtype=float), expected.to_numpy(dtype=float), rtol=1e-9,
+                          atol=1e-9, what=f"latencies on the {name} trace")
+        if not verdict.ok:
+            hint = (" (a non-streaming client sees every token when the batch ends: use visible_time)"
+                    if name == "dynamic_non_streaming" else "")
+            return Verdict("wrong", verdict.message + hint)
+    return Verdict("correct", "TTFT, TPOT and E2E match on a streaming, a non-streaming and a "
+                              "mixed-length trace")
+
+
+# --- 07.2 ----------------------------------------------------------------------------------------
+def expected_llmperf_itl(trace: Trace) -> float:
+    """LLMPerf's inter-token latency, averaged over requests: (last token - arrival) / n."""
+    values = [(t[-1] - arrival) / len(t) for arrival, t in _visible_times(trace).values()]
+    return float(np.mean(values))
+
+
+@exercise("07.2")
+def check_llmperf_itl(answer) -> Verdict:
+    """``answer(trace)`` -> float: the mean of LLMPerf-style inter-token latency (seconds)."""
+    if (verdict := _not_a_function(answer, "check('07.2', llmperf_itl)")) is not None:
+        return verdict
+    for name, trace in checker_traces().items():
+        got, error = _call(answer, trace)
+        if error:
+            return Verdict("wrong", f"on the {name} trace {error}")
+        verdict = compare(got, expected_llmperf_itl(trace), rtol=1e-9,
+                          what=f"mean LLMPerf ITL on the {name} trace")
+        if not verdict.ok:
+            return Verdict("wrong", verdict.message + " (LLMPerf counts the wait for the first "
+                                                     "token too, and divides by every token)")
+    return Verdict("correct", "your LLMPerf-style ITL matches on all three traces")
+
+
+# --- 07.3 ----------------------------------------------------------------------------------------
+SHARES_3 = (0.5, 0.9, 0.99)
+
+
+def expected_ttft_slo(trace: Trace, share: float) -> float:
+    """The smallest bound b with at least ``share`` of finished requests having TTFT <= b: the
+    k-th smallest TTFT, k = ceil(share * n) (a tiny tolerance guards share * n's rounding)."""
+    ttfts = np.sort([t[0] - arrival for arrival, t in _visible_times(trace).values()])
+    k = max(1, math.ceil(share * len(ttfts) - 1e-9))
+    return float(ttfts[k - 1])
 
 
 @exercise("07.3")
-def check_best_goodput_rate(answer) -> Verdict:
-    """The swept rate with the highest goodput, found by serving each rate on the simulator."""
-    return compare(answer, _best_goodput_rate(), what="rate (req/s)")
+def check_smallest_ttft_slo(answer) -> Verdict:
+    """``answer(trace, share)`` -> the smallest TTFT SLO (seconds) that at least ``share`` of the
+    finished requests meet."""
+    if (verdict := _not_a_function(answer, "check('07.3', smallest_ttft_slo)")) is not None:
+        return verdict
+    for name, trace in checker_traces().items():
+        for share in SHARES_3:
+            got, error = _call(answer, trace, share)
+            if error:
+                return Verdict("wrong", f"on the {name} trace, share={share}: {error}")
+            verdict = compare(got, expected_ttft_slo(trace, share), rtol=1e-9,
+                              what=f"TTFT SLO for share={share} on the {name} trace")
+            if not verdict.ok:
+                return Verdict("wrong", verdict.message + " (an SLO that fewer requests meet is too "
+                                                         "small; a larger one is not the smallest)")
+    return Verdict("correct", "your SLOs are the smallest that each share of requests meets")

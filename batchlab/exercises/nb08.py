@@ -1,102 +1,83 @@
-"""Checkers for notebook 08 (which latency are you feeling?): diagnose four capstone traces.
+"""Checkers for notebook 08 (load, tails, and who wins).
 
-Each exercise gives one trace of ``data/capstone/`` (served by a configuration the reader is not
-told) and asks for a diagnosis as a dict::
-
-    {"slow": "ttft" | "itl",     # which latency users feel: a late first token (queueing and
-                                 # prefill) or a slow stream after it (decode throughput)
-     "knob": one of KNOBS}       # the one change that would help most
-
-The true answers are sealed below (base64 of a JSON object, decoded only when checking, so a
-glance at this file does not spoil the exercise). They were confirmed by turning every knob on
-each configuration and serving the same workload again (tests/test_capstone.py, using
-scripts/make_capstone_traces.py): a free knob (anything but ``more_capacity``) is the answer when
-it helps; ``more_capacity`` only when no free knob does.
+08.1 and 08.2 are computed by arithmetic from the cost formula, independently of the schedulers
+the notebook uses to find them; 08.3 has no closed form, so its checker serves the workload on
+the simulator with a plain engine loop (not ``load_sweep``).
 """
 
 from __future__ import annotations
 
-import base64
-import json
+import math
+from functools import lru_cache
 
-from . import Verdict, exercise
+from . import Verdict, compare, exercise
 
-SLOW = ("ttft", "itl")
-KNOBS: dict[str, str] = {
-    "more_max_num_seqs": "let more sequences run at once (raise max_num_seqs)",
-    "chunked_prefill": "chunked prefill with a modest per-step token budget",
-    "more_capacity": "more capacity or less load (a faster device, more replicas)",
-    "shorter_timeout": "a shorter timer on a dynamic batcher",
-}
-EXERCISE_TRACES = {"08.1": "trace_a", "08.2": "trace_b", "08.3": "trace_c", "08.4": "trace_d"}
-
-_SEALED_KEY = ("eyJ0cmFjZV9hIjogWyJpdGwiLCAiY2h1bmtlZF9wcmVmaWxsIl0sICJ0cmFjZV9iIjogWyJ0dGZ0Iiwg"
-               "Im1vcmVfbWF4X251bV9zZXFzIl0sICJ0cmFjZV9jIjogWyJ0dGZ0IiwgInNob3J0ZXJfdGltZW91dCJd"
-               "LCAidHJhY2VfZCI6IFsiaXRsIiwgIm1vcmVfY2FwYWNpdHkiXX0=")
-
-# What each configuration was, shown once the reader's diagnosis is right.
-_REVEAL = {
-    "trace_a": "continuous batching without chunked prefill: every long prompt (400-800 tokens) "
-               "was computed in one step, and every stream froze for that step.",
-    "trace_b": "continuous batching with max_num_seqs=4: a queue grew while each step carried only "
-               "four sequences and cost little more than a step for one.",
-    "trace_c": "a dynamic batcher with a 2 s timer under light traffic: most requests waited for the "
-               "timer while the device sat idle.",
-    "trace_d": "continuous batching of long answers (200-400 tokens) near the device's limit: every "
-               "step carried dozens of sequences, so every stream was slow; no setting fixes that.",
-}
+# The exercises' GPU-like cost model (the same numbers as the notebook's ``gpu_like``).
+GPU_LIKE = dict(fixed_s=0.006, per_seq_s=1e-4, per_token_s=2e-5, per_attention_pair_s=1e-9)
+# 08.1 / 08.2: a lone request on an idle server.
+PROMPT_LEN_1, BUDGET_1, TIMEOUT_1 = 4096, 512, 0.002
+# 08.3: a goodput sweep of continuous batching.
+RATES_3 = (20, 40, 60, 80, 100, 120)
+NUM_REQUESTS_3, SEED_3 = 400, 7
+SLO_TTFT_3, SLO_TPOT_3 = 0.1, 0.02
 
 
-def answer_key() -> dict[str, tuple[str, str]]:
-    """The sealed answers: trace name -> (slow, knob). Reading this spoils the exercises."""
-    data = json.loads(base64.b64decode(_SEALED_KEY).decode("utf-8"))
-    return {name: (slow, knob) for name, (slow, knob) in data.items()}
+def _step_s(num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
+    c = GPU_LIKE
+    return (c["fixed_s"] + c["per_seq_s"] * num_seqs + c["per_token_s"] * num_tokens
+            + c["per_attention_pair_s"] * attention_pairs)
 
 
-def check_diagnosis(trace_name: str, answer) -> Verdict:
-    """Compare a diagnosis dict with the sealed answer for ``trace_name``."""
-    if answer is None or answer is ...:
-        return Verdict("not attempted", 'set answer = {"slow": ..., "knob": ...} and run the cell again')
-    if not isinstance(answer, dict) or set(answer) != {"slow", "knob"}:
-        return Verdict("wrong", 'give a dict with exactly two keys, e.g. {"slow": "ttft", '
-                                '"knob": "more_capacity"}')
-    slow, knob = answer["slow"], answer["knob"]
-    if slow not in SLOW:
-        return Verdict("wrong", f"slow={slow!r}; choose one of {list(SLOW)}")
-    if knob not in KNOBS:
-        return Verdict("wrong", f"knob={knob!r}; choose one of {list(KNOBS)}")
-    true_slow, true_knob = answer_key()[trace_name]
-    if slow == true_slow and knob == true_knob:
-        return Verdict("correct", f"{trace_name} was {_REVEAL[trace_name]}")
-    if slow != true_slow:
-        return Verdict("wrong", "look again at where the extra waiting goes: compare each request's "
-                                "TTFT and its stream (E2E - TTFT) with what it would take alone")
-    if true_knob != "more_capacity" and knob == "more_capacity":
-        return Verdict("wrong", f"{slow!r} is right, and more capacity would help, but a free "
-                                "setting fixes this trace: which rule of the server makes people wait?")
-    return Verdict("wrong", f"{slow!r} is right, the knob is not: what do the steps look like while "
-                            "the latency is bad (their size, their prefill tokens, idle gaps)?")
+def _pairs(start: int, n: int) -> int:
+    """Query-key pairs of tokens [start, start + n): each attends to itself and all before it."""
+    return n * start + n * (n + 1) // 2
+
+
+def _lone_ttfts() -> tuple[float, float, float]:
+    """(continuous TTFT, one whole-prompt step, dynamic TTFT) for the lone request of 08.1."""
+    chunks = [(start, min(BUDGET_1, PROMPT_LEN_1 - start)) for start in range(0, PROMPT_LEN_1, BUDGET_1)]
+    continuous = sum(_step_s(1, n, _pairs(start, n)) for start, n in chunks)
+    whole_prompt = _step_s(1, PROMPT_LEN_1, _pairs(0, PROMPT_LEN_1))
+    return continuous, whole_prompt, TIMEOUT_1 + whole_prompt
 
 
 @exercise("08.1")
-def check_trace_a(answer) -> Verdict:
-    """Diagnosis of data/capstone/trace_a.json."""
-    return check_diagnosis("trace_a", answer)
+def check_lone_advantage(answer) -> Verdict:
+    """ceil(P / B) chunk steps against the timeout plus one whole-prompt step."""
+    continuous, _, dynamic = _lone_ttfts()
+    return compare(answer, continuous - dynamic, rtol=1e-3, what="TTFT difference (s)")
 
 
 @exercise("08.2")
-def check_trace_b(answer) -> Verdict:
-    """Diagnosis of data/capstone/trace_b.json."""
-    return check_diagnosis("trace_b", answer)
+def check_break_even_timeout(answer) -> Verdict:
+    """Dynamic ties when timeout + whole-prompt step == the chunked prefill's total."""
+    continuous, whole_prompt, _ = _lone_ttfts()
+    return compare(answer, continuous - whole_prompt, rtol=1e-3, what="longest timeout (s)")
+
+
+@lru_cache(maxsize=1)
+def _best_goodput_rate() -> float:
+    from ..backends import SimBackend
+    from ..cost_model import CostModel
+    from ..engine import Engine
+    from ..metrics import SLO, goodput
+    from ..schedulers import ContinuousBatcher
+    from ..workloads import make_workload
+
+    cost = CostModel(**GPU_LIKE)
+    slo = SLO(ttft=SLO_TTFT_3, tpot=SLO_TPOT_3)
+    best_rate, best = math.nan, -1.0
+    for rate in RATES_3:
+        requests = make_workload(NUM_REQUESTS_3, "chat", arrival="poisson", rate=rate, seed=SEED_3)
+        trace = Engine(ContinuousBatcher(max_num_seqs=16, max_batched_tokens=256),
+                       SimBackend(cost, kv_capacity_tokens=16 * 512)).run(requests)
+        good = goodput(trace, slo)
+        if good > best:
+            best_rate, best = float(rate), good
+    return best_rate
 
 
 @exercise("08.3")
-def check_trace_c(answer) -> Verdict:
-    """Diagnosis of data/capstone/trace_c.json."""
-    return check_diagnosis("trace_c", answer)
-
-
-@exercise("08.4")
-def check_trace_d(answer) -> Verdict:
-    """Diagnosis of data/capstone/trace_d.json."""
-    return check_diagnosis("trace_d", answer)
+def check_best_goodput_rate(answer) -> Verdict:
+    """The swept rate with the highest goodput, found by serving each rate on the simulator."""
+    return compare(answer, _best_goodput_rate(), what="rate (req/s)")

@@ -154,10 +154,10 @@ if lm.dtype == "float32":
 # | **[02 · Static batching](02_static_batching.ipynb)** | Wait for N requests, run them together to the end. Early arrivals wait for the batch to fill and everyone waits for the slowest member: fine for offline jobs, bad for live traffic. |
 # | **[03 · Dynamic batching](03_dynamic_batching.ipynb)** | A maximum batch size plus a timer started by the first arrival: the wait before a batch starts is bounded, but the slowest member still holds the whole batch. |
 # | **[04 · Continuous batching](04_continuous_batching.ipynb)** | Schedule every decode step: finished sequences leave at once and waiting ones join at the next step, so the batch stays full. |
-# | **[05 · Prefill stalls and chunked prefill](05_prefill_stalls_and_chunked_prefill.ipynb)** | A newcomer's prefill delays everyone's next token; cutting long prompts into chunks spreads that cost over several steps. |
-# | **[06 · Measuring TTFT, ITL and tails](06_measuring_ttft_itl_and_tails.ipynb)** | Time to first token and inter-token latency have different causes (queue + prefill vs decode throughput); 2,000-in/20-out and 20-in/2,000-out stress different phases; means hide the p90/p99 tails. |
-# | **[07 · Load, tails, and who wins](07_load_tails_and_who_wins.ipynb)** | Sweep the traffic: how each policy's latency tail grows with load, and when request-level batching can give a faster first token than continuous batching. |
-# | **[08 · Which latency are you feeling?](08_which_latency_are_you_feeling.ipynb) (capstone)** | Diagnose a server from what users feel: a slow first token points at queueing and prefill, slow streaming at decode throughput; then tune it. |
+# | **[06 · Prefill stalls and chunked prefill](06_prefill_stalls_and_chunked_prefill.ipynb)** | A newcomer's prefill delays everyone's next token; cutting long prompts into chunks spreads that cost over several steps. |
+# | **[07 · Measuring TTFT, ITL and tails](07_measuring_ttft_itl_and_tails.ipynb)** | Time to first token and inter-token latency have different causes (queue + prefill vs decode throughput); 2,000-in/20-out and 20-in/2,000-out stress different phases; means hide the p90/p99 tails. |
+# | **[08 · Load, tails, and who wins](08_load_tails_and_who_wins.ipynb)** | Sweep the traffic: how each policy's latency tail grows with load, and when request-level batching can give a faster first token than continuous batching. |
+# | **[11 · Which latency are you feeling?](11_which_latency_are_you_feeling.ipynb) (capstone)** | Diagnose a server from what users feel: a slow first token points at queueing and prefill, slow streaming at decode throughput; then tune it. |
 #
 # Each notebook ends with a summary and a few exercises. Type your answer into the cell and run
 # `check(...)`: it says whether you are right. Worked solutions are in `solutions/`, for when

@@ -279,7 +279,7 @@ print(f"continuous vs static: p99 TTFT {continuous.ttft_p99:.2f} vs {static.ttft
 # - **Throughput** (about the same, or a little higher). At this load all three eventually
 #   serve the same requests as they arrive, so throughput over the run is set mostly by the
 #   arrival rate; continuous batching finishes the last requests sooner, which is all the
-#   difference. Throughput differences grow when the server is overloaded (notebook 07).
+#   difference. Throughput differences grow when the server is overloaded (notebook 08).
 # - **Busy share** (no fixed order, and that is the lesson). It is the share of the run the
 #   device spent computing, so it depends on how long each run lasts and how full its steps
 #   are. Static batching idles while a batch fills, then runs long, full batches that drag on
@@ -376,7 +376,7 @@ explore(show_policies, max_num_seqs=(1, 4 * MAX_SEQS),
 # - Batching does not change greedy answers: every checked request produced exactly the tokens it
 #   produces alone.
 # - It is not free: a newcomer's prompt is computed in a step next to everyone else's decode
-#   token, and a long one stalls them all for that step. Notebook 05 measures that stall and the
+#   token, and a long one stalls them all for that step. Notebook 06 measures that stall and the
 #   cure, chunked prefill.
 
 # %% [markdown]

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 08 · Which latency are you feeling?
+# # 11 · Which latency are you feeling?
 #
 # The article ends with a question worth asking every time a model feels slow: *which* slowness
 # is it? An answer that takes long to start and an answer that starts at once and then crawls
@@ -358,7 +358,7 @@ print("narrow server: a late first token (queueing); wide server: a slower strea
 
 # %% [markdown]
 # Neither is wrong in general: which one users prefer depends on what they feel more, a late
-# start or a slow stream, and that is what SLOs on TTFT and TPOT (notebook 06) write down.
+# start or a slow stream, and that is what SLOs on TTFT and TPOT (notebook 07) write down.
 #
 # ## Summary
 #
@@ -381,31 +381,31 @@ print("narrow server: a late first token (queueing); wide server: a slower strea
 # `"shorter_timeout"`. Answer with a dict, e.g. `{"slow": "ttft", "knob": "more_capacity"}`.
 # The checker knows how each server was configured and tells you once you are right. Worked
 # diagnoses (the rules of this notebook, written as a function) are in
-# `solutions/08_which_latency_are_you_feeling.py`.
+# `solutions/11_which_latency_are_you_feeling.py`.
 #
-# **08.1** `traces["trace_a"]`
+# **11.1** `traces["trace_a"]`
 
 # %%
 answer = None  # your code here
-check("08.1", answer)
+check("11.1", answer)
 
 # %% [markdown]
-# **08.2** `traces["trace_b"]`
+# **11.2** `traces["trace_b"]`
 
 # %%
 answer = None  # your code here
-check("08.2", answer)
+check("11.2", answer)
 
 # %% [markdown]
-# **08.3** `traces["trace_c"]`
+# **11.3** `traces["trace_c"]`
 
 # %%
 answer = None  # your code here
-check("08.3", answer)
+check("11.3", answer)
 
 # %% [markdown]
-# **08.4** `traces["trace_d"]`
+# **11.4** `traces["trace_d"]`
 
 # %%
 answer = None  # your code here
-check("08.4", answer)
+check("11.4", answer)

@@ -1,4 +1,4 @@
-"""Worked solutions for notebook 05 (prefill stalls and chunked prefill), found on the simulator."""
+"""Worked solutions for notebook 06 (prefill stalls and chunked prefill), found on the simulator."""
 
 import numpy as np
 
@@ -11,7 +11,7 @@ from batchlab.schedulers import ContinuousBatcher
 CPU_LIKE = CostModel(fixed_s=0.040, per_seq_s=0.004, per_token_s=0.0006, per_attention_pair_s=2e-8)
 
 
-def solve_05_1() -> int:
+def solve_06_1() -> int:
     """By hand: each step serves the 6 decodes first (6 tokens), leaving 48 - 6 = 42 for the
     prompt; 500 / 42 = 11.9, so 12 steps (eleven of 42 tokens and a last one of 38).
     The simulator agrees (any cost model gives the same plan)."""
@@ -22,7 +22,7 @@ def solve_05_1() -> int:
     return int(stall_summary(trace, scenario.long_id)["long_prefill_steps"])
 
 
-def solve_05_2() -> int:
+def solve_06_2() -> int:
     """Sweep the budgets and keep the largest whose worst gap is within 110 ms. With this cost
     model a step of 4 decodes and a 60-token chunk takes about 99 ms, and one with a 92-token
     chunk about 118 ms: the answer is 64."""
@@ -40,7 +40,7 @@ def worst_running_gap(trace, long_id: str) -> float:
     return float(max(g.max() for g in gaps))
 
 
-def solve_05_3():
+def solve_06_3():
     return worst_running_gap
 
 
@@ -49,9 +49,9 @@ def _gap_including_the_newcomer(trace, long_id: str) -> float:
     return float(max(np.diff([0.0] + list(r.visible_token_times)).max() for r in trace.requests))
 
 
-SOLUTIONS = {"05.1": solve_05_1, "05.2": solve_05_2, "05.3": solve_05_3}
+SOLUTIONS = {"06.1": solve_06_1, "06.2": solve_06_2, "06.3": solve_06_3}
 WRONG = {
-    "05.1": 11,                            # 500 / 48 rounded up: forgets the six decodes
-    "05.2": 96,                            # the first budget that breaks the target
-    "05.3": _gap_including_the_newcomer,
+    "06.1": 11,                            # 500 / 48 rounded up: forgets the six decodes
+    "06.2": 96,                            # the first budget that breaks the target
+    "06.3": _gap_including_the_newcomer,
 }

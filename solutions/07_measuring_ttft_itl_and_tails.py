@@ -1,4 +1,4 @@
-"""Worked solutions for notebook 06 (measuring TTFT, ITL and tails): functions of a trace,
+"""Worked solutions for notebook 07 (measuring TTFT, ITL and tails): functions of a trace,
 written with pandas on the trace's own tables."""
 
 import math
@@ -8,7 +8,7 @@ import pandas as pd
 
 
 def latencies_by_hand(trace) -> pd.DataFrame:
-    """06.1: TTFT, TPOT and E2E per finished request, from ``tokens_df`` and ``requests_df``.
+    """07.1: TTFT, TPOT and E2E per finished request, from ``tokens_df`` and ``requests_df``.
 
     What the client saw is ``visible_time`` (for a non-streaming server every token becomes
     visible when the batch ends), and every latency starts at the request's arrival.
@@ -25,7 +25,7 @@ def latencies_by_hand(trace) -> pd.DataFrame:
 
 
 def llmperf_itl(trace) -> float:
-    """06.2: LLMPerf's inter-token latency is, per request, the sum of its token gaps *with the
+    """07.2: LLMPerf's inter-token latency is, per request, the sum of its token gaps *with the
     wait for the first token as the first gap*, over its number of tokens: E2E / n."""
     lat = latencies_by_hand(trace)
     n = trace.tokens_df().groupby("request_id").size().loc[lat.index]
@@ -33,7 +33,7 @@ def llmperf_itl(trace) -> float:
 
 
 def smallest_ttft_slo(trace, share: float) -> float:
-    """06.3: sort the TTFTs; the k-th smallest, k = ceil(share * n), is met by exactly k requests
+    """07.3: sort the TTFTs; the k-th smallest, k = ceil(share * n), is met by exactly k requests
     and any smaller bound is met by fewer."""
     ttft = np.sort(latencies_by_hand(trace)["ttft"].to_numpy())
     k = max(1, math.ceil(share * len(ttft) - 1e-9))
@@ -64,8 +64,8 @@ def _wrong_ttft_slo(trace, share: float) -> float:
 
 
 SOLUTIONS = {
-    "06.1": lambda: latencies_by_hand,
-    "06.2": lambda: llmperf_itl,
-    "06.3": lambda: smallest_ttft_slo,
+    "07.1": lambda: latencies_by_hand,
+    "07.2": lambda: llmperf_itl,
+    "07.3": lambda: smallest_ttft_slo,
 }
-WRONG = {"06.1": _wrong_latencies, "06.2": _wrong_llmperf_itl, "06.3": _wrong_ttft_slo}
+WRONG = {"07.1": _wrong_latencies, "07.2": _wrong_llmperf_itl, "07.3": _wrong_ttft_slo}

@@ -1,4 +1,4 @@
-"""Worked solutions for notebook 07 (load, tails, and who wins), found with batchlab's simulator."""
+"""Worked solutions for notebook 08 (load, tails, and who wins), found with batchlab's simulator."""
 
 from batchlab import metrics
 from batchlab.backends import SimBackend
@@ -20,7 +20,7 @@ def _lone_ttft(scheduler) -> float:
     return float(metrics.per_request_metrics(trace)["ttft"].iloc[0])
 
 
-def solve_07_1() -> float:
+def solve_08_1() -> float:
     """By hand: 8 chunks of 512 cost 7 extra (fixed + per-seq) = 7 * 6.1 ms = 42.7 ms more than one
     whole-prompt step (the tokens and attention pairs add up to the same); minus the 2 ms timeout:
     dynamic batching is 40.7 ms sooner."""
@@ -29,7 +29,7 @@ def solve_07_1() -> float:
     return continuous - dynamic
 
 
-def solve_07_2() -> float:
+def solve_08_2() -> float:
     """The break-even timeout is the chunked prefill's extra cost: 7 * 6.1 ms = 42.7 ms. Measured as
     continuous TTFT minus dynamic TTFT with no timeout (one whole-prompt step)."""
     continuous = _lone_ttft(ContinuousBatcher(max_num_seqs=16, max_batched_tokens=512))
@@ -37,7 +37,7 @@ def solve_07_2() -> float:
     return continuous - whole_prompt
 
 
-def solve_07_3() -> float:
+def solve_08_3() -> float:
     """A goodput sweep: goodput follows the rate up to 60 req/s, then TTFT queueing makes it fall
     although throughput keeps rising to about 67 req/s."""
     table = load_sweep(
@@ -49,9 +49,9 @@ def solve_07_3() -> float:
     return float(table.loc[table["goodput"].idxmax(), "request_rate"])
 
 
-SOLUTIONS = {"07.1": solve_07_1, "07.2": solve_07_2, "07.3": solve_07_3}
+SOLUTIONS = {"08.1": solve_08_1, "08.2": solve_08_2, "08.3": solve_08_3}
 WRONG = {
-    "07.1": -0.002,   # as if the chunks cost nothing extra: dynamic only loses its timeout
-    "07.2": 0.0061,   # one chunk's overhead instead of seven
-    "07.3": 120.0,    # the rate with the highest throughput, not the highest goodput
+    "08.1": -0.002,   # as if the chunks cost nothing extra: dynamic only loses its timeout
+    "08.2": 0.0061,   # one chunk's overhead instead of seven
+    "08.3": 120.0,    # the rate with the highest throughput, not the highest goodput
 }

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 05 · Prefill stalls and chunked prefill
+# # 06 · Prefill stalls and chunked prefill
 #
 # Continuous batching (notebook 04) lets a waiting request join at the very next step. That
 # step computes the newcomer's whole prompt next to everybody else's one decode token, and a
@@ -352,9 +352,9 @@ explore(show_budget, max_batched_tokens=(NUM_RUNNING + 4, 2 * (prompt_len + NUM_
 # %% [markdown]
 # ## Exercises
 #
-# Worked solutions are in `solutions/05_prefill_stalls_and_chunked_prefill.py`.
+# Worked solutions are in `solutions/06_prefill_stalls_and_chunked_prefill.py`.
 #
-# **05.1** Six requests are decoding when a request with a 500-token prompt is admitted, under
+# **06.1** Six requests are decoding when a request with a 500-token prompt is admitted, under
 # `ContinuousBatcher(max_batched_tokens=48)`. The six keep decoding all along. In how many steps
 # is the prompt computed (counting the step that samples its first token)? Work it out from the
 # scheduler's rules, then check it on a simulator with
@@ -363,10 +363,10 @@ explore(show_budget, max_batched_tokens=(NUM_RUNNING + 4, 2 * (prompt_len + NUM_
 
 # %%
 answer = None  # your code here
-check("05.1", answer)
+check("06.1", answer)
 
 # %% [markdown]
-# **05.2** Tune for a latency target. On a simulator with the cost model
+# **06.2** Tune for a latency target. On a simulator with the cost model
 # `CostModel(fixed_s=0.040, per_seq_s=0.004, per_token_s=0.0006, per_attention_pair_s=2e-8)`
 # (roughly this course's CPU), serve `StallScenario().requests()` with
 # `max_num_seqs=scenario.max_num_seqs`. The other requests must never wait more than 110 ms
@@ -375,14 +375,14 @@ check("05.1", answer)
 
 # %%
 answer = None  # your code here
-check("05.2", answer)
+check("06.2", answer)
 
 # %% [markdown]
-# **05.3** Measure it yourself. Write a function `worst_running_gap(trace, long_id)` that returns
+# **06.3** Measure it yourself. Write a function `worst_running_gap(trace, long_id)` that returns
 # the largest gap (seconds) between two successive tokens of any request *other than* `long_id`,
 # using only `trace.requests` (each record has `request_id` and `visible_token_times`). The
 # checker runs your function on traces of its own and compares it with `stall_summary`.
 
 # %%
 answer = None  # your code here: answer = worst_running_gap
-check("05.3", answer)
+check("06.3", answer)

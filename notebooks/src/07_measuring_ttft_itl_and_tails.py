@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 06 · Measuring TTFT, ITL and tails
+# # 07 · Measuring TTFT, ITL and tails
 #
 # "The server is slow" can mean two different things. Either the answer takes a long time to
 # *start*, or it starts quickly and then *trickles*. The first is the time to first token
@@ -463,37 +463,37 @@ plt.show()
 #   gave the same throughput with calm and with bursty arrivals, but bursts broke many more
 #   first-token promises.
 #
-# Next: notebook 07 turns traffic into a knob and watches which latency climbs first.
+# Next: notebook 08 turns traffic into a knob and watches which latency climbs first.
 
 # %% [markdown]
 # ## Exercises
 #
 # Each exercise asks for a *function of a trace*; the checker runs it on traces of its own
 # (streaming, non-streaming, and with one-token answers) and compares. Worked solutions are in
-# `solutions/06_measuring_ttft_itl_and_tails.py`.
+# `solutions/07_measuring_ttft_itl_and_tails.py`.
 #
-# **06.1** Write `latencies_by_hand(trace)` returning a DataFrame indexed by `request_id` (finished
+# **07.1** Write `latencies_by_hand(trace)` returning a DataFrame indexed by `request_id` (finished
 # requests only) with columns `ttft`, `tpot` and `e2e`, using only `trace.tokens_df()` and
 # `trace.requests_df()`. It must be right for a non-streaming server too (which time did the
 # client see?) and give `NaN` TPOT for a one-token answer. Pass the function itself.
 
 # %%
 answer = None  # your code here
-check("06.1", answer)
+check("07.1", answer)
 
 # %% [markdown]
-# **06.2** Write `llmperf_itl(trace)` returning the mean over finished requests of LLMPerf's
+# **07.2** Write `llmperf_itl(trace)` returning the mean over finished requests of LLMPerf's
 # inter-token latency (seconds), computed from the token table, not with `itl_definitions`.
 
 # %%
 answer = None  # your code here
-check("06.2", answer)
+check("07.2", answer)
 
 # %% [markdown]
-# **06.3** Write `smallest_ttft_slo(trace, share)`: the smallest TTFT objective (seconds) that at
+# **07.3** Write `smallest_ttft_slo(trace, share)`: the smallest TTFT objective (seconds) that at
 # least `share` of the finished requests meet (e.g. `share=0.9`). Is it the same as
 # `np.percentile(ttft, 90)`? Why not?
 
 # %%
 answer = None  # your code here
-check("06.3", answer)
+check("07.3", answer)

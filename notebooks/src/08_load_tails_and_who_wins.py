@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 07 · Load, tails, and who wins
+# # 08 · Load, tails, and who wins
 #
 # Every earlier notebook served one workload at one traffic level. A real server does not get to
 # choose: traffic is light at night and heavy at peak hour, and it comes in clumps. This notebook
@@ -361,7 +361,7 @@ def lone_ttft_dynamic(prompt_len, timeout):
 # and per-sequence costs for `k` chunks, minus the timeout. The simulator must agree exactly.
 #
 # The token budget below is 32 tokens, so that a 256-token prompt needs eight chunks, as a
-# 4,096-token prompt does at a GPU server's budget of 512 (exercise 07.1). What decides the
+# 4,096-token prompt does at a GPU server's budget of 512 (exercise 08.1). What decides the
 # outcome is the number of chunks and a step's fixed cost next to a chunk's token cost: on a CPU
 # the fixed cost is worth a few dozen prompt tokens (divide the two costs printed in the setup).
 
@@ -740,32 +740,32 @@ explore(show_load, rate=(0.2, round(1.5 * chat_capacity["continuous"], 1), 0.1),
 #
 # The first two use a *GPU-like* cost model: a much smaller fixed cost per step, and much cheaper
 # tokens. Is the article's claim still true there? Worked solutions are in
-# `solutions/07_load_tails_and_who_wins.py`.
+# `solutions/08_load_tails_and_who_wins.py`.
 
 # %%
 gpu_like = CostModel(fixed_s=0.006, per_seq_s=1e-4, per_token_s=2e-5, per_attention_pair_s=1e-9,
                      source="exercise: GPU-like")
 
 # %% [markdown]
-# **07.1** With `gpu_like`, a request with a 4,096-token prompt arrives at an idle server.
+# **08.1** With `gpu_like`, a request with a 4,096-token prompt arrives at an idle server.
 # Continuous batching uses chunked prefill with `max_batched_tokens=512`; dynamic batching streams
 # and has a timeout of 2 ms. How many seconds sooner does dynamic batching give the first token
 # (TTFT continuous minus TTFT dynamic; negative if it is later)?
 
 # %%
 answer = None  # your code here
-check("07.1", answer)
+check("08.1", answer)
 
 # %% [markdown]
-# **07.2** Same request and budget. What is the longest dynamic-batching timeout (in seconds) for
+# **08.2** Same request and budget. What is the longest dynamic-batching timeout (in seconds) for
 # which dynamic batching still gives the first token no later than continuous batching?
 
 # %%
 answer = None  # your code here
-check("07.2", answer)
+check("08.2", answer)
 
 # %% [markdown]
-# **07.3** Back to this notebook's chat policies, on the simulator with `gpu_like` (KV cache of
+# **08.3** Back to this notebook's chat policies, on the simulator with `gpu_like` (KV cache of
 # `16 * 512` tokens). Serve `make_workload(400, "chat", arrival="poisson", rate=r, seed=7)` under
 # `ContinuousBatcher(max_num_seqs=16, max_batched_tokens=256)` at the rates
 # `[20, 40, 60, 80, 100, 120]` req/s. With the SLO `TTFT <= 0.1 s, TPOT <= 0.02 s`, which rate
@@ -773,4 +773,4 @@ check("07.2", answer)
 
 # %%
 answer = None  # your code here
-check("07.3", answer)
+check("08.3", answer)

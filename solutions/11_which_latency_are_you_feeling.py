@@ -1,4 +1,4 @@
-"""Worked solutions for notebook 08 (which latency are you feeling?).
+"""Worked solutions for notebook 11 (which latency are you feeling?).
 
 ``diagnose`` writes the notebook's reasoning down as rules, and each exercise applies it to its
 trace. Nothing here knows the configurations; everything is read from the trace and the cost
@@ -59,14 +59,14 @@ def solve(name: str) -> dict:
 
 
 SOLUTIONS = {
-    "08.1": lambda: solve("trace_a"),
-    "08.2": lambda: solve("trace_b"),
-    "08.3": lambda: solve("trace_c"),
-    "08.4": lambda: solve("trace_d"),
+    "11.1": lambda: solve("trace_a"),
+    "11.2": lambda: solve("trace_b"),
+    "11.3": lambda: solve("trace_c"),
+    "11.4": lambda: solve("trace_d"),
 }
 WRONG = {
-    "08.1": {"slow": "ttft", "knob": "chunked_prefill"},     # prompts stall streams, not first tokens
-    "08.2": {"slow": "ttft", "knob": "more_capacity"},       # the device had room to spare
-    "08.3": {"slow": "ttft", "knob": "more_max_num_seqs"},   # batches were small because of the timer
-    "08.4": {"slow": "itl", "knob": "chunked_prefill"},      # no prompt is long enough to stall
+    "11.1": {"slow": "ttft", "knob": "chunked_prefill"},     # prompts stall streams, not first tokens
+    "11.2": {"slow": "ttft", "knob": "more_capacity"},       # the device had room to spare
+    "11.3": {"slow": "ttft", "knob": "more_max_num_seqs"},   # batches were small because of the timer
+    "11.4": {"slow": "itl", "knob": "chunked_prefill"},      # no prompt is long enough to stall
 }
