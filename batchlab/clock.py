@@ -20,7 +20,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from .backends.base import StepResult
+from batchlab.backends.base import StepResult
 
 CLOCKS = ("virtual", "wall")
 

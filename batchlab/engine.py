@@ -25,19 +25,17 @@ Rules the engine keeps:
   released once, or was REJECTED with none.
 - **Plans are checked.** A chunk must start where its request's computed tokens end, stay within
   its known tokens, and sample exactly when it reaches the last known token.
-- ``scheduler.draining`` becomes True once every request of the workload has arrived.
+- Once every request of the workload has arrived the engine calls ``scheduler.start_draining()``.
+- When a request ends (finished or rejected) the engine calls ``backend.release(request_id)``, so
+  the backend can forget what it kept for it (a sampler's generator, say).
 
 The clocks are described in ``clock.py``: ``"virtual"`` (time moves by each step's reported
 duration and skips idle gaps) or ``"wall"`` (real time; requests arrive in real time).
 
-Fast path (simulator only). Most steps of a large simulation are plain decode steps that repeat
-with every sequence one token further on, until a request arrives or finishes. When the
-scheduler promises exactly that (``Scheduler.continues_decoding``) and the backend can predict a
-step from its size alone (``SimBackend.step_duration``), the engine computes such a run of steps
-itself: one duration per step from the cost model, tokens appended per request in bulk, and
-each step's chunks stored compactly (``DecodeRunChunks``, expanded when read). The trace is
-the same as calling the scheduler every step (``tests/test_engine.py`` checks it); only the
-Python work per decode token disappears. Pass ``fast_decode_runs=False`` to turn it off.
+Fast path (simulator only): when the scheduler declares that it simply continues decoding and
+the backend declares that it predicts decode runs, whole runs of decode steps are computed in
+bulk (``batchlab.backends.decode_runs``). The trace is the same; pass ``fast_decode_runs=False``
+to turn it off.
 """
 
 from __future__ import annotations
@@ -45,14 +43,15 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-from .backends.base import Backend
-from .clock import Clock, make_clock
-from .plan import ScheduledChunk, StepPlan
-from .requests import Request, RequestStatus
-from .schedulers.base import Scheduler
-from .trace import RequestRecord, StepRecord, Trace
+from batchlab.backends.base import Backend
+from batchlab.backends.decode_runs import DecodeRun, predict_decode_steps
+from batchlab.clock import Clock, make_clock
+from batchlab.plan import StepPlan
+from batchlab.requests import Request, RequestStatus
+from batchlab.schedulers.base import Scheduler
+from batchlab.trace import RequestRecord, StepRecord, Trace
 
 _FINISHED = RequestStatus.FINISHED
 _REJECTED = RequestStatus.REJECTED
@@ -63,118 +62,14 @@ class EngineError(RuntimeError):
     """The scheduler or backend broke the contract (a lost request, a deadlock, a bad plan)."""
 
 
-# --- compact storage for the fast path's steps ------------------------------------------------------
-class DecodeRun:
-    """A set of sequences decoding together, anchored at a step in which each of them sampled.
-
-    That step is offset 0. At offset ``i`` every sequence decodes position ``starts[j] + i``,
-    where ``starts[j]`` is the last position it computed at offset 0 (a decode's own position,
-    or a completed prompt's last one). ``remaining[j]`` is how many more tokens sequence ``j``
-    may produce after offset 0, so the run lasts at most ``min(remaining)`` steps: in that step
-    the first sequence finishes.
-    """
-
-    __slots__ = ("request_ids", "starts", "requests", "remaining", "last_offset", "base_attention_pairs")
-
-    def __init__(self, chunks: Sequence[ScheduledChunk], by_id: dict[str, Request], placeholder: int) -> None:
-        self.request_ids = tuple([c.request_id for c in chunks])
-        self.starts = tuple([c.start + c.num_tokens - 1 for c in chunks])
-        self.requests = requests = [by_id[rid] for rid in self.request_ids]
-        # A request whose stop tokens include the placeholder stops at its next token.
-        self.remaining = remaining = [
-            1 if r.stop_token_ids and placeholder in r.stop_token_ids else r.max_new_tokens - len(r.output_ids)
-            for r in requests]
-        self.last_offset = min(remaining)     # the step in which the first sequence finishes
-        # A decode at position p attends to p + 1 keys; at offset i the step's sum of that is
-        # base_attention_pairs + num_seqs * i.
-        self.base_attention_pairs = sum(self.starts) + len(self.starts)
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.starts)
-
-
-class DecodeRunChunks(Sequence):
-    """The chunks of one fast-path step: one decode per sequence of ``run`` at ``offset``.
-
-    Behaves like the list of ``ScheduledChunk`` the scheduler would have returned (same items,
-    same order; compares equal to it) but builds the chunk objects only when they are read.
-    """
-
-    __slots__ = ("run", "offset")
-
-    def __init__(self, run: DecodeRun, offset: int) -> None:
-        self.run = run
-        self.offset = offset
-
-    def __len__(self) -> int:
-        return len(self.run.starts)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return list(self)[i]
-        return ScheduledChunk(self.run.request_ids[i], self.run.starts[i] + self.offset, 1, True)
-
-    def __iter__(self) -> Iterator[ScheduledChunk]:
-        off = self.offset
-        for rid, start in zip(self.run.request_ids, self.run.starts):
-            yield ScheduledChunk(rid, start + off, 1, True)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
-            return len(self) == len(other) and list(self) == list(other)
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        n = len(self)
-        return f"DecodeRunChunks({n} decode{'' if n == 1 else 's'} at offset {self.offset})"
-
-
-class DecodeStepRecord(StepRecord):
-    """A fast-path step: a ``StepRecord`` that stores its run and offset instead of a chunk list.
-
-    ``chunks`` is built when read (a ``DecodeRunChunks``), and the counts need not build it.
-    """
-
-    def __init__(self, index: int, start: float, duration: float, run: DecodeRun, offset: int,
-                 held_slots: int = 0, batch_id: int | None = None) -> None:
-        self.index = index
-        self.start = start
-        self.duration = duration
-        self.run = run
-        self.offset = offset
-        self.held_slots = held_slots
-        self.batch_id = batch_id
-
-    @property
-    def chunks(self) -> DecodeRunChunks:  # type: ignore[override]
-        return DecodeRunChunks(self.run, self.offset)
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.run.starts)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.run.starts)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return 0
-
-    @property
-    def num_decode_seqs(self) -> int:
-        return len(self.run.starts)
-
-
 # --- the engine ---------------------------------------------------------------------------------------
 class Engine:
     """Serve workloads with ``scheduler`` (the policy) on ``backend`` (the model or the simulator).
 
     ``clock``: ``"virtual"`` (default) or ``"wall"``; see ``clock.py``.
     ``fast_decode_runs``: allow the simulator's fast path (module docstring); it is used only on
-    the virtual clock, with a backend that has ``step_duration`` and a scheduler whose
-    ``continues_decoding`` says yes. The trace is the same either way.
+    the virtual clock, with a backend whose ``predicts_decode_runs`` is True and a scheduler
+    whose ``continues_decoding`` says yes. The trace is the same either way.
     """
 
     def __init__(self, scheduler: Scheduler, backend: Backend, clock: str | Clock = "virtual",
@@ -208,10 +103,7 @@ class Engine:
         if backend.kv.used_tokens:
             raise EngineError(f"the backend's KV cache still holds {backend.kv.used_tokens} tokens; "
                               "use a new backend")
-        reset = getattr(backend, "reset", None)
-        if callable(reset):
-            reset()
-        scheduler.draining = False
+        backend.reset()
         scheduler.bind(backend.kv)
         wall_start = time.perf_counter()
         run = _Run(self, workload, progress)
@@ -244,10 +136,8 @@ class _Run:
         self.steps: list[StepRecord] = []
         self.release_times: dict[str, float | None] = dict.fromkeys(self.by_id)
         self.num_fast_steps = 0
-        step_duration = getattr(self.backend, "step_duration", None)
-        self.fast = (engine.fast_decode_runs and self.clock.name == "virtual" and callable(step_duration)
-                     and hasattr(self.backend, "placeholder_token")
-                     and type(self.scheduler).continues_decoding is not Scheduler.continues_decoding)
+        self.fast = (engine.fast_decode_runs and self.clock.name == "virtual"
+                     and self.backend.predicts_decode_runs and self.scheduler.may_continue_decoding)
         self.bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -273,7 +163,7 @@ class _Run:
                 self._admit(workload[next_arrival], now)
                 next_arrival += 1
             if next_arrival == num_requests and not scheduler.draining:
-                scheduler.draining = True
+                scheduler.start_draining()
             arrival_time = workload[next_arrival].arrival_time if next_arrival < num_requests else None
 
             if decoding is not None and self.fast and scheduler.continues_decoding(decoding[0]):
@@ -317,6 +207,7 @@ class _Run:
         req.status = _REJECTED
         req.finish_reason = REJECTED_PREFIX + reason
         self.release_times[req.request_id] = now
+        self.backend.release(req.request_id)
         if self.bar is not None:
             self.bar.update(1)
 
@@ -375,7 +266,7 @@ class _Run:
     def _finish(self, req: Request, reason: str, t: float) -> None:
         req.status = _FINISHED
         req.finish_reason = reason
-        req.finish_time = t
+        self.backend.release(req.request_id)
         if self.bar is not None:
             self.bar.update(1)
 
@@ -400,39 +291,25 @@ class _Run:
         ``decoding`` triple for the last step, so the scheduler can be asked again.
         """
         plan, run, offset = decoding
+        placeholder = self.backend.placeholder_token
         if run is None:
-            run = DecodeRun(plan.chunks, self.by_id, self.backend.placeholder_token)
-        last_offset = run.last_offset
-        num_seqs = run.num_seqs
-        pairs = run.base_attention_pairs + num_seqs * offset
-        held_slots, batch_id = plan.held_slots, plan.batch_id
-        step_duration = self.backend.step_duration
-        steps = self.steps
-        index = len(steps)
-        stop_at = float("inf") if arrival_time is None else arrival_time
+            run = DecodeRun(plan.chunks, self.by_id, placeholder)
         first_offset = offset
-        ends: list[float] = []
-        t = now
-        while True:
-            offset += 1
-            pairs += num_seqs
-            duration = step_duration(num_seqs, num_seqs, pairs)
-            start = t
-            t = start + duration
-            steps.append(DecodeStepRecord(index, start, duration, run, offset, held_slots, batch_id))
-            index += 1
-            ends.append(t)
-            if offset == last_offset or t >= stop_at:
-                break
+        stop_at = float("inf") if arrival_time is None else arrival_time
+        records, offset = predict_decode_steps(run, offset, now, stop_at, len(self.steps),
+                                               self.backend.step_duration, plan.held_slots, plan.batch_id)
+        self.steps.extend(records)
         num_steps = offset - first_offset
         self.num_fast_steps += num_steps
-        placeholder_tokens = [self.backend.placeholder_token] * num_steps
+        ends = [s.end for s in records]
+        t = ends[-1]
+        placeholder_tokens = [placeholder] * num_steps
         for req in run.requests:
             req.num_computed_tokens += num_steps
             req.output_ids.extend(placeholder_tokens)
             req.token_times.extend(ends)
-        last_plan = StepPlan(DecodeRunChunks(run, offset), held_slots=held_slots, batch_id=batch_id)
-        if offset != last_offset:
+        last_plan = StepPlan(run.chunks_at(offset), held_slots=plan.held_slots, batch_id=plan.batch_id)
+        if offset != run.last_offset:
             return t, (last_plan, run, offset)
         for req, remaining in zip(run.requests, run.remaining):
             if remaining == offset:
@@ -448,7 +325,7 @@ class _Run:
             "policy_params": _policy_params(self.scheduler),
             "scheduler": repr(self.scheduler),
             "clock": self.clock.name,
-            "backend": _describe(self.backend),
+            "backend": self.backend.describe(),
             "num_requests": len(self.workload),
             "num_rejected": sum(r.status is _REJECTED for r in self.workload),
             "num_steps": len(self.steps),
@@ -515,9 +392,3 @@ def _policy_params(scheduler: Scheduler) -> dict:
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return dataclasses.asdict(config)
     return {}
-
-
-def _describe(backend: Backend) -> str:
-    """The backend's own description (``describe()``) if it has one, else its repr."""
-    describe = getattr(backend, "describe", None)
-    return str(describe()) if callable(describe) else repr(backend)

@@ -1,20 +1,16 @@
-"""What a scheduler hands the engine each step, and the KV-space accounting it plans against.
+"""What a scheduler hands the engine each step, and the features of a step that its cost depends on.
 
 One rule for every step (vLLM v1's): a step plan is a list of (request, number of new tokens to
 compute). A prompt chunk is ``num_tokens > 1`` (or the whole short prompt), a decode is exactly
 1. Prefill and decode are then the same operation, and chunked prefill is just a smaller number.
 
-KV space: a request is admitted only when the cache can hold everything it may ever need
-(``prompt_len + max_new_tokens``). batchlab reserves that up front at admission, so a running
-request never runs out of cache and no preemption is needed. (vLLM grows a request's blocks as
-it decodes and preempts when memory runs out; reserving is simpler and easy to reason about, at
-the price of admitting fewer requests when ``max_new_tokens`` is generous.)
+The KV space a scheduler plans against is in ``batchlab.kv_space``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Iterable, Iterator, Sequence
 
 
 @dataclass(slots=True)
@@ -44,6 +40,45 @@ class ScheduledChunk:
         return self.num_tokens == 1 and self.start > 0 and self.samples
 
 
+class DecodeChunks(Sequence):
+    """The chunks of a step in which every sequence decodes one token: a compact, read-only list.
+
+    Sequence ``j`` decodes position ``starts[j] + offset``. It behaves like the list of
+    ``ScheduledChunk`` a scheduler would return (same items, same order; compares equal to it)
+    but builds chunk objects only when they are read. The simulator's decode runs
+    (``batchlab.backends.decode_runs``) record millions of such steps.
+    """
+
+    __slots__ = ("request_ids", "starts", "offset")
+
+    def __init__(self, request_ids: tuple[str, ...], starts: tuple[int, ...], offset: int) -> None:
+        self.request_ids = request_ids
+        self.starts = starts
+        self.offset = offset
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self)[i]
+        return ScheduledChunk(self.request_ids[i], self.starts[i] + self.offset, 1, True)
+
+    def __iter__(self) -> Iterator[ScheduledChunk]:
+        off = self.offset
+        for rid, start in zip(self.request_ids, self.starts):
+            yield ScheduledChunk(rid, start + off, 1, True)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        n = len(self)
+        return f"DecodeChunks({n} decode{'' if n == 1 else 's'} at offset {self.offset})"
+
+
 class ChunkCounts:
     """Sizes of a step, counted from its ``chunks`` (shared by ``StepPlan`` and ``StepRecord``)."""
 
@@ -55,15 +90,24 @@ class ChunkCounts:
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
+        chunks = self.chunks
+        if type(chunks) is DecodeChunks:      # one token each, without building the chunks
+            return len(chunks)
+        return sum(c.num_tokens for c in chunks)
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
+        chunks = self.chunks
+        if type(chunks) is DecodeChunks:
+            return 0
+        return sum(c.num_tokens for c in chunks if not c.is_decode)
 
     @property
     def num_decode_seqs(self) -> int:
-        return sum(1 for c in self.chunks if c.is_decode)
+        chunks = self.chunks
+        if type(chunks) is DecodeChunks:
+            return len(chunks)
+        return sum(1 for c in chunks if c.is_decode)
 
 
 @dataclass
@@ -78,7 +122,7 @@ class StepPlan(ChunkCounts):
     ``batch_id``: which request-level batch this step belongs to (``None`` for continuous).
     """
 
-    chunks: list[ScheduledChunk] = field(default_factory=list)
+    chunks: Sequence[ScheduledChunk] = field(default_factory=list)
     wake_at: float | None = None
     held_slots: int = 0
     batch_id: int | None = None
@@ -88,74 +132,21 @@ class StepPlan(ChunkCounts):
         return not self.chunks
 
 
-@runtime_checkable
-class KVSpace(Protocol):
-    """The KV-cache accounting a scheduler may see: sizes and reservations, never tensors."""
+# --- features of one step ----------------------------------------------------------------------
+def chunk_attention_pairs(start: int, num_tokens: int) -> int:
+    """Query-key pairs for computing tokens ``[start, start + num_tokens)`` of one sequence.
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        """Could a new sequence needing ``num_tokens`` cache slots be admitted now?"""
-
-    def allocate(self, request_id: str, num_tokens: int) -> None:
-        """Reserve space for a sequence; raises ``KVCacheFullError`` when it does not fit."""
-
-    def free(self, request_id: str) -> None:
-        """Release a sequence's space; it can be reused at the very next step."""
-
-    def fits_ever(self, num_tokens: int) -> bool:
-        """Could a sequence of ``num_tokens`` fit in an empty cache? (False → reject it.)"""
-
-    @property
-    def capacity_tokens(self) -> int: ...
-
-    @property
-    def used_tokens(self) -> int: ...
+    Query ``start + j`` attends to ``start + j + 1`` keys, so the sum over ``j`` is
+    ``num_tokens * start + num_tokens * (num_tokens + 1) / 2`` (a decode at ``p``: ``p + 1``).
+    """
+    return num_tokens * start + num_tokens * (num_tokens + 1) // 2
 
 
-class KVCacheFullError(RuntimeError):
-    """Raised when a sequence is allocated without room; schedulers check ``can_allocate`` first."""
-
-
-class TokenKVSpace:
-    """Accounting-only KV space of ``capacity_tokens`` tokens (the simulator's cache)."""
-
-    def __init__(self, capacity_tokens: int, max_seq_len: int | None = None) -> None:
-        if not isinstance(capacity_tokens, int) or capacity_tokens < 1:
-            raise ValueError(f"capacity_tokens={capacity_tokens!r}; must be an int >= 1")
-        if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 1):
-            raise ValueError(f"max_seq_len={max_seq_len!r}; must be an int >= 1 or None")
-        self._capacity = capacity_tokens
-        self.max_seq_len = max_seq_len
-        self._reserved: dict[str, int] = {}
-        self._used = 0
-
-    @property
-    def capacity_tokens(self) -> int:
-        return self._capacity
-
-    @property
-    def used_tokens(self) -> int:
-        return self._used
-
-    def fits_ever(self, num_tokens: int) -> bool:
-        if self.max_seq_len is not None and num_tokens > self.max_seq_len:
-            return False
-        return num_tokens <= self._capacity
-
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.fits_ever(num_tokens) and self._used + num_tokens <= self._capacity
-
-    def allocate(self, request_id: str, num_tokens: int) -> None:
-        if request_id in self._reserved:
-            raise ValueError(f"request {request_id!r} already holds KV space")
-        if not self.can_allocate(num_tokens):
-            raise KVCacheFullError(
-                f"request {request_id!r} needs {num_tokens} KV tokens; {self._capacity - self._used} "
-                f"of {self._capacity} are free")
-        self._reserved[request_id] = num_tokens
-        self._used += num_tokens
-
-    def free(self, request_id: str) -> None:
-        self._used -= self._reserved.pop(request_id)
-
-    def __repr__(self) -> str:
-        return f"TokenKVSpace(used={self._used}/{self._capacity} tokens, seqs={len(self._reserved)})"
+def step_features(chunks: Iterable[ScheduledChunk]) -> tuple[int, int, int]:
+    """``(num_seqs, num_tokens, attention_pairs)`` of one step's chunks (all exact integers)."""
+    num_seqs = num_tokens = pairs = 0
+    for c in chunks:
+        num_seqs += 1
+        num_tokens += c.num_tokens
+        pairs += chunk_attention_pairs(c.start, c.num_tokens)
+    return num_seqs, num_tokens, pairs

@@ -16,6 +16,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from batchlab.checks import is_int, is_number
+
 
 class RequestStatus(str, enum.Enum):
     WAITING = "waiting"      # arrived, not yet admitted (no KV space held)
@@ -61,7 +63,7 @@ class Request:
 
     State, written by the engine only: ``status``, ``num_computed_tokens``, ``output_ids``,
     ``token_times`` (when each output token was computed), ``first_scheduled_time``,
-    ``finish_time``, ``finish_reason``.
+    ``finish_reason``.
     """
 
     request_id: str
@@ -77,10 +79,11 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
     first_scheduled_time: float | None = None
-    finish_time: float | None = None
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ValueError(f"request_id={self.request_id!r}; must be a non-empty string")
         if self.prompt_ids is not None:
             self.prompt_ids = [int(t) for t in self.prompt_ids]
             if self.prompt_len not in (-1, len(self.prompt_ids)):
@@ -88,19 +91,22 @@ class Request:
                     f"request {self.request_id!r}: prompt_len={self.prompt_len} but prompt_ids has "
                     f"{len(self.prompt_ids)} tokens; give one or make them agree")
             self.prompt_len = len(self.prompt_ids)
-        if not isinstance(self.prompt_len, int) or self.prompt_len < 1:
+        if not is_int(self.prompt_len) or self.prompt_len < 1:
             raise ValueError(
-                f"request {self.request_id!r}: prompt length {self.prompt_len!r} is not allowed; "
-                "a prompt needs at least 1 token")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+                f"request {self.request_id!r}: prompt_len={self.prompt_len!r}; must be an int >= 1 "
+                "(a prompt needs at least 1 token)")
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(
                 f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens!r}; must be an int >= 1")
-        if not (isinstance(self.arrival_time, (int, float)) and math.isfinite(self.arrival_time)
-                and self.arrival_time >= 0):
+        if not is_number(self.arrival_time) or self.arrival_time < 0:
             raise ValueError(
                 f"request {self.request_id!r}: arrival_time={self.arrival_time!r}; must be a finite "
                 "number of seconds >= 0")
-        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
+        stops = self.stop_token_ids
+        if isinstance(stops, (str, bytes)) or not all(is_int(t) for t in stops):
+            raise ValueError(f"request {self.request_id!r}: stop_token_ids={stops!r}; must be a "
+                             "list of token ids (ints)")
+        self.stop_token_ids = tuple(int(t) for t in stops)
 
     # --- sizes -------------------------------------------------------------------------------
     @property
@@ -112,11 +118,6 @@ class Request:
     def num_known_tokens(self) -> int:
         """Tokens that exist so far (prompt + generated); the cache must catch up to this."""
         return self.prompt_len + len(self.output_ids)
-
-    @property
-    def num_uncomputed_tokens(self) -> int:
-        """Tokens whose KV is not yet cached: the rest of the prompt, or 1 while decoding."""
-        return self.num_known_tokens - self.num_computed_tokens
 
     @property
     def in_prefill(self) -> bool:
@@ -142,17 +143,6 @@ class Request:
         return seq[start:start + num]
 
     # --- state changes (engine only) -----------------------------------------------------------
-    def reset(self) -> "Request":
-        """Forget all run state, so the same request object can be served again."""
-        self.status = RequestStatus.WAITING
-        self.num_computed_tokens = 0
-        self.output_ids = []
-        self.token_times = []
-        self.first_scheduled_time = None
-        self.finish_time = None
-        self.finish_reason = None
-        return self
-
     def fresh_copy(self) -> "Request":
         """A new request with the same inputs and no run state."""
         return Request(self.request_id, None if self.prompt_ids is None else list(self.prompt_ids),

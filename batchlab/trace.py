@@ -11,12 +11,13 @@ handed back), and ``visible_token_times`` gives what the client saw.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .plan import ChunkCounts, ScheduledChunk
-from .requests import Request, RequestStatus
+from batchlab.plan import ChunkCounts, ScheduledChunk
+from batchlab.requests import RequestStatus
 
 
 @dataclass
@@ -26,7 +27,7 @@ class StepRecord(ChunkCounts):
     index: int
     start: float
     duration: float
-    chunks: list[ScheduledChunk]
+    chunks: Sequence[ScheduledChunk]     # a list, or DecodeChunks for a simulator decode run
     held_slots: int = 0
     batch_id: int | None = None
 
@@ -65,12 +66,6 @@ class RequestRecord:
     @property
     def finish_time(self) -> float | None:
         return self.token_times[-1] if self.token_times else None
-
-    @classmethod
-    def from_request(cls, req: Request, streamed: bool, release_time: float | None) -> "RequestRecord":
-        return cls(req.request_id, req.arrival_time, req.prompt_len, req.max_new_tokens, req.status,
-                   req.finish_reason, req.first_scheduled_time, list(req.token_times), release_time,
-                   streamed, list(req.output_ids))
 
 
 @dataclass

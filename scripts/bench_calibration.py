@@ -11,7 +11,7 @@
    a burst), policy settings and lengths:
 
    - ``chat, continuous``: the CPU chat preset, Poisson arrivals at 60% of the (simulated)
-     capacity, ``ContinuousBatcher(max_num_seqs=8, max_batched_tokens=128)``, chunked prefill.
+     capacity, ``ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=128)``, chunked prefill.
    - ``prefill-heavy, dynamic``: 400-token prompts and 8-token answers,
      ``DynamicBatcher(max_batch_size=4, timeout=0.5 s, stream=True)``, Poisson arrivals at 60%
      of capacity.
@@ -40,20 +40,20 @@ import numpy as np
 import pandas as pd
 
 from batchlab.backends import CostModel, ModelBackend, SimBackend
-from batchlab.calibration import calibration_steps, fit_calibration
-from batchlab.cost_model import features_df
+from batchlab.backends.calibration import calibration_steps, fit_calibration
+from batchlab.backends.cost_model import features_df
 from batchlab.engine import Engine
-from batchlab.metrics import summarize
+from batchlab.analysis.metrics import summarize
 from batchlab.model import load_model
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
-from batchlab.sweeps import capacity
+from batchlab.experiments.sweeps import capacity
 from batchlab.workloads import make_workload
 
 MAX_NUM_SEQS, MAX_SEQ_LEN = 8, 512
 CASES = {
     # name: (workload keyword arguments, scheduler factory)
     "chat, continuous": (dict(n=24, preset="chat", seed=11),
-                         lambda: ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_batched_tokens=128,
+                         lambda: ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=128,
                                                    chunked_prefill=True)),
     "prefill-heavy, dynamic": (dict(n=24, preset="prefill_heavy", seed=12),
                                lambda: DynamicBatcher(max_batch_size=4, timeout=0.5, stream=True)),

@@ -41,7 +41,7 @@ OUTPUT_LEN = Range(100, 200)
 
 
 def make_engine(cost: CostModel, args: argparse.Namespace, fast: bool) -> Engine:
-    scheduler = ContinuousBatcher(max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens)
+    scheduler = ContinuousBatcher(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
     backend = SimBackend(cost, kv_capacity_tokens=args.kv_capacity_tokens, noise=args.noise, seed=args.seed)
     return Engine(scheduler, backend, fast_decode_runs=fast)
 
@@ -59,7 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--max-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-capacity-tokens", type=int, default=1_000_000)
     parser.add_argument("--load", type=float, default=0.9, help="arrival rate / measured capacity")
     parser.add_argument("--noise", type=float, default=0.0, help="lognormal sigma of step times")
@@ -73,7 +73,7 @@ def main() -> None:
     capacity = measure_capacity(cost, args)
     rate = args.load * capacity
     print(f"policy: ContinuousBatcher(max_num_seqs={args.max_num_seqs}, "
-          f"max_batched_tokens={args.max_batched_tokens}); capacity {capacity:.3f} req/s (simulated); "
+          f"max_num_batched_tokens={args.max_num_batched_tokens}); capacity {capacity:.3f} req/s (simulated); "
           f"arrivals: Poisson at {rate:.3f} req/s ({args.load:.0%} of capacity)")
 
     t0 = time.perf_counter()

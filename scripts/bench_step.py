@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from batchlab.llama import LlamaWeights
+from batchlab.model.llama import LlamaWeights
 from batchlab.model import load_model
-from batchlab.profiler import measure_bandwidth, measure_matmul_flops, profile_steps
+from batchlab.model.profiler import measure_bandwidth, measure_matmul_flops, profile_steps
 
 
 def transformers_decode_ms(lm, context: int, repeats: int) -> float:

@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.schedulers.base import Scheduler
 from batchlab.trace import Trace
-from batchlab.trace_io import save_trace
+from batchlab.analysis.trace_io import save_trace
 from batchlab.workloads import Mixture, Range, make_arrivals, make_workload
 
 CAPSTONE_DIR = Path(__file__).resolve().parent.parent / "data" / "capstone"
@@ -67,7 +67,7 @@ class Segment:
 class CapstoneConfig:
     """One server configuration and the traffic it serves.
 
-    ``policy``: ``"continuous"`` (``max_num_seqs``, ``max_batched_tokens``, ``chunked_prefill``)
+    ``policy``: ``"continuous"`` (``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``)
     or ``"dynamic"`` (``max_num_seqs`` is the batch size, ``timeout`` its timer, streaming).
     ``prompt_len`` / ``output_len``: length distributions (``workloads``). ``segments``: the
     arrival pattern, as loads relative to ``reference_rate``. ``speedup``: the
@@ -82,7 +82,7 @@ class CapstoneConfig:
     output_len: object
     segments: tuple[Segment, ...]
     max_num_seqs: int = 32
-    max_batched_tokens: int = 2048
+    max_num_batched_tokens: int = 2048
     chunked_prefill: bool = True
     timeout: float = 0.0
     kv_capacity_tokens: int = KV_CAPACITY_TOKENS
@@ -110,19 +110,19 @@ CONFIGS: tuple[CapstoneConfig, ...] = (
     # The walked-through example: a chat service whose traffic peaks above what it can serve.
     CapstoneConfig("example", "continuous", CHAT_PROMPTS, CHAT_OUTPUTS,
                    segments=(Segment(90, 0.3), Segment(150, 1.5), Segment(60, 0.3)),
-                   max_num_seqs=128, max_batched_tokens=1024, kv_capacity_tokens=1536, seed=10,
+                   max_num_seqs=128, max_num_batched_tokens=1024, kv_capacity_tokens=1536, seed=10,
                    about="peak hour: more arrivals than the server can serve, for a while; "
                          "its memory holds about a dozen chat sequences"),
     # Long documents arrive among chatty streams; prompts are computed in one step each.
     CapstoneConfig("trace_a", "continuous",
                    Mixture(((0.4, Range(400, 800)), (0.6, Range(8, 48)))),
                    Mixture(((0.4, Range(4, 16)), (0.6, Range(64, 160)))),
-                   segments=(Segment(240, 0.6),), max_num_seqs=32, max_batched_tokens=2048,
+                   segments=(Segment(240, 0.6),), max_num_seqs=32, max_num_batched_tokens=2048,
                    chunked_prefill=False, seed=11,
                    about="no chunked prefill: every long prompt stalls every stream"),
     # A server that admits only four sequences at a time.
     CapstoneConfig("trace_b", "continuous", CHAT_PROMPTS, CHAT_OUTPUTS,
-                   segments=(Segment(240, 0.6),), max_num_seqs=4, max_batched_tokens=1024,
+                   segments=(Segment(240, 0.6),), max_num_seqs=4, max_num_batched_tokens=1024,
                    seed=12,
                    about="max_num_seqs=4: a queue forms while each step is nearly empty"),
     # A dynamic batcher with a long timer under light traffic, serving short answers.
@@ -131,7 +131,7 @@ CONFIGS: tuple[CapstoneConfig, ...] = (
                    about="dynamic batching, 2 s timer, light traffic: requests wait for the timer"),
     # Long answers, many streams at once: every step is big.
     CapstoneConfig("trace_d", "continuous", Range(8, 32), Range(200, 400),
-                   segments=(Segment(200, 0.9),), max_num_seqs=256, max_batched_tokens=2048,
+                   segments=(Segment(200, 0.9),), max_num_seqs=256, max_num_batched_tokens=2048,
                    seed=14,
                    about="decode-bound: long answers, large batches, slow steps for everyone"),
 )
@@ -149,7 +149,7 @@ def scaled_cost(cost: CostModel, speedup: float) -> CostModel:
 def make_scheduler(config: CapstoneConfig) -> Scheduler:
     if config.policy == "continuous":
         return ContinuousBatcher(max_num_seqs=config.max_num_seqs,
-                                 max_batched_tokens=config.max_batched_tokens,
+                                 max_num_batched_tokens=config.max_num_batched_tokens,
                                  chunked_prefill=config.chunked_prefill)
     return DynamicBatcher(max_batch_size=config.max_num_seqs, timeout=config.timeout, stream=True)
 
@@ -161,7 +161,7 @@ def serve(config: CapstoneConfig, requests: list[Request], cost: CostModel) -> T
     return Engine(make_scheduler(config), backend).run(requests)
 
 
-REFERENCE_SERVER = dict(max_num_seqs=64, max_batched_tokens=512, chunked_prefill=True)
+REFERENCE_SERVER = dict(max_num_seqs=64, max_num_batched_tokens=512, chunked_prefill=True)
 
 
 def reference_rate(config: CapstoneConfig, cost: CostModel) -> float:
@@ -207,7 +207,7 @@ def with_knob(config: CapstoneConfig, knob: str) -> CapstoneConfig:
         return dataclasses.replace(config, max_num_seqs=config.max_num_seqs * 8)
     if knob == "chunked_prefill":
         return dataclasses.replace(config, chunked_prefill=True,
-                                   max_batched_tokens=min(config.max_batched_tokens, 128))
+                                   max_num_batched_tokens=min(config.max_num_batched_tokens, 128))
     if knob == "more_capacity":
         return dataclasses.replace(config, speedup=config.speedup * 2)
     if knob == "shorter_timeout":
@@ -232,7 +232,7 @@ def calibrate(out_dir: Path, force: bool = False) -> CostModel:
     error exceeds ``MAX_MEDIAN_FIT_ERROR`` is refused (rerun on a quiet machine, or ``force``).
     """
     from batchlab.backends import ModelBackend
-    from batchlab.calibration import calibrate_cost_model
+    from batchlab.backends.calibration import calibrate_cost_model
     from batchlab.model import load_model
 
     cost = calibrate_cost_model(ModelBackend(load_model(), max_num_seqs=16, max_seq_len=512))

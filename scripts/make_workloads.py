@@ -1,9 +1,9 @@
-"""Regenerate the small workload traces in data/ (deterministic: rerunning gives identical files).
+"""Regenerate the small workload files in data/ (deterministic: rerunning gives identical files).
 
     python scripts/make_workloads.py            # writes data/*.jsonl
     python scripts/make_workloads.py --out DIR  # writes them elsewhere (e.g. to compare)
 
-Each trace stores lengths and arrival times only, never token ids, so it works with any
+Each file stores lengths and arrival times only, never token ids, so it works with any
 tokenizer: ``load_workload(path, tokenizer=tok)`` rebuilds each prompt from data/corpus.txt,
 seeded by the request id. Each file's header records the arguments that made it.
 """
@@ -17,9 +17,9 @@ from batchlab.workloads import make_workload, save_workload
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
-# file name -> make_workload arguments. CPU traces are small enough for the real model on
-# 2 cores; "full" traces hold simulated lengths for the simulator.
-TRACES: dict[str, dict] = {
+# file name -> make_workload arguments. CPU workloads are small enough for the real model on
+# 2 cores; "full" workloads hold simulated lengths for the simulator.
+WORKLOADS: dict[str, dict] = {
     "chat_poisson_cpu.jsonl": dict(n=24, preset="chat", scale="cpu", arrival="poisson",
                                    rate=2.0, seed=1),
     "prefill_heavy_cpu.jsonl": dict(n=16, preset="prefill_heavy", scale="cpu",
@@ -36,11 +36,11 @@ TRACES: dict[str, dict] = {
 }
 
 
-def write_traces(out_dir: Path = DATA_DIR) -> list[Path]:
-    """Write every trace in ``TRACES`` to ``out_dir`` and return the paths."""
+def write_workloads(out_dir: Path = DATA_DIR) -> list[Path]:
+    """Write every workload in ``WORKLOADS`` to ``out_dir`` and return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, args in TRACES.items():
+    for name, args in WORKLOADS.items():
         requests = make_workload(**args)
         meta = {"made_by": "scripts/make_workloads.py", "make_workload": args}
         paths.append(save_workload(requests, out_dir / name, meta=meta))
@@ -51,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="output folder (default: data/)")
     args = parser.parse_args()
-    for path in write_traces(args.out):
+    for path in write_workloads(args.out):
         print(f"{path}  ({path.stat().st_size / 1024:.1f} KB)")
 
 

@@ -1,7 +1,7 @@
 """Worked solutions for notebook 00 (setup and tour)."""
 
-from batchlab.generate import greedy_generate
-from batchlab.llama import LlamaWeights
+from batchlab.model.generate import greedy_generate
+from batchlab.model.llama import LlamaWeights
 from batchlab.model import load_model
 
 

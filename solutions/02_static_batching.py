@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import StaticBatcher
-from batchlab.scripted_workloads import scripted_workload
+from batchlab.workloads.scripted import scripted_workload
 from batchlab.workloads import make_workload
 
 

@@ -1,12 +1,12 @@
 """Worked solutions for notebook 03 (dynamic batching), found with batchlab's simulator."""
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import SimBackend
-from batchlab.batches import batches_df
-from batchlab.cost_model import CostModel
+from batchlab.analysis.batches import batches_df
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import DynamicBatcher, StaticBatcher
-from batchlab.scripted_workloads import scripted_workload
+from batchlab.workloads.scripted import scripted_workload
 from batchlab.workloads import make_workload
 
 

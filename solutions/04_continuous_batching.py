@@ -1,11 +1,11 @@
 """Worked solutions for notebook 04 (continuous batching), found with batchlab's simulator."""
 
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.metrics import summarize
+from batchlab.analysis.metrics import summarize
 from batchlab.schedulers import ContinuousBatcher, StaticBatcher
-from batchlab.scripted_workloads import scripted_workload
+from batchlab.workloads.scripted import scripted_workload
 from batchlab.workloads import Range, make_workload
 
 OUTPUT_LENS = [3, 1, 4, 1, 5]

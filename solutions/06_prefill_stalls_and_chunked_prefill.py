@@ -3,9 +3,9 @@
 import numpy as np
 
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.prefill_stall import StallScenario, budget_sweep, stall_summary
+from batchlab.experiments.prefill_stall import StallScenario, budget_sweep, stall_summary
 from batchlab.schedulers import ContinuousBatcher
 
 CPU_LIKE = CostModel(fixed_s=0.040, per_seq_s=0.004, per_token_s=0.0006, per_attention_pair_s=2e-8)
@@ -17,7 +17,7 @@ def solve_06_1() -> int:
     The simulator agrees (any cost model gives the same plan)."""
     scenario = StallScenario(num_running=6, long_prompt_len=500)
     sim = SimBackend(CPU_LIKE, kv_capacity_tokens=8 * scenario.max_seq_len)
-    scheduler = ContinuousBatcher(max_num_seqs=scenario.max_num_seqs, max_batched_tokens=48)
+    scheduler = ContinuousBatcher(max_num_seqs=scenario.max_num_seqs, max_num_batched_tokens=48)
     trace = Engine(scheduler, sim).run(scenario.requests())
     return int(stall_summary(trace, scenario.long_id)["long_prefill_steps"])
 
@@ -30,7 +30,7 @@ def solve_06_2() -> int:
     sim = SimBackend(CPU_LIKE, kv_capacity_tokens=8 * scenario.max_seq_len)
     sweep = budget_sweep(sim, scenario.requests(), [16, 32, 48, 64, 96, 128, 192, 256, 512],
                          scenario.max_num_seqs, long_id=scenario.long_id)
-    return int(sweep.loc[sweep["running_itl_max"] <= 0.110, "max_batched_tokens"].max())
+    return int(sweep.loc[sweep["running_itl_max"] <= 0.110, "max_num_batched_tokens"].max())
 
 
 def worst_running_gap(trace, long_id: str) -> float:

@@ -1,12 +1,12 @@
 """Worked solutions for notebook 08 (load, tails, and who wins), found with batchlab's simulator."""
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
-from batchlab.scripted_workloads import scripted_workload
-from batchlab.sweeps import load_sweep
+from batchlab.workloads.scripted import scripted_workload
+from batchlab.experiments.sweeps import load_sweep
 from batchlab.workloads import make_workload
 
 GPU_LIKE = CostModel(fixed_s=0.006, per_seq_s=1e-4, per_token_s=2e-5, per_attention_pair_s=1e-9,
@@ -24,7 +24,7 @@ def solve_08_1() -> float:
     """By hand: 8 chunks of 512 cost 7 extra (fixed + per-seq) = 7 * 6.1 ms = 42.7 ms more than one
     whole-prompt step (the tokens and attention pairs add up to the same); minus the 2 ms timeout:
     dynamic batching is 40.7 ms sooner."""
-    continuous = _lone_ttft(ContinuousBatcher(max_num_seqs=16, max_batched_tokens=512))
+    continuous = _lone_ttft(ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=512))
     dynamic = _lone_ttft(DynamicBatcher(max_batch_size=16, timeout=0.002, stream=True))
     return continuous - dynamic
 
@@ -32,7 +32,7 @@ def solve_08_1() -> float:
 def solve_08_2() -> float:
     """The break-even timeout is the chunked prefill's extra cost: 7 * 6.1 ms = 42.7 ms. Measured as
     continuous TTFT minus dynamic TTFT with no timeout (one whole-prompt step)."""
-    continuous = _lone_ttft(ContinuousBatcher(max_num_seqs=16, max_batched_tokens=512))
+    continuous = _lone_ttft(ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=512))
     whole_prompt = _lone_ttft(DynamicBatcher(max_batch_size=16, timeout=0.0, stream=True))
     return continuous - whole_prompt
 
@@ -43,7 +43,7 @@ def solve_08_3() -> float:
     table = load_sweep(
         lambda rate: make_workload(400, "chat", arrival="poisson", rate=rate, seed=7),
         [20, 40, 60, 80, 100, 120],
-        {"continuous": lambda: ContinuousBatcher(max_num_seqs=16, max_batched_tokens=256)},
+        {"continuous": lambda: ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=256)},
         lambda: SimBackend(GPU_LIKE, kv_capacity_tokens=16 * 512),
         slo=metrics.SLO(ttft=0.1, tpot=0.02), progress=False)
     return float(table.loc[table["goodput"].idxmax(), "request_rate"])

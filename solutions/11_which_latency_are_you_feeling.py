@@ -9,11 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab import metrics
-from batchlab.cost_model import CostModel
-from batchlab.diagnosis import (excess_share_before_first_token, idle_while_waiting,
-                                steps_with_waiting, token_gaps)
-from batchlab.trace_io import load_trace
+from batchlab.analysis import metrics
+from batchlab.backends.cost_model import CostModel
+from batchlab.analysis.diagnosis import (
+    excess_share_before_first_token,
+    idle_while_waiting,
+    steps_with_waiting,
+    token_gaps,
+)
+from batchlab.analysis.trace_io import load_trace
 
 CAPSTONE = Path(__file__).resolve().parent.parent / "data" / "capstone"
 

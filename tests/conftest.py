@@ -11,5 +11,5 @@ def lm():
 
 @pytest.fixture(scope="session")
 def weights(lm):
-    from batchlab.llama import LlamaWeights
+    from batchlab.model.llama import LlamaWeights
     return LlamaWeights.from_hf(lm.model)

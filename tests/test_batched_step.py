@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 
-from batchlab.llama import SeqChunk, forward_step
+from batchlab.model.llama import SeqChunk, forward_step
 from batchlab.requests import SamplingParams
-from batchlab.sampling import RequestSampler, top_p_filter
+from batchlab.model.sampling import RequestSampler, top_p_filter
 
 NEW_TOKENS = 32
 LOGIT_ATOL = 2e-3  # fp32; observed differences are ~5e-5 on logits of magnitude ~25

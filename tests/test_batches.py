@@ -5,11 +5,11 @@ import math
 import pytest
 
 from batchlab.backends import SimBackend
-from batchlab.batches import BATCH_COLUMNS, batch_of_request, batches_df
-from batchlab.cost_model import CostModel
+from batchlab.analysis.batches import BATCH_COLUMNS, batch_of_request, batches_df
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
-from batchlab.scripted_workloads import scripted_workload
+from batchlab.workloads.scripted import scripted_workload
 from batchlab.trace import Trace
 
 
@@ -50,7 +50,7 @@ def test_static_batch_lengths_and_steps():
 
 def test_continuous_batching_has_no_batches():
     reqs = scripted_workload([0.0, 0.0], max_new_tokens=3)
-    trace = Engine(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=64), steps_of(0.01)).run(reqs)
+    trace = Engine(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=64), steps_of(0.01)).run(reqs)
     assert batches_df(trace).empty and batch_of_request(trace) == {}
     assert batches_df(Trace()).empty
 

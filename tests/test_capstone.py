@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from batchlab import metrics
-from batchlab.cost_model import CostModel
-from batchlab.diagnosis import excess_share_before_first_token
+from batchlab.analysis import metrics
+from batchlab.backends.cost_model import CostModel
+from batchlab.analysis.diagnosis import excess_share_before_first_token
 from batchlab.exercises import nb11
-from batchlab.trace_io import load_trace
+from batchlab.analysis.trace_io import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPSTONE = ROOT / "data" / "capstone"

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from batchlab.backends import SimBackend
-from batchlab.cost_model import (FEATURES, CostModel, chunk_attention_pairs, features_df, nnls,
-                                 step_features)
+from batchlab.backends.cost_model import FEATURES, CostModel, features_df, nnls
+from batchlab.plan import chunk_attention_pairs, step_features
 from batchlab.engine import Engine
 from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request
@@ -210,7 +210,7 @@ def test_repr_reads_in_milliseconds_per_term():
 
 
 def test_calibration_warns_on_a_poor_fit():
-    from batchlab.calibration import POOR_FIT_ERROR, warn_if_poor_fit
+    from batchlab.backends.calibration import POOR_FIT_ERROR, warn_if_poor_fit
 
     good = CostModel(0.02, 0.001, 0.001, 1e-7, fit_stats={"median_rel_error": POOR_FIT_ERROR / 2})
     bad = CostModel(0.02, 0.001, 0.001, 1e-7, fit_stats={"median_rel_error": 2 * POOR_FIT_ERROR})

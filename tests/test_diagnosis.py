@@ -1,4 +1,4 @@
-"""batchlab.diagnosis: the lone-request yardstick, excess waiting, and gaps blamed on steps."""
+"""batchlab.analysis.diagnosis: the lone-request yardstick, excess waiting, and gaps blamed on steps."""
 
 from __future__ import annotations
 
@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
-from batchlab.diagnosis import (excess_latency, excess_share_before_first_token, idle_while_waiting,
-                                lone_decode_time, lone_ttft, num_waiting_at, steps_with_waiting,
-                                token_gaps)
+from batchlab.backends.cost_model import CostModel
+from batchlab.analysis.diagnosis import (
+    excess_latency,
+    excess_share_before_first_token,
+    idle_while_waiting,
+    lone_decode_time,
+    lone_ttft,
+    num_waiting_at,
+    steps_with_waiting,
+    token_gaps,
+)
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
@@ -27,7 +34,7 @@ def _serve(scheduler, requests):
 
 @pytest.mark.parametrize("prompt_len,out", [(1, 1), (7, 2), (300, 40)])
 def test_lone_yardstick_is_a_request_alone_on_the_simulator(prompt_len, out):
-    trace = _serve(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=4096),
+    trace = _serve(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=4096),
                    [_req("a", prompt_len, out, 0.0)])
     times = trace.requests[0].token_times
     assert times[0] == pytest.approx(lone_ttft(COST, prompt_len), rel=1e-12)
@@ -56,7 +63,7 @@ def test_sharing_steps_shows_up_in_the_stream():
 
 def test_a_long_gap_is_blamed_on_the_prefill_step_that_caused_it():
     # A stream decodes alone; a 1,500-token prompt arrives and is computed in one step.
-    trace = _serve(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=4096, chunked_prefill=False),
+    trace = _serve(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=4096, chunked_prefill=False),
                    [_req("stream", 8, 60, 0.0), _req("doc", 1500, 2, 0.5)])
     gaps = token_gaps(trace)
     stream = gaps[gaps["request_id"] == "stream"]

@@ -15,8 +15,9 @@ import time
 import pytest
 
 from batchlab.backends import Backend, CostModel, SimBackend, StepResult
-from batchlab.engine import DecodeRunChunks, DecodeStepRecord, Engine, EngineError
-from batchlab.plan import ScheduledChunk, StepPlan
+from batchlab.engine import Engine, EngineError
+from batchlab.plan import DecodeChunks, ScheduledChunk, StepPlan
+from batchlab.trace import StepRecord
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
@@ -52,10 +53,10 @@ POLICIES = {
     "static": lambda: StaticBatcher(4),
     "static-stream": lambda: StaticBatcher(4, stream=True),
     "dynamic": lambda: DynamicBatcher(4, timeout=0.05),
-    "continuous": lambda: ContinuousBatcher(max_num_seqs=6, max_batched_tokens=64),
-    "continuous-no-chunking": lambda: ContinuousBatcher(max_num_seqs=6, max_batched_tokens=64,
+    "continuous": lambda: ContinuousBatcher(max_num_seqs=6, max_num_batched_tokens=64),
+    "continuous-no-chunking": lambda: ContinuousBatcher(max_num_seqs=6, max_num_batched_tokens=64,
                                                         chunked_prefill=False),
-    "continuous-tight": lambda: ContinuousBatcher(max_num_seqs=6, max_batched_tokens=8),
+    "continuous-tight": lambda: ContinuousBatcher(max_num_seqs=6, max_num_batched_tokens=8),
 }
 
 
@@ -124,7 +125,7 @@ def test_a_request_that_can_never_fit_is_rejected_with_its_reason():
 def test_a_prompt_over_the_token_budget_without_chunking_is_rejected():
     trace = Engine(ContinuousBatcher(4, 32, chunked_prefill=False), sim()).run([req(0, 0.0, prompt=40)])
     assert trace.requests[0].status is RequestStatus.REJECTED
-    assert "max_batched_tokens=32" in trace.requests[0].finish_reason
+    assert "max_num_batched_tokens=32" in trace.requests[0].finish_reason
 
 
 def test_a_stop_token_ends_a_request_early():
@@ -240,10 +241,10 @@ def test_fast_path_makes_the_same_trace_as_calling_the_scheduler_every_step(poli
 
 def test_fast_path_steps_read_like_ordinary_steps():
     trace = Engine(ContinuousBatcher(4, 64), sim(cost=RULER_KV)).run([req(0, 0.0, out=6), req(1, 0.0, out=6)])
-    fast_steps = [s for s in trace.steps if isinstance(s, DecodeStepRecord)]
+    fast_steps = [s for s in trace.steps if isinstance(s.chunks, DecodeChunks)]
     assert fast_steps
     step = fast_steps[0]
-    assert isinstance(step.chunks, DecodeRunChunks) and len(step.chunks) == 2
+    assert isinstance(step, StepRecord) and len(step.chunks) == 2
     assert step.chunks == [ScheduledChunk("r0", step.chunks[0].start, 1, True),
                            ScheduledChunk("r1", step.chunks[1].start, 1, True)]
     assert (step.num_tokens, step.num_decode_seqs, step.num_prefill_tokens) == (2, 2, 0)

@@ -1,10 +1,10 @@
-"""batchlab.generate (the one-prompt greedy loop) and batchlab.environment (the machine report)."""
+"""batchlab.model.generate (the one-prompt greedy loop) and batchlab.model.environment (the machine report)."""
 
 import pytest
 import torch
 
-from batchlab.environment import device_name, environment_report
-from batchlab.generate import greedy_generate
+from batchlab.model.environment import device_name, environment_report
+from batchlab.model.generate import greedy_generate
 
 
 def test_greedy_generate_matches_transformers(lm, weights):

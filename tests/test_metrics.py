@@ -8,10 +8,24 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.metrics import (SLO, benchmark_duration, busy_share, check_percentiles, compare,
-                              device_stats, goodput, itl_definitions, itl_values, latency_values,
-                              mean_batch_occupancy, per_request_metrics, request_counts, slot_waste,
-                              summarize, throughput)
+from batchlab.analysis.metrics import (
+    SLO,
+    benchmark_duration,
+    busy_share,
+    check_percentiles,
+    compare,
+    device_stats,
+    goodput,
+    itl_definitions,
+    itl_values,
+    latency_values,
+    mean_batch_occupancy,
+    per_request_metrics,
+    request_counts,
+    slot_waste,
+    summarize,
+    throughput,
+)
 from batchlab.plan import ScheduledChunk
 from batchlab.requests import RequestStatus
 from batchlab.trace import RequestRecord, StepRecord, Trace

@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from batchlab import model as model_mod
-from batchlab.llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model import loading as model_mod
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 
 
 def test_cache_is_reused(lm):

@@ -1,4 +1,4 @@
-"""batchlab.prefill_stall: the stall experiment's workload, measurements and sweep (simulator only)."""
+"""batchlab.experiments.prefill_stall: the stall experiment's workload, measurements and sweep (simulator only)."""
 
 import math
 
@@ -10,10 +10,17 @@ import pytest
 matplotlib.use("Agg")
 
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.prefill_stall import (StallScenario, budget_sweep, long_prompt_len_for,
-                                    plot_token_gaps, prefill_window, stall_summary, token_gaps)
+from batchlab.experiments.prefill_stall import (
+    StallScenario,
+    budget_sweep,
+    long_prompt_len_for,
+    plot_token_gaps,
+    prefill_window,
+    stall_summary,
+)
+from batchlab.analysis.diagnosis import token_gaps
 from batchlab.schedulers import ContinuousBatcher
 
 # 10 ms per step plus 1 ms per token: a step's duration tells exactly how many tokens it computed.
@@ -25,7 +32,7 @@ def _sim(scenario: StallScenario, cost: CostModel = PER_TOKEN) -> SimBackend:
 
 
 def _run(scenario: StallScenario, budget: int = 2048, chunked: bool = True, requests=None):
-    scheduler = ContinuousBatcher(max_num_seqs=scenario.max_num_seqs, max_batched_tokens=budget,
+    scheduler = ContinuousBatcher(max_num_seqs=scenario.max_num_seqs, max_num_batched_tokens=budget,
                                   chunked_prefill=chunked)
     return Engine(scheduler, _sim(scenario)).run(requests or scenario.requests())
 
@@ -72,12 +79,12 @@ def test_token_gaps_follow_the_token_times():
                              long_prompt_len=40, long_output_len=3)
     trace = _run(scenario)
     gaps = token_gaps(trace)
-    assert len(gaps) == 2 * 6 + 2 + 3
+    assert len(gaps) == (2 * 6 + 2 + 3) - len(trace.requests)   # one gap fewer than tokens each
     for record in trace.requests:
         mine = gaps[gaps.request_id == record.request_id]
-        assert mine["time"].tolist() == record.token_times
-        assert math.isnan(mine["gap"].iloc[0])
-        assert np.allclose(mine["gap"].iloc[1:], np.diff(record.token_times))
+        assert mine["time"].tolist() == record.token_times[1:]
+        assert mine["token_index"].tolist() == list(range(1, len(record.token_times)))
+        assert np.allclose(mine["gap"], np.diff(record.token_times))
     assert set(token_gaps(trace, ["run000"]).request_id) == {"run000"}
     with pytest.raises(ValueError, match="nope"):
         token_gaps(trace, ["nope"])
@@ -120,7 +127,7 @@ def test_budget_sweep_rows_and_traces():
     scenario = StallScenario(num_running=4, running_output_len=40, long_prompt_len=200)
     sweep = budget_sweep(_sim(scenario), scenario.requests(), [None, 20, 68],
                          scenario.max_num_seqs, long_id=scenario.long_id)
-    assert sweep["max_batched_tokens"].tolist() == [2048, 20, 68]
+    assert sweep["max_num_batched_tokens"].tolist() == [2048, 20, 68]
     assert sweep["chunked_prefill"].tolist() == [False, True, True]
     assert sweep["long_prefill_steps"].tolist() == [1, math.ceil(200 / 16), math.ceil(200 / 64)]
     assert set(sweep.attrs["traces"]) == {None, 20, 68}

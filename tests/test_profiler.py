@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from batchlab.profiler import measure_bandwidth, measure_matmul_flops, profile_steps
+from batchlab.model.profiler import measure_bandwidth, measure_matmul_flops, profile_steps
 
 
 def test_machine_measurements_are_positive_and_check_their_sizes():

@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from batchlab.plan import ScheduledChunk, StepPlan, TokenKVSpace
+from batchlab.plan import ScheduledChunk, StepPlan
+from batchlab.kv_space import TokenKVSpace
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import (ContinuousBatcher, DynamicBatcher, Scheduler, StaticBatcher,
                                  make_scheduler)
@@ -96,7 +97,6 @@ class EngineStandIn:
                 req.token_times.append(end)
                 if token in req.stop_token_ids or len(req.output_ids) == req.max_new_tokens:
                     req.status = RequestStatus.FINISHED
-                    req.finish_time = end
                     req.finish_reason = "stop" if token in req.stop_token_ids else "length"
                     num_finished += 1
         self.now = end
@@ -153,7 +153,7 @@ def test_static_partial_batch_only_when_draining():
         eng.step()
     assert eng.step().is_empty          # r4, r5 wait: only 2 of 4
     assert eng.step().is_empty
-    sched.draining = True
+    sched.start_draining()
     plan = eng.step()
     assert ids(plan) == ["r4", "r5"] and plan.batch_id == 1
     eng.run_until_idle()
@@ -217,7 +217,7 @@ def test_static_runs_the_members_that_fit_in_kv():
     assert ids(eng.step()) == ["r0", "r1"]
     while sched.batch:
         eng.step()
-    sched.draining = True   # r2 alone is now a partial batch
+    sched.start_draining()   # r2 alone is now a partial batch
     assert ids(eng.step()) == ["r2"]
 
 
@@ -356,7 +356,7 @@ def test_dynamic_bad_config(kwargs, match):
 # ============================================================================================
 
 def test_continuous_decodes_come_first():
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=64))
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64))
     eng.arrive(make_request("a", prompt_len=4, max_new_tokens=5))
     eng.step()
     eng.arrive(make_request("b", prompt_len=30))
@@ -366,7 +366,7 @@ def test_continuous_decodes_come_first():
 
 
 def test_continuous_chunked_prefill_splits_a_long_prompt():
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=16))
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=16))
     eng.arrive(make_request("dec", prompt_len=3, max_new_tokens=10))
     eng.step()
     eng.arrive(make_request("long", prompt_len=40, max_new_tokens=2))
@@ -380,7 +380,7 @@ def test_continuous_chunked_prefill_splits_a_long_prompt():
 
 
 def test_continuous_without_chunked_prefill_waits_for_room_in_order():
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=10, chunked_prefill=False))
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=10, chunked_prefill=False))
     eng.arrive(make_request("a", prompt_len=4, max_new_tokens=3))
     eng.step()
     # 'big' needs all 10 tokens but 'a' decodes (1 token): it waits, and 'small' may not jump it
@@ -394,11 +394,11 @@ def test_continuous_without_chunked_prefill_waits_for_room_in_order():
 
 def test_continuous_budget_and_seq_limit_hold_on_a_busy_run():
     rng = random.Random(0)
-    sched = ContinuousBatcher(max_num_seqs=5, max_batched_tokens=24)
+    sched = ContinuousBatcher(max_num_seqs=5, max_num_batched_tokens=24)
     eng = EngineStandIn(sched, kv_tokens=400)
     eng.arrive(*[make_request(f"r{i}", prompt_len=rng.randint(1, 60), max_new_tokens=rng.randint(1, 20))
                  for i in range(60)])
-    sched.draining = True
+    sched.start_draining()
     eng.run_until_idle()
     assert all(p.num_tokens <= 24 and p.num_seqs <= 5 for p in eng.plans)
     assert max(p.num_tokens for p in eng.plans) == 24
@@ -407,7 +407,7 @@ def test_continuous_budget_and_seq_limit_hold_on_a_busy_run():
 
 
 def test_continuous_running_requests_use_the_budget_before_admissions():
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=2))
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=2))
     eng.arrive(*[make_request(f"r{i}", prompt_len=1, max_new_tokens=3) for i in range(3)])
     assert ids(eng.step()) == ["r0", "r1"]
     assert ids(eng.step()) == ["r0", "r1"]   # decodes fill the budget; r2 waits to be admitted
@@ -416,7 +416,7 @@ def test_continuous_running_requests_use_the_budget_before_admissions():
 
 
 def test_continuous_finished_request_kv_is_reused_next_step():
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=64), kv_tokens=10)
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=64), kv_tokens=10)
     eng.arrive(make_request("a", prompt_len=5, max_new_tokens=3), make_request("b", prompt_len=6, max_new_tokens=2))
     assert ids(eng.step()) == ["a"]          # b (8 tokens) does not fit beside a (8 of 10)
     assert ids(eng.step()) == ["a"]
@@ -428,7 +428,7 @@ def test_continuous_finished_request_kv_is_reused_next_step():
 
 def test_continuous_kv_full_waits_and_keeps_order():
     # 'big' needs 20 of 24 tokens; while 'first' holds 8, big waits and 'tiny' may not jump it
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=100), kv_tokens=24)
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=100), kv_tokens=24)
     eng.arrive(make_request("first", prompt_len=4, max_new_tokens=4))
     eng.step()
     eng.arrive(make_request("big", prompt_len=16, max_new_tokens=4), make_request("tiny", prompt_len=1, max_new_tokens=1))
@@ -440,7 +440,7 @@ def test_continuous_kv_full_waits_and_keeps_order():
 
 
 def test_continuous_admits_fcfs_up_to_max_num_seqs():
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=2, max_batched_tokens=100))
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=2, max_num_batched_tokens=100))
     eng.arrive(*[make_request(f"r{i}", prompt_len=3, max_new_tokens=2) for i in range(5)])
     eng.run_until_idle()
     order = sorted(eng.requests.values(), key=lambda r: (r.first_scheduled_time, r.request_id))
@@ -449,7 +449,7 @@ def test_continuous_admits_fcfs_up_to_max_num_seqs():
 
 
 def test_continuous_long_prefill_threshold_shares_the_step():
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=32,
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=32,
                                           long_prefill_token_threshold=12))
     eng.arrive(make_request("a", prompt_len=30), make_request("b", prompt_len=30))
     plan = eng.step()
@@ -461,7 +461,7 @@ def test_continuous_long_prefill_threshold_shares_the_step():
 
 
 def test_continuous_releases_each_request_when_it_finishes():
-    sched = ContinuousBatcher(max_num_seqs=4, max_batched_tokens=64)
+    sched = ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=64)
     assert sched.streams_tokens is True
     eng = EngineStandIn(sched)
     eng.arrive(make_request("a", max_new_tokens=1), make_request("b", max_new_tokens=3),
@@ -472,12 +472,12 @@ def test_continuous_releases_each_request_when_it_finishes():
 
 
 def test_continuous_why_unschedulable():
-    strict = ContinuousBatcher(max_num_seqs=4, max_batched_tokens=16, chunked_prefill=False)
+    strict = ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=16, chunked_prefill=False)
     strict.bind(TokenKVSpace(1000))
     reason = strict.why_unschedulable(make_request("x", prompt_len=17))
-    assert reason is not None and "17" in reason and "max_batched_tokens=16" in reason
+    assert reason is not None and "17" in reason and "max_num_batched_tokens=16" in reason
     assert strict.why_unschedulable(make_request("ok", prompt_len=16)) is None
-    chunked = ContinuousBatcher(max_num_seqs=4, max_batched_tokens=16)
+    chunked = ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=16)
     chunked.bind(TokenKVSpace(1000))
     assert chunked.why_unschedulable(make_request("x", prompt_len=17)) is None
     # the base rule still applies: more than the whole cache is refused
@@ -485,16 +485,16 @@ def test_continuous_why_unschedulable():
 
 
 def test_continuous_rejected_request_is_reported_not_lost():
-    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_batched_tokens=8, chunked_prefill=False))
+    eng = EngineStandIn(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=8, chunked_prefill=False))
     eng.arrive(make_request("too_long", prompt_len=9), make_request("fine", prompt_len=8))
     eng.run_until_idle()
     assert eng.requests["too_long"].status is RequestStatus.REJECTED
-    assert "max_batched_tokens=8" in eng.requests["too_long"].finish_reason
+    assert "max_num_batched_tokens=8" in eng.requests["too_long"].finish_reason
     assert eng.requests["fine"].status is RequestStatus.FINISHED
 
 
 def test_continuous_fast_path_promise_waits_until_the_plan_is_in_running_order():
-    sched = ContinuousBatcher(max_num_seqs=4, max_batched_tokens=16, long_prefill_token_threshold=10)
+    sched = ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=16, long_prefill_token_threshold=10)
     eng = EngineStandIn(sched)
     eng.arrive(make_request("a", prompt_len=25, max_new_tokens=9), make_request("b", prompt_len=4, max_new_tokens=9))
     eng.step()                                   # a 10, b 4
@@ -511,12 +511,12 @@ def test_continuous_fast_path_promise_waits_until_the_plan_is_in_running_order()
 
 
 def test_continuous_fast_path_promise_holds_while_the_head_cannot_be_admitted():
-    sched = ContinuousBatcher(max_num_seqs=2, max_batched_tokens=64)
+    sched = ContinuousBatcher(max_num_seqs=2, max_num_batched_tokens=64)
     eng = EngineStandIn(sched)
     eng.arrive(*[make_request(f"r{i}", max_new_tokens=5) for i in range(3)])
     plan = eng.step()
     assert sched.continues_decoding(plan)        # r2 waits for a free seat
-    tight = ContinuousBatcher(max_num_seqs=8, max_batched_tokens=64)
+    tight = ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64)
     eng = EngineStandIn(tight, kv_tokens=16)
     eng.arrive(*[make_request(f"r{i}", max_new_tokens=4) for i in range(3)])   # 8 KV tokens each
     plan = eng.step()
@@ -540,9 +540,9 @@ def test_request_level_fast_path_promise_ends_with_a_finish():
 @pytest.mark.parametrize("kwargs, match", [
     ({"max_num_seqs": 0}, "max_num_seqs=0"),
     ({"max_num_seqs": 2.0}, "max_num_seqs=2.0"),
-    ({"max_batched_tokens": 0}, "max_batched_tokens=0"),
-    ({"max_batched_tokens": -5}, "max_batched_tokens=-5"),
-    ({"max_batched_tokens": None}, "max_batched_tokens=None"),
+    ({"max_num_batched_tokens": 0}, "max_num_batched_tokens=0"),
+    ({"max_num_batched_tokens": -5}, "max_num_batched_tokens=-5"),
+    ({"max_num_batched_tokens": None}, "max_num_batched_tokens=None"),
     ({"chunked_prefill": "no"}, "chunked_prefill='no'"),
     ({"long_prefill_token_threshold": 0}, "long_prefill_token_threshold=0"),
     ({"long_prefill_token_threshold": 8, "chunked_prefill": False}, "needs chunked_prefill=True"),
@@ -561,8 +561,8 @@ POLICIES = [
     ("static", {"batch_size": 3, "stream": True}),
     ("dynamic", {"max_batch_size": 4, "timeout": 2.5}),
     ("dynamic", {"max_batch_size": 1, "timeout": 0}),
-    ("continuous", {"max_num_seqs": 6, "max_batched_tokens": 20}),
-    ("continuous", {"max_num_seqs": 3, "max_batched_tokens": 64, "chunked_prefill": False}),
+    ("continuous", {"max_num_seqs": 6, "max_num_batched_tokens": 20}),
+    ("continuous", {"max_num_seqs": 3, "max_num_batched_tokens": 64, "chunked_prefill": False}),
 ]
 
 
@@ -578,7 +578,7 @@ def test_every_request_finishes_and_is_released_once(name, kwargs):
         while pending and pending[0].arrival_time <= eng.now:
             eng.arrive(pending.pop(0))
         if not pending:
-            sched.draining = True
+            sched.start_draining()
         if not pending and not sched.has_pending():
             break
         plan = eng.step()
@@ -610,9 +610,9 @@ E2E_POLICIES = [
     ("static", {"batch_size": 4, "stream": True}),
     ("dynamic", {"max_batch_size": 3, "timeout": 0.05}),
     ("dynamic", {"max_batch_size": 8, "timeout": 0}),
-    ("continuous", {"max_num_seqs": 6, "max_batched_tokens": 32}),
-    ("continuous", {"max_num_seqs": 16, "max_batched_tokens": 48, "long_prefill_token_threshold": 12}),
-    ("continuous", {"max_num_seqs": 4, "max_batched_tokens": 64, "chunked_prefill": False}),
+    ("continuous", {"max_num_seqs": 6, "max_num_batched_tokens": 32}),
+    ("continuous", {"max_num_seqs": 16, "max_num_batched_tokens": 48, "long_prefill_token_threshold": 12}),
+    ("continuous", {"max_num_seqs": 4, "max_num_batched_tokens": 64, "chunked_prefill": False}),
 ]
 
 

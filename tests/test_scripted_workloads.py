@@ -2,7 +2,7 @@
 
 import pytest
 
-from batchlab.scripted_workloads import scripted_workload
+from batchlab.workloads.scripted import scripted_workload
 from batchlab.workloads import make_workload
 
 

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.metrics import SLO, summary_row
+from batchlab.analysis.metrics import SLO, summary_row
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
-from batchlab.sweeps import capacity, load_sweep, run_point
+from batchlab.experiments.sweeps import capacity, load_sweep, run_point
 from batchlab.workloads import make_workload
 
 # Every step takes 0.1 s whatever it holds, so latencies can be worked out by hand.
@@ -37,7 +37,7 @@ def chat(rate: float):
 
 POLICIES = {
     "dynamic": lambda: DynamicBatcher(max_batch_size=8, timeout=0.05, stream=True),
-    "continuous": lambda: ContinuousBatcher(max_num_seqs=8, max_batched_tokens=128),
+    "continuous": lambda: ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=128),
 }
 
 
@@ -58,7 +58,7 @@ def test_hand_worked_latencies():
     # rate 100 (arrivals 0, 0.01, 0.02, 0.03): r000 runs 0-0.1 alone; the other three arrive
     # during that step and share the next one, 0.1-0.2: TTFTs 0.19, 0.18, 0.17.
     df = load_sweep(one_token_workload, [1.0, 100.0],
-                    {"continuous": lambda: ContinuousBatcher(max_num_seqs=8, max_batched_tokens=64)},
+                    {"continuous": lambda: ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64)},
                     sim(), progress=False).set_index("request_rate")
     assert df.loc[1.0, "ttft_p50"] == pytest.approx(0.1)
     assert df.loc[1.0, "ttft_p99"] == pytest.approx(0.1)
@@ -97,7 +97,7 @@ def test_factories_are_called_once_per_run_and_workloads_once_per_rate():
 
     def scheduler():
         calls["scheduler"] += 1
-        return ContinuousBatcher(max_num_seqs=4, max_batched_tokens=64)
+        return ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=64)
 
     def backend():
         calls["backend"] += 1
@@ -187,8 +187,8 @@ def test_capacity_serves_everything_at_once():
     # 4 one-token requests at t = 0; each step takes 0.1 s. With room for 8 they share one step:
     # 4 requests / 0.1 s = 40 req/s. With room for 2 they need two steps: 20 req/s.
     reqs = one_token_workload(0.5)             # arrivals 0, 2, 4, 6 s are ignored
-    wide = capacity(reqs, lambda: ContinuousBatcher(max_num_seqs=8, max_batched_tokens=64), sim())
-    narrow = capacity(reqs, lambda: ContinuousBatcher(max_num_seqs=2, max_batched_tokens=64), sim())
+    wide = capacity(reqs, lambda: ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64), sim())
+    narrow = capacity(reqs, lambda: ContinuousBatcher(max_num_seqs=2, max_num_batched_tokens=64), sim())
     assert wide == pytest.approx(40.0)
     assert narrow == pytest.approx(20.0)
     assert [r.arrival_time for r in reqs] == [0.0, 2.0, 4.0, 6.0]   # inputs untouched

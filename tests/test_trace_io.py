@@ -1,4 +1,4 @@
-"""Saving and loading traces (batchlab.trace_io): a loaded trace measures like the original."""
+"""Saving and loading traces (batchlab.analysis.trace_io): a loaded trace measures like the original."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.trace import RequestRecord, Trace
-from batchlab.trace_io import load_trace, save_trace, trace_from_dict, trace_to_dict
+from batchlab.analysis.trace_io import load_trace, save_trace, trace_from_dict, trace_to_dict
 from batchlab.workloads import make_workload
 
 COST = CostModel(fixed_s=0.02, per_seq_s=0.001, per_token_s=0.0003, per_attention_pair_s=1e-8)
@@ -34,8 +34,8 @@ def _traces() -> dict[str, Trace]:
     too_long = make_workload(1, prompt_len=3000, output_len=8, arrival="at_once", id_prefix="x")
     with_rejected = sorted(chat[:10] + too_long, key=lambda r: r.arrival_time)
     return {
-        "chunked": _serve(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=256), mixed),
-        "unchunked": _serve(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=2048,
+        "chunked": _serve(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=256), mixed),
+        "unchunked": _serve(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=2048,
                                               chunked_prefill=False), mixed),
         "dynamic_non_streaming": _serve(DynamicBatcher(max_batch_size=6, timeout=0.3), chat),
         "static_streaming": _serve(StaticBatcher(4, stream=True), chat[:20]),

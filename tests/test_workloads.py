@@ -15,7 +15,7 @@ from batchlab.requests import Request, SamplingParams
 from batchlab.workloads import (
     ARRIVALS, CORPUS_PATH, PRESETS, CorpusPrompts, Fixed, LengthPreset, Mixture, Range,
     arrivals_at_once, arrivals_fixed, arrivals_gamma, arrivals_poisson, get_preset, load_workload,
-    make_arrivals, make_workload, prompt_seed, read_trace_header, request_ids, save_workload,
+    make_arrivals, make_workload, prompt_seed, read_workload_header, request_ids, save_workload,
     scale_arrivals,
 )
 
@@ -379,7 +379,7 @@ def test_save_load_round_trip(tmp_path):
                          sampling=SamplingParams(0.7, 0.95))
     reqs[3].stop_token_ids = (2, 5)
     path = save_workload(reqs, tmp_path / "w.jsonl", meta={"note": "test"})
-    assert read_trace_header(path) == {"format": "batchlab-workload", "version": 1,
+    assert read_workload_header(path) == {"format": "batchlab-workload", "version": 1,
                                        "num_requests": 10, "meta": {"note": "test"}}
     loaded = load_workload(path)
     for a, b in zip(reqs, loaded, strict=True):
@@ -437,13 +437,13 @@ def row(**changes) -> str:
     ([HEADER, GOOD, row(max_tokens=5)], ":3: unknown key\\(s\\) max_tokens"),
     ([HEADER, GOOD, row(request_id="")], ":3: request_id=''"),
     ([HEADER, GOOD, row(request_id="a")], ":3: request_id 'a' repeats line 2"),
-    ([HEADER, GOOD, row(arrival_time=-1.0)], ":3: arrival_time=-1.0"),
+    ([HEADER, GOOD, row(arrival_time=-1.0)], ":3: request 'b': arrival_time=-1.0"),
     ([HEADER, GOOD, row(arrival_time=0.25)], ":3: arrival_time=0.25 is earlier than the line before"),
-    ([HEADER, GOOD, row(arrival_time="soon")], ":3: arrival_time='soon'"),
-    ([HEADER, GOOD, row(arrival_time=math.inf)], ":3: arrival_time=inf"),
-    ([HEADER, GOOD, row(prompt_len=0)], ":3: prompt_len=0"),
-    ([HEADER, GOOD, row(prompt_len=2.5)], ":3: prompt_len=2.5"),
-    ([HEADER, GOOD, row(max_new_tokens=True)], ":3: max_new_tokens=True"),
+    ([HEADER, GOOD, row(arrival_time="soon")], ":3: request 'b': arrival_time='soon'"),
+    ([HEADER, GOOD, row(arrival_time=math.inf)], ":3: request 'b': arrival_time=inf"),
+    ([HEADER, GOOD, row(prompt_len=0)], ":3: request 'b': prompt_len=0"),
+    ([HEADER, GOOD, row(prompt_len=2.5)], ":3: request 'b': prompt_len=2.5"),
+    ([HEADER, GOOD, row(max_new_tokens=True)], ":3: request 'b': max_new_tokens=True"),
     ([HEADER, GOOD, row(sampling={"temperature": -1})], ":3: temperature=-1"),
     ([HEADER, GOOD, row(sampling={"temp": 1})], ":3: sampling="),
     ([HEADER, GOOD, row(prompt_ids=[1, 2])], ":3: prompt_ids must be a list of 4 ints"),
@@ -479,7 +479,7 @@ def load_script():
 
 def test_data_traces_are_up_to_date_and_small(tmp_path):
     script = load_script()
-    for path in script.write_traces(tmp_path):
+    for path in script.write_workloads(tmp_path):
         stored = DATA / path.name
         assert stored.exists(), f"{stored} is missing; run python scripts/make_workloads.py"
         assert stored.read_bytes() == path.read_bytes(), \

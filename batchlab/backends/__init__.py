@@ -6,9 +6,9 @@ so importing this package, or running the simulator, never loads torch.
 
 from __future__ import annotations
 
-from ..cost_model import CostModel
-from .base import Backend, StepResult
-from .sim import PLACEHOLDER_TOKEN, SimBackend
+from batchlab.backends.cost_model import CostModel
+from batchlab.backends.base import Backend, StepResult
+from batchlab.backends.simulator import PLACEHOLDER_TOKEN, SimBackend
 
 __all__ = ["Backend", "StepResult", "SimBackend", "CostModel", "ModelBackend", "PLACEHOLDER_TOKEN"]
 
@@ -16,6 +16,6 @@ __all__ = ["Backend", "StepResult", "SimBackend", "CostModel", "ModelBackend", "
 def __getattr__(name: str):
     # Module-level __getattr__ (PEP 562): runs only for names not found above.
     if name == "ModelBackend":
-        from .model import ModelBackend
+        from batchlab.backends.model_backend import ModelBackend
         return ModelBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,8 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..plan import KVSpace, StepPlan
-from ..requests import Request
+from batchlab.kv_space import KVSpace
+from batchlab.plan import StepPlan
+from batchlab.requests import Request
 
 
 @dataclass
@@ -25,10 +26,27 @@ class StepResult:
 
 
 class Backend(ABC):
-    """Runs step plans. ``kv`` is the KV space schedulers admit against."""
+    """Runs step plans. ``kv`` is the KV space schedulers admit against.
+
+    ``predicts_decode_runs``: a backend that can predict a step's duration from its size alone
+    declares it (the simulator), and then provides ``step_duration(num_seqs, num_tokens,
+    attention_pairs)`` and ``placeholder_token``; the engine may then compute runs of plain
+    decode steps in bulk (``batchlab.backends.decode_runs``).
+    """
 
     kv: KVSpace
+    predicts_decode_runs: bool = False
 
     @abstractmethod
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         """Compute ``plan``. ``requests`` maps ids to the live requests (read-only here)."""
+
+    def release(self, request_id: str) -> None:
+        """``request_id`` has ended (finished or rejected): forget anything kept for it."""
+
+    def reset(self) -> None:
+        """A run is about to start on this backend."""
+
+    def describe(self) -> str:
+        """One line saying what this backend is, for a trace's ``meta``."""
+        return repr(self)

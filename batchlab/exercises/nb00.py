@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import Verdict, compare, exercise
+from batchlab.exercises import Verdict, compare, exercise
 
 JAPAN_QUESTION = "What is the capital of Japan?"
 MAX_NEW_TOKENS = 16
@@ -13,9 +13,9 @@ MAX_NEW_TOKENS = 16
 @lru_cache(maxsize=1)
 def _expected_japan_answer() -> str:
     """The model's own greedy answer, computed here with batchlab's loop (loads the model once)."""
-    from ..generate import greedy_generate
-    from ..llama import LlamaWeights
-    from ..model import load_model
+    from batchlab.model.generate import greedy_generate
+    from batchlab.model.llama import LlamaWeights
+    from batchlab.model import load_model
 
     lm = load_model()
     weights = LlamaWeights.from_hf(lm.model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from . import Verdict, compare, exercise
+from batchlab.exercises import Verdict, compare, exercise
 
 # The numbers given in the exercises' text.
 PARAMS_7B = 7e9

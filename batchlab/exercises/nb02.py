@@ -3,7 +3,7 @@ independently of the scheduler code the notebook uses to find it."""
 
 from __future__ import annotations
 
-from . import Verdict, compare, exercise
+from batchlab.exercises import Verdict, compare, exercise
 
 # 02.1: one full static batch, arrivals evenly spaced.
 BATCH_SIZE_1, GAP_S_1 = 8, 0.5

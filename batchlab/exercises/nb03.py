@@ -3,7 +3,7 @@ arithmetic or a small event loop written here, independently of ``DynamicBatcher
 
 from __future__ import annotations
 
-from . import Verdict, compare, exercise
+from batchlab.exercises import Verdict, compare, exercise
 
 # 03.1: a scene with the timer, a full batch and a busy server.
 ARRIVALS_1 = (0.0, 0.2, 0.25, 0.3, 0.9, 2.0, 2.05)

@@ -7,7 +7,7 @@ answer does not depend on the machine.
 
 from __future__ import annotations
 
-from . import Verdict, compare, exercise
+from batchlab.exercises import Verdict, compare, exercise
 
 # 04.1 and 04.2: five requests waiting at step 0, with these output lengths.
 OUTPUT_LENS = (3, 1, 4, 1, 5)
@@ -65,12 +65,12 @@ def check_held_slot_steps(answer) -> Verdict:
 @exercise("04.3")
 def check_smallest_max_num_seqs(answer) -> Verdict:
     """The smallest max_num_seqs whose p99 TTFT meets the target, found by trying each."""
-    from ..backends import SimBackend
-    from ..cost_model import CostModel
-    from ..engine import Engine
-    from ..metrics import summarize
-    from ..schedulers import ContinuousBatcher
-    from ..workloads import Range, make_workload
+    from batchlab.backends import SimBackend
+    from batchlab.backends.cost_model import CostModel
+    from batchlab.engine import Engine
+    from batchlab.analysis.metrics import summarize
+    from batchlab.schedulers import ContinuousBatcher
+    from batchlab.workloads import Range, make_workload
 
     if answer is None or answer is ...:
         return compare(answer, 0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from . import Verdict, compare, exercise
+from batchlab.exercises import Verdict, compare, exercise
 
 # 06.1: six decodes beside a 500-token prompt, budget 48.
 NUM_RUNNING_1, PROMPT_LEN_1, BUDGET_1 = 6, 500, 48
@@ -27,9 +27,9 @@ def check_prefill_steps(answer) -> Verdict:
 
 def _stall_sweep(budgets):
     """The default StallScenario on the 06.2 simulator, one row per budget."""
-    from ..backends import SimBackend
-    from ..cost_model import CostModel
-    from ..prefill_stall import StallScenario, budget_sweep
+    from batchlab.backends import SimBackend
+    from batchlab.backends.cost_model import CostModel
+    from batchlab.experiments.prefill_stall import StallScenario, budget_sweep
 
     scenario = StallScenario()
     sim = SimBackend(CostModel(**COST_2), kv_capacity_tokens=8 * scenario.max_seq_len)
@@ -41,7 +41,7 @@ def _stall_sweep(budgets):
 def check_budget_for_target(answer) -> Verdict:
     """The largest budget whose running requests' worst gap stays within the target."""
     sweep = _stall_sweep(BUDGETS_2)
-    ok = sweep.loc[sweep["running_itl_max"] <= ITL_TARGET_2, "max_batched_tokens"]
+    ok = sweep.loc[sweep["running_itl_max"] <= ITL_TARGET_2, "max_num_batched_tokens"]
     return compare(answer, int(ok.max()), what="token budget")
 
 
@@ -52,7 +52,7 @@ def check_worst_running_gap(answer) -> Verdict:
         return Verdict("not attempted", "set answer = worst_running_gap and run the cell again")
     if not callable(answer):
         return Verdict("wrong", f"expected a function (trace, long_id) -> seconds, got {type(answer).__name__}")
-    from ..prefill_stall import stall_summary
+    from batchlab.experiments.prefill_stall import stall_summary
 
     sweep = _stall_sweep([64, 512])
     long_id = "long000"

@@ -15,13 +15,13 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from ..backends import SimBackend
-from ..cost_model import CostModel
-from ..engine import Engine
-from ..schedulers import ContinuousBatcher, DynamicBatcher
-from ..trace import Trace
-from ..workloads import make_workload
-from . import Verdict, compare, exercise
+from batchlab.backends import SimBackend
+from batchlab.backends.cost_model import CostModel
+from batchlab.engine import Engine
+from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
+from batchlab.trace import Trace
+from batchlab.workloads import make_workload
+from batchlab.exercises import Verdict, compare, exercise
 
 # A small device: 20 ms per step, 1 ms per sequence, 0.2 ms per token.
 CHECK_COST = CostModel(fixed_s=0.02, per_seq_s=0.001, per_token_s=0.0002,
@@ -43,9 +43,9 @@ def checker_traces() -> dict[str, Trace]:
         return Engine(scheduler, SimBackend(CHECK_COST, kv_capacity_tokens=1 << 16)).run(requests)
 
     return {
-        "continuous": serve(ContinuousBatcher(max_num_seqs=8, max_batched_tokens=512), bursty),
+        "continuous": serve(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=512), bursty),
         "dynamic_non_streaming": serve(DynamicBatcher(max_batch_size=8, timeout=0.5), bursty),
-        "mixed_lengths": serve(ContinuousBatcher(max_num_seqs=16, max_batched_tokens=512), mixed),
+        "mixed_lengths": serve(ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=512), mixed),
     }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from . import Verdict, compare, exercise
+from batchlab.exercises import Verdict, compare, exercise
 
 # The exercises' GPU-like cost model (the same numbers as the notebook's ``gpu_like``).
 GPU_LIKE = dict(fixed_s=0.006, per_seq_s=1e-4, per_token_s=2e-5, per_attention_pair_s=1e-9)
@@ -57,19 +57,19 @@ def check_break_even_timeout(answer) -> Verdict:
 
 @lru_cache(maxsize=1)
 def _best_goodput_rate() -> float:
-    from ..backends import SimBackend
-    from ..cost_model import CostModel
-    from ..engine import Engine
-    from ..metrics import SLO, goodput
-    from ..schedulers import ContinuousBatcher
-    from ..workloads import make_workload
+    from batchlab.backends import SimBackend
+    from batchlab.backends.cost_model import CostModel
+    from batchlab.engine import Engine
+    from batchlab.analysis.metrics import SLO, goodput
+    from batchlab.schedulers import ContinuousBatcher
+    from batchlab.workloads import make_workload
 
     cost = CostModel(**GPU_LIKE)
     slo = SLO(ttft=SLO_TTFT_3, tpot=SLO_TPOT_3)
     best_rate, best = math.nan, -1.0
     for rate in RATES_3:
         requests = make_workload(NUM_REQUESTS_3, "chat", arrival="poisson", rate=rate, seed=SEED_3)
-        trace = Engine(ContinuousBatcher(max_num_seqs=16, max_batched_tokens=256),
+        trace = Engine(ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=256),
                        SimBackend(cost, kv_capacity_tokens=16 * 512)).run(requests)
         good = goodput(trace, slo)
         if good > best:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import json
 
-from . import Verdict, exercise
+from batchlab.exercises import Verdict, exercise
 
 SLOW = ("ttft", "itl")
 KNOBS: dict[str, str] = {

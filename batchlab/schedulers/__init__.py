@@ -9,11 +9,11 @@ All follow the contract in ``base.py``; static and dynamic share ``request_level
 
 from __future__ import annotations
 
-from .base import Scheduler
-from .continuous import ContinuousBatcher, ContinuousBatcherConfig
-from .dynamic import DynamicBatcher, DynamicBatcherConfig
-from .request_level import RequestLevelBatcher
-from .static import StaticBatcher, StaticBatcherConfig
+from batchlab.schedulers.base import Scheduler
+from batchlab.schedulers.continuous import ContinuousBatcher, ContinuousBatcherConfig
+from batchlab.schedulers.dynamic import DynamicBatcher, DynamicBatcherConfig
+from batchlab.schedulers.request_level import RequestLevelBatcher
+from batchlab.schedulers.static import StaticBatcher, StaticBatcherConfig
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     "static": StaticBatcher,

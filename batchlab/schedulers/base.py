@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from ..plan import KVSpace, StepPlan
-from ..requests import Request, RequestStatus
+from batchlab.kv_space import KVSpace
+from batchlab.plan import StepPlan
+from batchlab.requests import Request, RequestStatus
 
 _FINISHED, _REJECTED = RequestStatus.FINISHED, RequestStatus.REJECTED
 
@@ -46,19 +47,28 @@ class Scheduler(ABC):
 
     ``streams_tokens``: True when each token reaches the client as soon as it is computed; False
     for a non-streaming server that hands back each request's response when its batch ends.
-    ``draining``: set by the engine once no more requests will arrive, so a policy that waits
-    for a full batch may run a final partial one instead of waiting forever.
+    ``draining``: True once the engine has said no more requests will arrive
+    (``start_draining``), so a policy that waits for a full batch may run a final partial one
+    instead of waiting forever.
+    ``may_continue_decoding``: a policy that overrides ``continues_decoding`` declares it here, so
+    the engine knows whether to ask.
     """
 
     streams_tokens: bool = True
+    may_continue_decoding: bool = False
 
     def __init__(self) -> None:
         self.kv: KVSpace | None = None
         self.draining: bool = False
 
     def bind(self, kv: KVSpace) -> None:
-        """Attach the KV space this scheduler admits against (the backend's cache)."""
+        """Attach the KV space this scheduler admits against (the backend's cache); a run starts."""
         self.kv = kv
+        self.draining = False
+
+    def start_draining(self) -> None:
+        """No more requests will arrive in this run (the engine calls this once)."""
+        self.draining = True
 
     def why_unschedulable(self, req: Request) -> str | None:
         """A reason this policy could never run ``req`` (the engine rejects it), else None."""

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ..plan import ScheduledChunk, StepPlan
-from ..requests import Request, RequestStatus
-from .base import Scheduler, split_ended
+from batchlab.plan import ScheduledChunk, StepPlan
+from batchlab.requests import Request, RequestStatus
+from batchlab.schedulers.base import Scheduler, split_ended
 
 
 def _is_int(value: object) -> bool:
@@ -33,7 +33,7 @@ class ContinuousBatcherConfig:
     """The budgets of one step.
 
     ``max_num_seqs``: the most requests running at once (each holds KV space).
-    ``max_batched_tokens``: the most tokens computed in one step, prompt chunks and decodes together.
+    ``max_num_batched_tokens``: the most tokens computed in one step, prompt chunks and decodes together.
     ``chunked_prefill``: split a prompt across steps when it does not fit the step's remaining budget.
     ``long_prefill_token_threshold``: if set, no request gets more than this many prompt tokens in
     one step, so several long prompts share a step instead of one taking the whole budget
@@ -41,15 +41,15 @@ class ContinuousBatcherConfig:
     """
 
     max_num_seqs: int = 256
-    max_batched_tokens: int = 2048
+    max_num_batched_tokens: int = 2048
     chunked_prefill: bool = True
     long_prefill_token_threshold: int | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={self.max_num_seqs!r}; must be an int >= 1")
-        if not _is_int(self.max_batched_tokens) or self.max_batched_tokens < 1:
-            raise ValueError(f"max_batched_tokens={self.max_batched_tokens!r}; must be an int >= 1 "
+        if not _is_int(self.max_num_batched_tokens) or self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens!r}; must be an int >= 1 "
                              "(a step must be able to compute at least one token)")
         if not isinstance(self.chunked_prefill, bool):
             raise ValueError(f"chunked_prefill={self.chunked_prefill!r}; must be True or False")
@@ -66,12 +66,12 @@ class ContinuousBatcherConfig:
 class ContinuousBatcher(Scheduler):
     """Plan every step from a token budget, letting requests join and leave at any step.
 
-    Rules for one step (budget = ``max_batched_tokens`` tokens):
+    Rules for one step (budget = ``max_num_batched_tokens`` tokens):
 
     1. **Decodes first.** Every running request that has finished its prompt gets exactly one
        token (the one it sampled last step). This always fits: a request is admitted only when
        every running request has been served and budget is left over, so there are never more
-       running requests than ``max_batched_tokens``.
+       running requests than ``max_num_batched_tokens``.
     2. **Unfinished prompts next.** A running request still in its prompt (chunked prefill)
        continues with ``min(rest of its prompt, remaining budget)`` tokens, capped by
        ``long_prefill_token_threshold`` if set. They are served in admission order, so an
@@ -98,10 +98,10 @@ class ContinuousBatcher(Scheduler):
 
     streams_tokens = True
 
-    def __init__(self, max_num_seqs: int = 256, max_batched_tokens: int = 2048,
+    def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  chunked_prefill: bool = True, long_prefill_token_threshold: int | None = None) -> None:
         super().__init__()
-        self.config = ContinuousBatcherConfig(max_num_seqs, max_batched_tokens, chunked_prefill,
+        self.config = ContinuousBatcherConfig(max_num_seqs, max_num_batched_tokens, chunked_prefill,
                                               long_prefill_token_threshold)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []   # in admission order
@@ -114,8 +114,8 @@ class ContinuousBatcher(Scheduler):
         return self.config.max_num_seqs
 
     @property
-    def max_batched_tokens(self) -> int:
-        return self.config.max_batched_tokens
+    def max_num_batched_tokens(self) -> int:
+        return self.config.max_num_batched_tokens
 
     @property
     def chunked_prefill(self) -> bool:
@@ -129,9 +129,9 @@ class ContinuousBatcher(Scheduler):
     def why_unschedulable(self, req: Request) -> str | None:
         """Besides the KV check: without chunked prefill a prompt must fit one step's budget."""
         reason = super().why_unschedulable(req)
-        if reason is None and not self.config.chunked_prefill and req.prompt_len > self.config.max_batched_tokens:
-            reason = (f"prompt of {req.prompt_len} tokens exceeds max_batched_tokens="
-                      f"{self.config.max_batched_tokens}, and chunked_prefill=False means a prompt "
+        if reason is None and not self.config.chunked_prefill and req.prompt_len > self.config.max_num_batched_tokens:
+            reason = (f"prompt of {req.prompt_len} tokens exceeds max_num_batched_tokens="
+                      f"{self.config.max_num_batched_tokens}, and chunked_prefill=False means a prompt "
                       "must be computed in one step")
         return reason
 
@@ -147,7 +147,7 @@ class ContinuousBatcher(Scheduler):
         if kv is None:
             raise RuntimeError("ContinuousBatcher has no KV space; call bind(kv) before schedule()")
         config = self.config
-        budget = config.max_batched_tokens
+        budget = config.max_num_batched_tokens
         chunked = config.chunked_prefill
         # Per-request cap on prompt tokens in one step (the budget itself when there is no cap).
         prefill_cap = config.long_prefill_token_threshold or budget
@@ -209,6 +209,8 @@ class ContinuousBatcher(Scheduler):
             return req.prompt_len if req.prompt_len <= budget else 0
         return min(req.prompt_len, budget, config.long_prefill_token_threshold or budget)
 
+    may_continue_decoding = True
+
     def continues_decoding(self, plan: StepPlan) -> bool:
         """True when the next steps are pure decodes of ``plan``'s requests until someone arrives
         or finishes, so the simulator may compute them without asking (see ``Scheduler``).
@@ -226,7 +228,7 @@ class ContinuousBatcher(Scheduler):
         waiting = self.waiting
         if not waiting or len(running) >= self.config.max_num_seqs:
             return True
-        return self._first_chunk_tokens(waiting[0], self.config.max_batched_tokens - len(running)) == 0
+        return self._first_chunk_tokens(waiting[0], self.config.max_num_batched_tokens - len(running)) == 0
 
     def on_step_end(self, plan: StepPlan, now: float) -> list[Request]:
         """Remove the requests that finished in this step, free their KV, and release them."""
@@ -240,6 +242,6 @@ class ContinuousBatcher(Scheduler):
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"ContinuousBatcher(max_num_seqs={c.max_num_seqs}, max_batched_tokens="
-                f"{c.max_batched_tokens}, chunked_prefill={c.chunked_prefill}, "
+        return (f"ContinuousBatcher(max_num_seqs={c.max_num_seqs}, max_num_batched_tokens="
+                f"{c.max_num_batched_tokens}, chunked_prefill={c.chunked_prefill}, "
                 f"long_prefill_token_threshold={c.long_prefill_token_threshold})")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .request_level import RequestLevelBatcher
+from batchlab.schedulers.request_level import RequestLevelBatcher
 
 
 @dataclass(frozen=True)

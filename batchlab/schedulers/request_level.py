@@ -35,9 +35,9 @@ from abc import abstractmethod
 from collections import deque
 from typing import Any
 
-from ..plan import ScheduledChunk, StepPlan
-from ..requests import Request, RequestStatus
-from .base import Scheduler, split_ended
+from batchlab.plan import ScheduledChunk, StepPlan
+from batchlab.requests import Request, RequestStatus
+from batchlab.schedulers.base import Scheduler, split_ended
 
 
 class RequestLevelBatcher(Scheduler):
@@ -112,6 +112,8 @@ class RequestLevelBatcher(Scheduler):
             self.batch = []
             self.current_batch_id = None
         return released
+
+    may_continue_decoding = True
 
     def continues_decoding(self, plan: StepPlan) -> bool:
         """True while a batch runs and ``plan`` was its latest step: until a member finishes, each

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .request_level import RequestLevelBatcher
+from batchlab.schedulers.request_level import RequestLevelBatcher
 
 
 @dataclass(frozen=True)

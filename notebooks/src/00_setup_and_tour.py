@@ -27,9 +27,9 @@ import time
 import pandas as pd
 import torch
 
-from batchlab.environment import environment_report
+from batchlab.model.environment import environment_report
 from batchlab.exercises import check
-from batchlab.llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 from batchlab.model import load_model
 
 # %% [markdown]
@@ -108,13 +108,13 @@ assert "Paris" in answer, f"the greedy answer should name Paris; got {answer!r}"
 
 # %% [markdown]
 # That loop is all a "server" for one user needs. batchlab keeps it as
-# `batchlab.generate.greedy_generate`, which also times every step. The timings already show the
+# `batchlab.model.generate.greedy_generate`, which also times every step. The timings already show the
 # shape of the whole course: the prefill step handles dozens of tokens at once, yet costs only a
 # few times one decode step, which handles a single token.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from batchlab.generate import greedy_generate
+from batchlab.model.generate import greedy_generate
 
 gen = greedy_generate(weights, prompt_ids, MAX_NEW_TOKENS, stop_token_ids=[STOP_ID])
 assert gen.output_ids == output_ids, "greedy_generate is the same loop, so it gives the same tokens"

@@ -34,15 +34,15 @@ import torch
 
 from batchlab import metrics, profiler
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.calibration import calibrate_cost_model
+from batchlab.backends.calibration import calibrate_cost_model
 from batchlab.engine import Engine
-from batchlab.environment import device_name, environment_report
+from batchlab.model.environment import device_name, environment_report
 from batchlab.exercises import check
-from batchlab.llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 from batchlab.model import load_model
-from batchlab.plots import plot_occupancy, plot_step_profile, plot_timeline
+from batchlab.analysis.plots import plot_occupancy, plot_step_profile, plot_timeline
 from batchlab.schedulers import StaticBatcher
-from batchlab.widgets import explore
+from batchlab.analysis.widgets import explore
 from batchlab.workloads import Range, make_workload
 
 # %%

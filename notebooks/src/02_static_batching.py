@@ -35,16 +35,16 @@
 import matplotlib.pyplot as plt
 import numpy as np
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.plots import plot_occupancy, plot_timeline
+from batchlab.analysis.plots import plot_occupancy, plot_timeline
 from batchlab.schedulers import StaticBatcher
-from batchlab.scripted_workloads import scripted_workload
-from batchlab.widgets import explore
+from batchlab.workloads.scripted import scripted_workload
+from batchlab.analysis.widgets import explore
 from batchlab.workloads import Range, make_workload
 
 lm = load_model()

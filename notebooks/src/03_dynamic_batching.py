@@ -23,7 +23,7 @@
 #
 # The real model serves a small scene; a simulator calibrated on it serves the sweeps. The
 # calibration measures a few hundred real steps of many shapes and fits the step-time formula of
-# `batchlab.cost_model` (a fixed cost per step, plus costs per sequence, per token and per
+# `batchlab.backends.cost_model` (a fixed cost per step, plus costs per sequence, per token and per
 # attention pair); it takes some seconds and adapts to whatever device runs this notebook.
 
 # %%
@@ -31,18 +31,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.batches import batches_df
-from batchlab.calibration import calibrate_cost_model
-from batchlab.cost_model import CostModel
+from batchlab.analysis.batches import batches_df
+from batchlab.backends.calibration import calibrate_cost_model
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.plots import plot_latency_cdf, plot_timeline
+from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.schedulers import DynamicBatcher
-from batchlab.scripted_workloads import scripted_workload
-from batchlab.widgets import explore
+from batchlab.workloads.scripted import scripted_workload
+from batchlab.analysis.widgets import explore
 from batchlab.workloads import make_workload
 
 lm = load_model()
@@ -138,7 +138,7 @@ print("DynamicBatcher agrees with the hand-written loop on both scenes")
 # wait for that batch as well. A last request comes alone, ten seconds in. Each has 16 prompt
 # tokens and asks for 16 tokens.
 #
-# `batchlab.batches.batches_df` reads the batches back from the trace: their members, start,
+# `batchlab.analysis.batches.batches_df` reads the batches back from the trace: their members, start,
 # end, the longest wait before the start, and whether the server was **idle** or **busy** when
 # the batch's oldest member arrived.
 

@@ -40,18 +40,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.cost_model import CostModel
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
-from batchlab.generate import greedy_generate
-from batchlab.llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model.generate import greedy_generate
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 from batchlab.model import load_model
-from batchlab.plots import plot_latency_cdf, plot_occupancy, plot_timeline
-from batchlab.profiler import time_step
+from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
+from batchlab.model.profiler import time_step
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
-from batchlab.widgets import explore
+from batchlab.analysis.widgets import explore
 from batchlab.workloads import Range, make_workload
 
 lm = load_model()
@@ -166,7 +166,7 @@ for name in "AD":   # the first line: requests run to max_new_tokens, past the e
 # needs (its docstring lists the rules):
 #
 # - **Budgets.** At most `max_num_seqs` sequences run at once, and one step computes at most
-#   `max_batched_tokens` tokens (prompt pieces and decodes together; vLLM's
+#   `max_num_batched_tokens` tokens (prompt pieces and decodes together; vLLM's
 #   `max_num_batched_tokens`). Running sequences' decodes are served first, then prompts.
 # - **KV cache.** A request joins only if the cache can hold its prompt plus every token it may
 #   generate; otherwise it waits, first come first served.
@@ -241,7 +241,7 @@ plt.show()
 # %% [markdown]
 # ## The numbers
 #
-# `batchlab.metrics.compare` measures every trace the way a benchmark client would.
+# `batchlab.analysis.metrics.compare` measures every trace the way a benchmark client would.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -295,7 +295,7 @@ print(f"continuous vs static: p99 TTFT {continuous.ttft_p99:.2f} vs {static.ttft
 #
 # The batch changes at every step, with prompts of newcomers packed next to other sequences'
 # decodes. Does any request's greedy answer change? We re-serve some requests alone with
-# `batchlab.generate.greedy_generate` (one sequence, one slot, nothing else in any step) and
+# `batchlab.model.generate.greedy_generate` (one sequence, one slot, nothing else in any step) and
 # compare token by token. We pick requests that joined a batch already decoding, the case where
 # something could go wrong.
 

@@ -16,7 +16,7 @@
 # - To see the stall on the real model: the running requests' gap between tokens jumps several
 #   times at the step that admits a long prompt.
 # - How **chunked prefill** spreads a prompt over steps under a per-step token budget
-#   (`ContinuousBatcher(max_batched_tokens=...)`, vLLM's `max_num_batched_tokens`), and how
+#   (`ContinuousBatcher(max_num_batched_tokens=...)`, vLLM's `max_num_batched_tokens`), and how
 #   much smoother the running requests' tokens become.
 # - The price: the newcomer's first token comes later. Sweeping the budget draws the trade
 #   between its TTFT and the others' inter-token latency, and a latency target picks the budget.
@@ -25,7 +25,7 @@
 # ## Setup
 #
 # The real model serves the experiment; a simulator calibrated on it (the step-time formula of
-# `batchlab.cost_model`, fitted to a few hundred real steps of many shapes) serves the full
+# `batchlab.backends.cost_model`, fitted to a few hundred real steps of many shapes) serves the full
 # budget sweep. The calibration takes some seconds and adapts to whatever device runs this.
 
 # %%
@@ -34,14 +34,20 @@ import numpy as np
 import pandas as pd
 
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.calibration import calibrate_cost_model
+from batchlab.backends.calibration import calibrate_cost_model
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.prefill_stall import (StallScenario, budget_sweep, long_prompt_len_for,
-                                    plot_token_gaps, stall_summary, token_gaps)
+from batchlab.experiments.prefill_stall import (
+    StallScenario,
+    budget_sweep,
+    long_prompt_len_for,
+    plot_token_gaps,
+    stall_summary,
+)
+from batchlab.analysis.diagnosis import token_gaps
 from batchlab.schedulers import ContinuousBatcher
-from batchlab.widgets import explore
+from batchlab.analysis.widgets import explore
 
 lm = load_model()
 ON_GPU = lm.device == "cuda"
@@ -108,7 +114,7 @@ control_gaps = token_gaps(control)["gap"].dropna()
 
 # %%
 WHOLE_BUDGET = max(2048, prompt_len + NUM_RUNNING)
-whole = Engine(ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_batched_tokens=WHOLE_BUDGET,
+whole = Engine(ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=WHOLE_BUDGET,
                                  chunked_prefill=False), backend).run(requests, progress=True)
 whole_stall = stall_summary(whole, scenario.long_id)
 plot_token_gaps(whole, scenario.long_id,
@@ -158,7 +164,7 @@ print(f"admission step: {1e3 * whole_stall['admission_gap']:.0f} ms against a me
 #
 # ## Chunked prefill: a token budget per step
 #
-# `ContinuousBatcher` plans each step from a budget of `max_batched_tokens` tokens (its rules,
+# `ContinuousBatcher` plans each step from a budget of `max_num_batched_tokens` tokens (its rules,
 # as in vLLM's scheduler): running requests that are decoding get one token each first; what is
 # left of the budget goes to prompts, in pieces. Under a budget of 64 next to 4 decodes, a long
 # prompt is computed 60 tokens at a time, over as many steps as that takes, and only its last
@@ -167,14 +173,14 @@ print(f"admission step: {1e3 * whole_stall['admission_gap']:.0f} ms against a me
 
 # %%
 CHUNK_BUDGET = 512 if ON_GPU else 64
-chunked = Engine(ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_batched_tokens=CHUNK_BUDGET),
+chunked = Engine(ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=CHUNK_BUDGET),
                  backend).run(requests, progress=True)
 chunked_stall = stall_summary(chunked, scenario.long_id)
 
 fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True, sharey=True)
 plot_token_gaps(whole, scenario.long_id, ax=axes[0], title="whole prompt in one step")
 plot_token_gaps(chunked, scenario.long_id, ax=axes[1],
-                title=f"chunked prefill, max_batched_tokens={CHUNK_BUDGET}")
+                title=f"chunked prefill, max_num_batched_tokens={CHUNK_BUDGET}")
 fig.suptitle("Chunked prefill spreads the prompt: smaller gaps, for longer")
 fig.tight_layout()
 plt.show()
@@ -217,12 +223,12 @@ print(f"worst gap {1e3 * whole_stall['prefill_itl_max']:.0f} → "
 REAL_BUDGETS = [256, 2048] if ON_GPU else [32, 128]
 real_sweep = budget_sweep(backend, requests, REAL_BUDGETS, MAX_NUM_SEQS, long_id=scenario.long_id,
                           progress=True)
-whole_row = {"max_batched_tokens": WHOLE_BUDGET, "chunked_prefill": False, **whole_stall.to_dict()}
-chunk_row = {"max_batched_tokens": CHUNK_BUDGET, "chunked_prefill": True, **chunked_stall.to_dict()}
+whole_row = {"max_num_batched_tokens": WHOLE_BUDGET, "chunked_prefill": False, **whole_stall.to_dict()}
+chunk_row = {"max_num_batched_tokens": CHUNK_BUDGET, "chunked_prefill": True, **chunked_stall.to_dict()}
 real_points = (pd.concat([real_sweep, pd.DataFrame([chunk_row, whole_row])], ignore_index=True)
                .astype({c: float for c in ("long_ttft", "prefill_itl_max", "prefill_itl_max_rel",
                                            "long_prefill_time_rel")})
-               .sort_values(["chunked_prefill", "max_batched_tokens"], ascending=[False, True]))
+               .sort_values(["chunked_prefill", "max_num_batched_tokens"], ascending=[False, True]))
 
 # %%
 sim = SimBackend(cost, kv_capacity_tokens=MAX_NUM_SEQS * scenario.max_seq_len,
@@ -235,7 +241,7 @@ sim_sweep = budget_sweep(sim, sim_requests, SIM_BUDGETS, MAX_NUM_SEQS, long_id=s
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-show = ["max_batched_tokens", "chunked_prefill", "long_prefill_steps", "long_ttft", "prefill_itl_max"]
+show = ["max_num_batched_tokens", "chunked_prefill", "long_prefill_steps", "long_ttft", "prefill_itl_max"]
 print("real model:")
 print(real_points[show].round(3).to_string(index=False))
 print("simulator:")
@@ -250,7 +256,7 @@ for _, row in sim_sweep.iterrows():   # label each budget, once per distinct poi
     point = (round(1e3 * row["prefill_itl_max"], 1), round(1e3 * row["long_ttft"], 1))
     if point not in labelled:
         labelled.add(point)
-        ax.annotate(str(int(row["max_batched_tokens"])), point, textcoords="offset points",
+        ax.annotate(str(int(row["max_num_batched_tokens"])), point, textcoords="offset points",
                     xytext=(4, 4), fontsize=7, color="gray")
 ax.scatter(1e3 * real_points["prefill_itl_max"], 1e3 * real_points["long_ttft"], marker="*", s=120,
            color="tab:red", zorder=3, label="real model")
@@ -264,7 +270,7 @@ plt.show()
 
 # %%
 budgets, ttft, itl = (sim_sweep[c].to_numpy(dtype=float) for c in
-                      ("max_batched_tokens", "long_ttft", "prefill_itl_max"))
+                      ("max_num_batched_tokens", "long_ttft", "prefill_itl_max"))
 # On the simulator a bigger budget never delays the newcomer's first token (fewer steps, each
 # paying the fixed cost once)...
 assert (np.diff(ttft) <= 1e-9).all(), sim_sweep[show]
@@ -304,13 +310,13 @@ print(f"simulator, budget {int(budgets[0])} → {int(budgets[-1])}: newcomer TTF
 # requests' gaps, with the budget's point on the trade curve.
 
 # %%
-def show_budget(max_batched_tokens=64):
+def show_budget(max_num_batched_tokens=64):
     """Gaps of the running requests, and the trade curve, at one token budget (simulator)."""
-    row = budget_sweep(sim, sim_requests, [max_batched_tokens], MAX_NUM_SEQS, long_id=scenario.long_id)
-    trace = row.attrs["traces"][max_batched_tokens]
+    row = budget_sweep(sim, sim_requests, [max_num_batched_tokens], MAX_NUM_SEQS, long_id=scenario.long_id)
+    trace = row.attrs["traces"][max_num_batched_tokens]
     fig, (ax_gaps, ax_trade) = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [3, 2]})
     plot_token_gaps(trace, scenario.long_id, ax=ax_gaps,
-                    title=f"max_batched_tokens={max_batched_tokens}: "
+                    title=f"max_num_batched_tokens={max_num_batched_tokens}: "
                           f"{int(row['long_prefill_steps'].iloc[0])} prefill steps")
     ax_trade.plot(1e3 * sim_sweep["prefill_itl_max"], 1e3 * sim_sweep["long_ttft"], color="gray",
                   marker=".")
@@ -326,11 +332,11 @@ def show_budget(max_batched_tokens=64):
     return fig
 
 # %%
-fig = show_budget(max_batched_tokens=CHUNK_BUDGET)
+fig = show_budget(max_num_batched_tokens=CHUNK_BUDGET)
 plt.show()
 
 # %%
-explore(show_budget, max_batched_tokens=(NUM_RUNNING + 4, 2 * (prompt_len + NUM_RUNNING), 4))
+explore(show_budget, max_num_batched_tokens=(NUM_RUNNING + 4, 2 * (prompt_len + NUM_RUNNING), 4))
 
 # %% [markdown]
 # ## Summary
@@ -355,7 +361,7 @@ explore(show_budget, max_batched_tokens=(NUM_RUNNING + 4, 2 * (prompt_len + NUM_
 # Worked solutions are in `solutions/06_prefill_stalls_and_chunked_prefill.py`.
 #
 # **06.1** Six requests are decoding when a request with a 500-token prompt is admitted, under
-# `ContinuousBatcher(max_batched_tokens=48)`. The six keep decoding all along. In how many steps
+# `ContinuousBatcher(max_num_batched_tokens=48)`. The six keep decoding all along. In how many steps
 # is the prompt computed (counting the step that samples its first token)? Work it out from the
 # scheduler's rules, then check it on a simulator with
 # `StallScenario(num_running=6, long_prompt_len=500)` (served with

@@ -9,7 +9,7 @@
 # right number, and measure it the same way every benchmark tool does... which, it turns out,
 # they do not.
 #
-# This notebook takes one trace of the real model apart by hand, then uses `batchlab.metrics`
+# This notebook takes one trace of the real model apart by hand, then uses `batchlab.analysis.metrics`
 # for the same numbers; it runs the article's two requests (a long prompt with a short answer,
 # and the opposite) to see which phase each one stresses; it shows how a mean hides the requests
 # people remember; and it ends with goodput, the throughput that met its latency targets.
@@ -19,7 +19,7 @@
 # - The four latencies of a streamed response, computed by hand from a token timeline with
 #   pandas: **TTFT** (arrival to first token), **E2E** (arrival to last token), **TPOT** (time
 #   per output token after the first) and **ITL** (every gap between two tokens), and the same
-#   numbers from `batchlab.metrics`.
+#   numbers from `batchlab.analysis.metrics`.
 # - Why 2,000 tokens in / 20 out and 20 in / 2,000 out, with about the same number of tokens,
 #   stress different phases: the first spends its time before the first token, the second after.
 # - Means against percentiles: a run where the typical first token comes quickly and one request
@@ -40,16 +40,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.calibration import calibrate_cost_model
+from batchlab.backends.calibration import calibrate_cost_model
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.plots import plot_latency_cdf, plot_timeline
+from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.schedulers import ContinuousBatcher
-from batchlab.sweeps import capacity
-from batchlab.widgets import explore
+from batchlab.experiments.sweeps import capacity
+from batchlab.analysis.widgets import explore
 from batchlab.workloads import make_workload
 
 lm = load_model()
@@ -64,9 +64,9 @@ MAX_NUM_SEQS = 16
 backend = ModelBackend(lm, max_num_seqs=MAX_NUM_SEQS, max_seq_len=512)
 
 
-def serve_real(requests, max_batched_tokens=512, progress=False):
+def serve_real(requests, max_num_batched_tokens=512, progress=False):
     """Serve requests on the real model with continuous batching."""
-    scheduler = ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_batched_tokens=max_batched_tokens)
+    scheduler = ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=max_num_batched_tokens)
     return Engine(scheduler, backend).run(requests, progress=progress)
 
 # %% [markdown]
@@ -82,7 +82,7 @@ def serve_real(requests, max_batched_tokens=512, progress=False):
 # NBVAL_IGNORE_OUTPUT
 chat = make_workload(CHAT_REQUESTS, "chat", scale="cpu", arrival="poisson", rate=CHAT_RATE, seed=6,
                      tokenizer=lm.tokenizer)
-trace = serve_real(chat, max_batched_tokens=256, progress=True)
+trace = serve_real(chat, max_num_batched_tokens=256, progress=True)
 tokens = trace.tokens_df()
 requests = trace.requests_df().set_index("request_id")
 tokens.head(6).round(3)
@@ -148,7 +148,7 @@ itl_by_hand = ordered.groupby("request_id")["visible_time"].diff().dropna().to_n
 print(f"{len(by_hand)} requests, {len(itl_by_hand)} token gaps")
 
 # %% [markdown]
-# `batchlab.metrics` computes the same numbers (the way vLLM's serving benchmark does), plus a
+# `batchlab.analysis.metrics` computes the same numbers (the way vLLM's serving benchmark does), plus a
 # few more per request (`queue_time`, the longest gap `itl_max`). They must agree exactly.
 
 # %%
@@ -243,8 +243,8 @@ def sim():
     return SimBackend(cost, kv_capacity_tokens=64 * 4096)
 
 
-def serve_sim(requests, max_num_seqs=MAX_NUM_SEQS, max_batched_tokens=2048):
-    scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens)
+def serve_sim(requests, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048):
+    scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     return Engine(scheduler, sim()).run(requests)
 
 
@@ -281,7 +281,7 @@ def chat_at(rate, burstiness, n=600):
 
 
 chat_capacity = capacity(chat_at(1.0, 0.2, n=160), lambda: ContinuousBatcher(MAX_NUM_SEQS, 512), sim)
-bursty = serve_sim(chat_at(0.5 * chat_capacity, 0.2), max_batched_tokens=512)
+bursty = serve_sim(chat_at(0.5 * chat_capacity, 0.2), max_num_batched_tokens=512)
 ttft = metrics.per_request_metrics(bursty)["ttft"]
 tails = pd.Series({"mean": ttft.mean(), "p50": ttft.median(), "p90": ttft.quantile(0.9),
                    "p99": ttft.quantile(0.99), "max": ttft.max()}, name="TTFT (s)")
@@ -394,7 +394,7 @@ print("goodput as the TTFT objective loosens (req/s):", np.round(loosen, 3).toli
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-calm = serve_sim(chat_at(0.5 * chat_capacity, 1), max_batched_tokens=512)
+calm = serve_sim(chat_at(0.5 * chat_capacity, 1), max_num_batched_tokens=512)
 days = metrics.compare({"calm (Poisson)": calm, "bursty": bursty}, slo=slo, label="traffic")
 days["good_share"] = days["num_good"] / days["num_finished"]
 days[["traffic", "num_finished", "request_throughput", "goodput", "good_share", "ttft_p99"]].round(3)
@@ -423,7 +423,7 @@ def show_goodput(ttft_slo_steps=20, tpot_slo_steps=3.0, burstiness=0.2):
     """Goodput of chat traffic at half capacity, for SLOs given in decode steps of this machine."""
     if burstiness not in explorer_traces:
         explorer_traces[burstiness] = serve_sim(chat_at(0.5 * chat_capacity, burstiness),
-                                                max_batched_tokens=512)
+                                                max_num_batched_tokens=512)
     tr = explorer_traces[burstiness]
     objective = metrics.SLO(ttft=ttft_slo_steps * STEP_S, tpot=tpot_slo_steps * STEP_S)
     rates = metrics.throughput(tr, slo=objective)

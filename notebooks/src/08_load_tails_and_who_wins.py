@@ -18,7 +18,7 @@
 # ## What you will learn
 #
 # - A **load sweep**: the same requests served at several request rates, written out in a few
-#   lines, and `batchlab.sweeps.load_sweep`, which does the same for several policies at once.
+#   lines, and `batchlab.experiments.sweeps.load_sweep`, which does the same for several policies at once.
 # - **Poisson and bursty arrivals**: the same average rate with different clumping (gamma
 #   gaps, `burstiness < 1`), and what clumping does to tail latency.
 # - **TTFT climbs first**: as traffic approaches what the server can do, waiting in the queue
@@ -44,18 +44,19 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.calibration import calibrate_cost_model
-from batchlab.cost_model import CostModel, chunk_attention_pairs, features_df
+from batchlab.backends.calibration import calibrate_cost_model
+from batchlab.backends.cost_model import CostModel, features_df
+from batchlab.plan import chunk_attention_pairs
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.plots import plot_load_curve, plot_timeline
+from batchlab.analysis.plots import plot_load_curve, plot_timeline
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
-from batchlab.scripted_workloads import scripted_workload
-from batchlab.sweeps import capacity, load_sweep
-from batchlab.widgets import explore
+from batchlab.workloads.scripted import scripted_workload
+from batchlab.experiments.sweeps import capacity, load_sweep
+from batchlab.analysis.widgets import explore
 from batchlab.workloads import make_workload
 
 lm = load_model()
@@ -107,7 +108,7 @@ CHAT_TIMEOUT = round(DECODE_STEP, 4)
 CHAT_BUDGET = 256            # tokens per continuous-batching step: chat prompts fit in one step
 chat_policies = {
     "dynamic": lambda: DynamicBatcher(max_batch_size=MAX_NUM_SEQS, timeout=CHAT_TIMEOUT, stream=True),
-    "continuous": lambda: ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_batched_tokens=CHAT_BUDGET),
+    "continuous": lambda: ContinuousBatcher(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=CHAT_BUDGET),
 }
 SLO_CHAT = metrics.SLO(ttft=round(20 * DECODE_STEP, 3), tpot=round(2.5 * DECODE_STEP, 4))
 print(f"dynamic timeout {CHAT_TIMEOUT * 1e3:.0f} ms; SLO: TTFT <= {SLO_CHAT.ttft} s, "
@@ -169,7 +170,7 @@ by_hand = sweep_by_hand(chat_workload, [0.5, 1.0], chat_policies["continuous"])
 by_hand[["request_rate", "ttft_p50", "ttft_p99", "itl_p50", "busy_share"]].round(3)
 
 # %% [markdown]
-# `batchlab.sweeps.load_sweep(workload_fn, rates, policies, backend_factory, slo=...)` is the same
+# `batchlab.experiments.sweeps.load_sweep(workload_fn, rates, policies, backend_factory, slo=...)` is the same
 # loop over several policies, with a progress bar, checks on its inputs, and the policy's name in
 # each row: a tidy table that `plot_load_curve` draws directly.
 
@@ -446,7 +447,7 @@ CONCURRENCIES = [0.05, 0.1, 0.2, 0.4, 0.8, 1.6]
 def lone_service_time(prompt_len, output_len):
     """Seconds one request takes from arrival to last token when it has the server to itself."""
     alone = scripted_workload([0.0], max_new_tokens=output_len, prompt_len=prompt_len)
-    trace = Engine(ContinuousBatcher(max_num_seqs=1, max_batched_tokens=prompt_len), sim()).run(alone)
+    trace = Engine(ContinuousBatcher(max_num_seqs=1, max_num_batched_tokens=prompt_len), sim()).run(alone)
     return float(metrics.per_request_metrics(trace)["e2e"].iloc[0])
 
 
@@ -748,7 +749,7 @@ gpu_like = CostModel(fixed_s=0.006, per_seq_s=1e-4, per_token_s=2e-5, per_attent
 
 # %% [markdown]
 # **08.1** With `gpu_like`, a request with a 4,096-token prompt arrives at an idle server.
-# Continuous batching uses chunked prefill with `max_batched_tokens=512`; dynamic batching streams
+# Continuous batching uses chunked prefill with `max_num_batched_tokens=512`; dynamic batching streams
 # and has a timeout of 2 ms. How many seconds sooner does dynamic batching give the first token
 # (TTFT continuous minus TTFT dynamic; negative if it is later)?
 
@@ -767,7 +768,7 @@ check("08.2", answer)
 # %% [markdown]
 # **08.3** Back to this notebook's chat policies, on the simulator with `gpu_like` (KV cache of
 # `16 * 512` tokens). Serve `make_workload(400, "chat", arrival="poisson", rate=r, seed=7)` under
-# `ContinuousBatcher(max_num_seqs=16, max_batched_tokens=256)` at the rates
+# `ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=256)` at the rates
 # `[20, 40, 60, 80, 100, 120]` req/s. With the SLO `TTFT <= 0.1 s, TPOT <= 0.02 s`, which rate
 # gives the highest goodput? (Answer with the rate.)
 

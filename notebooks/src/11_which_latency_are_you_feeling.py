@@ -17,7 +17,7 @@
 #
 # - A yardstick for "slow": the same request **alone on an empty server**, predicted by the
 #   cost model, and the **excess** waiting every request had beyond it, before its first token
-#   and during its stream (`batchlab.diagnosis`).
+#   and during its stream (`batchlab.analysis.diagnosis`).
 # - How to read a trace: latency CDFs, TTFT against arrival time, queue length, a timeline and
 #   the batch occupancy, and every token gap tied to the step that produced it.
 # - The evidence that tells the causes apart: a queue while the device is idle (a timer), a queue
@@ -41,20 +41,27 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from batchlab import metrics
+from batchlab.analysis import metrics
 from batchlab.backends import ModelBackend
-from batchlab.cost_model import CostModel
-from batchlab.diagnosis import (excess_latency, excess_share_before_first_token, idle_while_waiting,
-                                lone_decode_time, lone_ttft, num_waiting_at, steps_with_waiting,
-                                token_gaps)
+from batchlab.backends.cost_model import CostModel
+from batchlab.analysis.diagnosis import (
+    excess_latency,
+    excess_share_before_first_token,
+    idle_while_waiting,
+    lone_decode_time,
+    lone_ttft,
+    num_waiting_at,
+    steps_with_waiting,
+    token_gaps,
+)
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.plots import plot_latency_cdf, plot_occupancy, plot_timeline
+from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.trace import Trace
-from batchlab.trace_io import load_trace
-from batchlab.widgets import explore
+from batchlab.analysis.trace_io import load_trace
+from batchlab.analysis.widgets import explore
 from batchlab.workloads import CORPUS_PATH, make_workload
 
 CAPSTONE = CORPUS_PATH.parent / "capstone"   # the course's data/ folder, wherever it is installed
@@ -286,7 +293,7 @@ diagnosis
 # | slow stream, in bursts | rare long gaps, each produced by a step full of prompt tokens | chunked prefill with a modest token budget |
 # | slow stream, steadily | every gap several times a lone step; steps full of decodes; no queue | more capacity / less load |
 #
-# `batchlab.diagnosis` has the tools: `excess_latency`, `excess_share_before_first_token`,
+# `batchlab.analysis.diagnosis` has the tools: `excess_latency`, `excess_share_before_first_token`,
 # `idle_while_waiting`, `steps_with_waiting`, `num_waiting_at`, `token_gaps`.
 #
 # ### Explorer: look at any trace
@@ -340,8 +347,8 @@ NUM = 48 if ON_GPU else 12
 backend = ModelBackend(lm, max_num_seqs=NUM, max_seq_len=256)
 together = make_workload(NUM, prompt_len=32, output_len=24, arrival="at_once", seed=8,
                          tokenizer=lm.tokenizer)
-narrow = Engine(ContinuousBatcher(max_num_seqs=2, max_batched_tokens=512), backend).run(together, progress=True)
-wide = Engine(ContinuousBatcher(max_num_seqs=NUM, max_batched_tokens=2048), backend).run(together)
+narrow = Engine(ContinuousBatcher(max_num_seqs=2, max_num_batched_tokens=512), backend).run(together, progress=True)
+wide = Engine(ContinuousBatcher(max_num_seqs=NUM, max_num_batched_tokens=2048), backend).run(together)
 real = metrics.compare({"max_num_seqs=2": narrow, f"max_num_seqs={NUM}": wide}, label="server")
 real[["server", "ttft_p50", "queue_time_p50", "tpot_p50", "e2e_p50"]].round(3)
 

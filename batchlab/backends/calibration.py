@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import warnings
 
-from .backends.model import ModelBackend
-from .cost_model import CostModel
-from .engine import Engine
-from .schedulers import ContinuousBatcher
-from .trace import StepRecord, Trace
-from .workloads import make_workload
+from batchlab.backends.model_backend import ModelBackend
+from batchlab.backends.cost_model import CostModel
+from batchlab.engine import Engine
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.trace import StepRecord, Trace
+from batchlab.workloads import make_workload
 
 
 # Median relative error of a fit above which calibration warns (quiet CPUs here give 5-10%).
@@ -30,11 +30,11 @@ def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
 
 
 def calibration_trace(backend: ModelBackend, num_requests: int = 24, max_num_seqs: int = 16,
-                      max_batched_tokens: int = 96, seed: int = 0, progress: bool = False) -> Trace:
+                      max_num_batched_tokens: int = 96, seed: int = 0, progress: bool = False) -> Trace:
     """Serve the calibration workload on the real model and return its trace (measured steps)."""
     requests = calibration_workload(backend.lm.tokenizer, num_requests, seed)
     scheduler = ContinuousBatcher(max_num_seqs=min(max_num_seqs, backend.kv.num_slots),
-                                  max_batched_tokens=max_batched_tokens, chunked_prefill=True)
+                                  max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=True)
     return Engine(scheduler, backend).run(requests, progress=progress)
 
 
@@ -54,7 +54,7 @@ def calibration_steps(backend: ModelBackend, num_requests: int = 24, seed: int =
     steps: list[StepRecord] = []
     for budget, seqs in ((64, 16), (512, 8)):
         trace = calibration_trace(backend, num_requests, max_num_seqs=seqs,
-                                  max_batched_tokens=budget, seed=seed, progress=progress)
+                                  max_num_batched_tokens=budget, seed=seed, progress=progress)
         steps += trace.steps[1:]  # the first step warms caches up; leave it out
     return steps
 

@@ -45,9 +45,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .plan import ScheduledChunk
-from .requests import RequestStatus
-from .trace import RequestRecord, StepRecord, Trace
+from batchlab.plan import ScheduledChunk
+from batchlab.requests import RequestStatus
+from batchlab.trace import RequestRecord, StepRecord, Trace
 
 TRACE_FILE_FORMAT = "batchlab-trace"
 TRACE_FILE_VERSION = 1

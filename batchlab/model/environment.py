@@ -14,6 +14,13 @@ import sys
 import torch
 
 
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the device to finish queued work (CUDA runs asynchronously), so a timer around a
+    step measures the step itself. A no-op on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def device_name(device: str | torch.device = "cpu") -> str:
     """A readable name: the GPU's model for CUDA devices, the CPU's model name otherwise."""
     device = torch.device(device)

@@ -11,15 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-import torch
 
-from ..kv_cache import KVCache
-from ..llama import LlamaWeights, SeqChunk, forward_step
-from ..model import LoadedModel, load_model
-from ..plan import StepPlan
-from ..requests import Request
-from ..sampling import RequestSampler
-from .base import Backend, StepResult
+from batchlab.model.environment import synchronize
+from batchlab.model.kv_cache import KVCache
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model import LoadedModel, load_model
+from batchlab.plan import StepPlan
+from batchlab.requests import Request
+from batchlab.model.sampling import RequestSampler
+from batchlab.backends.base import Backend, StepResult
 
 
 class ModelBackend(Backend):
@@ -51,9 +51,8 @@ class ModelBackend(Backend):
     def describe(self) -> str:
         return f"ModelBackend({self.lm.name}, {self.lm.device}/{self.lm.dtype}, {self.kv})"
 
-    def _sync(self) -> None:
-        if self.weights.device.type == "cuda":
-            torch.cuda.synchronize()
+    def release(self, request_id: str) -> None:
+        self.sampler.forget(request_id)     # its generator, if it sampled with one
 
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         if plan.is_empty:
@@ -65,14 +64,11 @@ class ModelBackend(Backend):
                                    req.token_ids(c.start, c.num_tokens), c.samples))
             if c.samples:
                 sampled.append(req)
-        self._sync()
+        synchronize(self.weights.device)
         t0 = time.perf_counter()
         logits = forward_step(self.weights, self.kv, chunks)
         tokens = self.sampler.sample(logits, [r.request_id for r in sampled],
                                      [r.sampling for r in sampled]) if sampled else []
-        self._sync()
+        synchronize(self.weights.device)
         duration = time.perf_counter() - t0
-        for req in sampled:  # a request that gets its last token no longer needs its generator
-            if len(req.output_ids) + 1 >= req.max_new_tokens:
-                self.sampler.forget(req.request_id)
         return StepResult({r.request_id: t for r, t in zip(sampled, tokens)}, duration)

@@ -18,12 +18,15 @@ to the step that produced the token, so a long gap can be blamed on what that st
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
-from .cost_model import CostModel
-from .metrics import per_request_metrics
-from .trace import Trace
+from batchlab.backends.cost_model import CostModel
+from batchlab.analysis.metrics import per_request_metrics
+from batchlab.plan import chunk_attention_pairs
+from batchlab.trace import Trace
 
 
 def _check_cost(cost: CostModel) -> None:
@@ -38,7 +41,7 @@ def lone_ttft(cost: CostModel, prompt_len: int) -> float:
     if not isinstance(prompt_len, (int, np.integer)) or prompt_len < 1:
         raise ValueError(f"prompt_len={prompt_len!r}; must be an int >= 1")
     p = int(prompt_len)
-    return cost.predict_features(1, p, p * (p + 1) // 2)
+    return cost.predict_features(1, p, chunk_attention_pairs(0, p))
 
 
 def lone_decode_time(cost: CostModel, prompt_len: int, num_output_tokens: int) -> float:
@@ -54,8 +57,9 @@ def lone_decode_time(cost: CostModel, prompt_len: int, num_output_tokens: int) -
     if not isinstance(prompt_len, (int, np.integer)) or prompt_len < 1:
         raise ValueError(f"prompt_len={prompt_len!r}; must be an int >= 1")
     steps = int(num_output_tokens) - 1
-    # Keys read: prompt_len + 1, prompt_len + 2, ..., prompt_len + steps.
-    keys = steps * int(prompt_len) + steps * (steps + 1) // 2
+    # Keys read: prompt_len + 1, prompt_len + 2, ..., prompt_len + steps: the same query-key
+    # pairs as computing tokens [prompt_len, prompt_len + steps) in one chunk.
+    keys = chunk_attention_pairs(int(prompt_len), steps)
     return (steps * (cost.fixed_s + cost.per_seq_s + cost.per_token_s)
             + cost.per_attention_pair_s * keys)
 
@@ -97,16 +101,26 @@ def excess_share_before_first_token(trace: Trace, cost: CostModel) -> float:
     return float(before / (before + after))
 
 
-def token_gaps(trace: Trace) -> pd.DataFrame:
+def token_gaps(trace: Trace, request_ids: Iterable[str] | None = None) -> pd.DataFrame:
     """Every gap between successive visible tokens, with the step that produced the later token.
 
-    Columns: ``request_id``, ``token_index`` (of the later token), ``gap`` (seconds), and from
-    that token's step: ``step``, ``step_duration``, ``step_num_seqs``, ``step_prefill_tokens``.
-    Only streamed requests have gaps that steps explain; for a non-streamed one the gaps are 0.
-    A token is produced by the step that ends when it is computed (matched within 2 µs, so
-    traces saved to a file and loaded back match too).
+    Columns: ``request_id``, ``token_index`` (of the later token), ``time`` (when the client saw
+    it, s), ``gap`` (s since the same request's previous token), and from that token's step:
+    ``step``, ``step_duration``, ``step_num_seqs``, ``step_prefill_tokens``. ``request_ids`` keeps
+    only those requests (default: all). Only streamed requests have gaps that steps explain; for
+    a non-streamed one the gaps are 0. A token is produced by the step that ends when it is
+    computed (matched within 2 µs, so traces saved to a file and loaded back match too).
     """
-    tokens = trace.tokens_df().sort_values(["request_id", "token_index"], kind="stable")
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    tokens = trace.tokens_df()
+    if request_ids is not None:
+        keep = set(request_ids)
+        unknown = keep - {r.request_id for r in trace.requests}
+        if unknown:
+            raise ValueError(f"request id(s) {sorted(unknown)} are not in the trace")
+        tokens = tokens[tokens["request_id"].isin(keep)]
+    tokens = tokens.sort_values(["request_id", "token_index"], kind="stable")
     tokens["gap"] = tokens.groupby("request_id")["visible_time"].diff()
     gaps = tokens.dropna(subset=["gap"]).sort_values("computed_time", kind="stable")
     steps = trace.steps_df()[["step", "end", "duration", "num_seqs", "num_prefill_tokens"]]
@@ -115,8 +129,9 @@ def token_gaps(trace: Trace) -> pd.DataFrame:
     merged = pd.merge_asof(gaps, steps, left_on="computed_time", right_on="end",
                            direction="nearest", tolerance=2e-6)
     merged = merged.sort_values(["request_id", "token_index"], kind="stable").reset_index(drop=True)
-    return merged[["request_id", "token_index", "gap", "step", "step_duration", "step_num_seqs",
-                   "step_prefill_tokens"]]
+    merged = merged.rename(columns={"visible_time": "time"})
+    return merged[["request_id", "token_index", "time", "gap", "step", "step_duration",
+                   "step_num_seqs", "step_prefill_tokens"]]
 
 
 def num_waiting_at(trace: Trace, times: np.ndarray) -> np.ndarray:

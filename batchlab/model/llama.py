@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import KVCache
+from batchlab.model.kv_cache import KVCache
 
 
 @dataclass(frozen=True)

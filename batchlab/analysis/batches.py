@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .trace import Trace
+from batchlab.trace import Trace
 
 BATCH_COLUMNS: list[str] = [
     "batch_id", "size", "request_ids", "first_arrival", "last_arrival", "start", "end",

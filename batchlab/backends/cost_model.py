@@ -38,34 +38,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .plan import ScheduledChunk, StepPlan
-from .trace import StepRecord, Trace
+from batchlab.plan import ScheduledChunk, StepPlan, step_features
+from batchlab.trace import StepRecord, Trace
 
 FEATURES = ("num_seqs", "num_tokens", "attention_pairs")
 COEFFICIENTS = ("fixed_s", "per_seq_s", "per_token_s", "per_attention_pair_s")
 FORMULA = ("t_step = fixed_s + per_seq_s*num_seqs + per_token_s*num_tokens "
            "+ per_attention_pair_s*attention_pairs")
-
-
-# --- features of one step ----------------------------------------------------------------------
-def chunk_attention_pairs(start: int, num_tokens: int) -> int:
-    """Query-key pairs for computing tokens ``[start, start + num_tokens)`` of one sequence.
-
-    Query ``start + j`` attends to ``start + j + 1`` keys, so the sum over ``j`` is
-    ``num_tokens * start + num_tokens * (num_tokens + 1) / 2`` (a decode at ``p``: ``p + 1``).
-    """
-    return num_tokens * start + num_tokens * (num_tokens + 1) // 2
-
-
-def step_features(chunks: Iterable[ScheduledChunk]) -> tuple[int, int, int]:
-    """``(num_seqs, num_tokens, attention_pairs)`` of one step's chunks (all exact integers)."""
-    num_seqs = num_tokens = pairs = 0
-    for c in chunks:
-        n = c.num_tokens
-        num_seqs += 1
-        num_tokens += n
-        pairs += n * c.start + n * (n + 1) // 2
-    return num_seqs, num_tokens, pairs
 
 
 def features_df(steps: Trace | Iterable[StepRecord]) -> pd.DataFrame:

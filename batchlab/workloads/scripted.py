@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .requests import Request
-from .workloads import CorpusPrompts, prompt_seed, request_ids
+from batchlab.requests import Request
+from batchlab.workloads import CorpusPrompts, prompt_seed, request_ids
 
 
 def _per_request(value: int | Sequence[int], n: int, what: str) -> list[int]:

@@ -21,10 +21,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..cost_model import CostModel
-from ..plan import StepPlan, TokenKVSpace
-from ..requests import Request
-from .base import Backend, StepResult
+from batchlab.backends.cost_model import CostModel
+from batchlab.kv_space import TokenKVSpace
+from batchlab.plan import StepPlan, step_features
+from batchlab.requests import Request
+from batchlab.backends.base import Backend, StepResult
 
 PLACEHOLDER_TOKEN = -1
 _NOISE_BLOCK = 4096  # noise factors drawn at a time (numpy is fast per block, slow per call)
@@ -34,6 +35,7 @@ class SimBackend(Backend):
     """Predicts step durations with ``cost_model``; see the module docstring for the rules."""
 
     placeholder_token: int = PLACEHOLDER_TOKEN
+    predicts_decode_runs = True
 
     def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
                  noise: float = 0.0, seed: int = 0) -> None:
@@ -66,19 +68,10 @@ class SimBackend(Backend):
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         """Predict the step's duration; every sampling chunk "produces" the placeholder token."""
         chunks = plan.chunks
-        num_tokens = pairs = 0
-        sampling: list[str] = []
-        for c in chunks:
-            n = c.num_tokens
-            num_tokens += n
-            # Query-key pairs (see cost_model.chunk_attention_pairs); a decode at p reads p + 1.
-            pairs += c.start + 1 if n == 1 else n * c.start + n * (n + 1) // 2
-            if c.samples:
-                sampling.append(c.request_id)
-        new_tokens = dict.fromkeys(sampling, PLACEHOLDER_TOKEN)
+        new_tokens = dict.fromkeys([c.request_id for c in chunks if c.samples], PLACEHOLDER_TOKEN)
         if not chunks:
             return StepResult(new_tokens, 0.0)
-        return StepResult(new_tokens, self.step_duration(len(chunks), num_tokens, pairs))
+        return StepResult(new_tokens, self.step_duration(*step_features(chunks)))
 
     def reset(self) -> None:
         """Start the noise stream over from ``seed``. The engine calls this when a run starts, so

@@ -19,9 +19,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import torch
 
-from .llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model.environment import synchronize
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 
 
 @dataclass
@@ -45,11 +45,6 @@ class Generation:
         return sum(self.step_seconds)
 
 
-def _sync(weights: LlamaWeights) -> None:
-    if weights.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def greedy_generate(weights: LlamaWeights, prompt_ids: list[int], max_new_tokens: int,
                     stop_token_ids: Iterable[int] = ()) -> Generation:
     """Generate up to ``max_new_tokens`` tokens greedily for one prompt, timing every step.
@@ -68,11 +63,11 @@ def greedy_generate(weights: LlamaWeights, prompt_ids: list[int], max_new_tokens
     # Prefill: the whole prompt in one chunk at positions 0 .. P-1.
     chunk = SeqChunk(slot=0, start=0, token_ids=prompt_ids, want_logits=True)
     while True:
-        _sync(weights)
+        synchronize(weights.device)
         t0 = time.perf_counter()
         logits = forward_step(weights, cache, [chunk])      # (1, V)
         next_id = int(logits[0].argmax())
-        _sync(weights)
+        synchronize(weights.device)
         gen.step_seconds.append(time.perf_counter() - t0)
         gen.output_ids.append(next_id)
         if len(gen.output_ids) == max_new_tokens or next_id in stops:

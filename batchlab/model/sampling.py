@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .requests import SamplingParams
+from batchlab.requests import SamplingParams
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from .plan import KVCacheFullError
+from batchlab.checks import check_int
+from batchlab.kv_space import KVCacheFullError
 
 DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
@@ -35,8 +36,7 @@ class KVCache:
                  max_seq_len: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
         for name, value in [("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim), ("num_slots", num_slots), ("max_seq_len", max_seq_len)]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}; must be an int >= 1")
+            check_int(name, value)
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype={dtype!r}; allowed: {list(DTYPE_BYTES)}")
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
@@ -69,16 +69,6 @@ class KVCache:
 
     # --- sizes ---------------------------------------------------------------------------------
     @property
-    def k(self) -> torch.Tensor:
-        """Keys: (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim), a view."""
-        return self.kv[:, :, 0]
-
-    @property
-    def v(self) -> torch.Tensor:
-        """Values, shaped like ``k``, a view."""
-        return self.kv[:, :, 1]
-
-    @property
     def bytes_per_token(self) -> int:
         return self.token_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.kv.dtype)
 
@@ -99,10 +89,6 @@ class KVCache:
     def reserved_tokens(self) -> int:
         """Tokens admitted sequences may actually use (prompt + max_new_tokens each)."""
         return sum(self._reserved_of.values())
-
-    @property
-    def num_free_slots(self) -> int:
-        return len(self._free_slots)
 
     # --- the KVSpace interface -------------------------------------------------------------------
     def fits_ever(self, num_tokens: int) -> bool:
@@ -140,9 +126,6 @@ class KVCache:
         except KeyError:
             raise KeyError(f"request {request_id!r} holds no KV slot; a scheduler must allocate "
                            "one before the request runs") from None
-
-    def reserved_of(self, request_id: str) -> int:
-        return self._reserved_of[request_id]
 
     def __repr__(self) -> str:
         return (f"KVCache({self.num_slots} slots x {self.max_seq_len} tokens, "

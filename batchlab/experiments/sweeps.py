@@ -36,13 +36,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from .backends.base import Backend
-from .engine import Engine
-from .metrics import SLO, summary_row, throughput
-from .requests import Request
-from .schedulers.base import Scheduler
-from .trace import Trace
-from .workloads import scale_arrivals
+from batchlab.backends.base import Backend
+from batchlab.engine import Engine
+from batchlab.analysis.metrics import SLO, summary_row, throughput
+from batchlab.requests import Request
+from batchlab.schedulers.base import Scheduler
+from batchlab.trace import Trace
+from batchlab.workloads import scale_arrivals
 
 WorkloadFn = Callable[[float], Sequence[Request]]
 SchedulerFactory = Callable[[], Scheduler]

@@ -210,10 +210,3 @@ def chat_prompt_ids(tokenizer, question: str, system: str | None = None) -> list
         {"role": "user", "content": question}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-if __name__ == "__main__":  # `python -m batchlab.model`: convert once (or confirm the cache)
-    loaded = load_model(verbose=True)
-    state = "cached copy" if loaded.from_cache else "converted now"
-    print(f"{loaded.name}: {state} in {converted_dir()}, loaded in {loaded.load_seconds:.1f} s "
-          f"on {loaded.device} ({loaded.dtype})")

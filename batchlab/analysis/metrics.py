@@ -59,8 +59,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from .requests import RequestStatus
-from .trace import RequestRecord, Trace
+from batchlab.requests import RequestStatus
+from batchlab.trace import RequestRecord, Trace
 
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e", "queue_time")
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)

@@ -19,9 +19,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 
-from .metrics import LATENCY_METRICS, itl_values, per_request_metrics
-from .requests import RequestStatus
-from .trace import Trace
+from batchlab.analysis.metrics import LATENCY_METRICS, itl_values, per_request_metrics
+from batchlab.requests import RequestStatus
+from batchlab.trace import Trace
 
 # One color per phase of a request's life, used by every figure.
 PHASE_COLORS: dict[str, str] = {
@@ -238,7 +238,7 @@ def plot_latency_cdf(traces: Mapping[str, Trace] | Trace, metric: str = "ttft",
     """Empirical CDF of one latency metric, one line per trace.
 
     ``metric``: ``ttft``, ``tpot``, ``e2e``, ``queue_time`` (one value per finished request) or
-    ``itl`` (every pooled gap between visible tokens); see ``batchlab.metrics``. ``unit``: ``"ms"``
+    ``itl`` (every pooled gap between visible tokens); see ``batchlab.analysis.metrics``. ``unit``: ``"ms"``
     or ``"s"``. A single ``Trace`` is labelled by ``trace.meta["policy"]`` when present.
     """
     if metric not in LATENCY_METRICS:

@@ -19,12 +19,8 @@ from collections.abc import Iterable
 import pandas as pd
 import torch
 
-from .llama import LlamaWeights, SeqChunk, forward_step
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+from batchlab.model.environment import synchronize
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 
 
 def measure_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5,
@@ -37,10 +33,10 @@ def measure_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5,
     data.sum()
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         data.sum()
-        _sync(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return data.numel() * 4 / best
 
@@ -57,10 +53,10 @@ def measure_matmul_flops(size: int = 2048, repeats: int = 5, dtype: torch.dtype 
     a @ b
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         a @ b
-        _sync(device)
+        synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * size**3 / best
 
@@ -70,10 +66,10 @@ def time_step(weights: LlamaWeights, cache, chunks: list[SeqChunk], repeats: int
     forward_step(weights, cache, chunks)
     times = []
     for _ in range(repeats):
-        _sync(weights.device)
+        synchronize(weights.device)
         t0 = time.perf_counter()
         forward_step(weights, cache, chunks)
-        _sync(weights.device)
+        synchronize(weights.device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -4,7 +4,7 @@ Under continuous batching a new request joins at the next step, and that step co
 prompt next to everybody else's one decode token. A step's time grows with the tokens it
 computes, so while a 400-token prompt is computed, every running request waits for that whole
 step before it gets its next token: its inter-token gap jumps. Chunked prefill caps the tokens
-of one step (``ContinuousBatcher(max_batched_tokens=...)``, vLLM's
+of one step (``ContinuousBatcher(max_num_batched_tokens=...)``, vLLM's
 ``max_num_batched_tokens``), so the prompt is spread over several smaller steps: the running
 requests' gaps stay small, and the newcomer's first token comes later.
 
@@ -13,7 +13,7 @@ This module holds the experiment that shows it (notebook 06):
 - ``StallScenario``: a few decode-heavy requests and one short one start together on a full
   server; a long prompt waits for a slot and joins the step after the short one finishes.
 - ``long_prompt_len_for(cost_model, num_running)``: a prompt long enough to stall this device.
-- ``token_gaps(trace)``: every output token with the gap since the same request's previous one.
+- ``token_gaps(trace)`` (from ``batchlab.analysis.diagnosis``): every gap between a request's tokens.
 - ``stall_summary(trace)``: the numbers of the lesson: the newcomer's TTFT and prefill time, the
   running requests' median gap, their largest gap while the prompt was computed, the gap of the
   step that admitted it.
@@ -33,14 +33,16 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from .backends.base import Backend
-from .cost_model import CostModel
-from .engine import Engine
-from .plots import PHASE_COLORS
-from .requests import Request, RequestStatus
-from .schedulers import ContinuousBatcher
-from .trace import Trace
-from .workloads import make_workload
+from batchlab.backends.base import Backend
+from batchlab.backends.cost_model import CostModel
+from batchlab.engine import Engine
+from batchlab.analysis.diagnosis import token_gaps
+from batchlab.analysis.plots import PHASE_COLORS
+from batchlab.plan import chunk_attention_pairs
+from batchlab.requests import Request
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.trace import Trace
+from batchlab.workloads import make_workload
 
 LONG_PREFIX = "long"
 RUNNING_PREFIX = "run"
@@ -151,37 +153,16 @@ def long_prompt_len_for(cost_model: CostModel, num_running: int, context_len: in
     _check_count(multiple, "multiple")
     if isinstance(target_ratio, bool) or not isinstance(target_ratio, (int, float)) or not target_ratio > 1:
         raise ValueError(f"target_ratio={target_ratio!r}: must be a number > 1")
-    decode_pairs = num_running * (context_len + 1)
+    decode_pairs = num_running * chunk_attention_pairs(context_len, 1)
     decode_step = cost_model.predict_features(num_running, num_running, decode_pairs)
     length = multiple
     while length < max_len:
         stall_step = cost_model.predict_features(num_running + 1, num_running + length,
-                                                 decode_pairs + length * (length + 1) // 2)
+                                                 decode_pairs + chunk_attention_pairs(0, length))
         if stall_step >= target_ratio * decode_step:
             return length
         length += multiple
     return max_len
-
-
-def token_gaps(trace: Trace, request_ids: Iterable[str] | None = None) -> pd.DataFrame:
-    """One row per visible output token: ``request_id``, ``token_index``, ``time`` (s) and ``gap``
-    (s since the same request's previous token; NaN for its first token). ``request_ids`` keeps
-    only those requests (default: all finished ones)."""
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
-    keep = None if request_ids is None else set(request_ids)
-    if keep is not None:
-        unknown = keep - {r.request_id for r in trace.requests}
-        if unknown:
-            raise ValueError(f"request id(s) {sorted(unknown)} are not in the trace")
-    rows = []
-    for r in trace.requests:
-        if r.status != RequestStatus.FINISHED or (keep is not None and r.request_id not in keep):
-            continue
-        times = np.asarray(r.visible_token_times, dtype=float)
-        gaps = np.concatenate([[np.nan], np.diff(times)])
-        rows += [(r.request_id, i, t, g) for i, (t, g) in enumerate(zip(times, gaps))]
-    return pd.DataFrame(rows, columns=["request_id", "token_index", "time", "gap"])
 
 
 def prefill_window(trace: Trace, long_id: str) -> tuple[float, float]:
@@ -260,27 +241,27 @@ def budget_sweep(backend: Backend, requests: Sequence[Request], budgets: Iterabl
     ``max_num_seqs``: the server's sequence limit (``StallScenario.max_num_seqs``; it is what
     makes the long prompt wait for a slot).
 
-    ``budgets``: values of ``max_batched_tokens`` with chunked prefill; ``None`` means no
+    ``budgets``: values of ``max_num_batched_tokens`` with chunked prefill; ``None`` means no
     chunking (the whole prompt in one step, with a budget of 2,048 tokens, or more if the
     longest prompt and a decode for every other request need more). Columns:
-    ``max_batched_tokens``, ``chunked_prefill`` and ``SUMMARY_COLUMNS`` (``stall_summary``).
+    ``max_num_batched_tokens``, ``chunked_prefill`` and ``SUMMARY_COLUMNS`` (``stall_summary``).
     The traces are in ``df.attrs["traces"]`` (keyed by budget; ``None`` for no chunking).
     """
     rows, traces = [], {}
     whole_budget = max(2048, max(r.prompt_len for r in requests) + len(requests))
     for budget in budgets:
         if budget is None:
-            scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_batched_tokens=whole_budget,
+            scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=whole_budget,
                                           chunked_prefill=False)
         else:
-            scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_batched_tokens=budget,
+            scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                           chunked_prefill=True)
         trace = Engine(scheduler, backend).run(list(requests), progress=progress)
         traces[budget] = trace
-        rows.append({"max_batched_tokens": scheduler.max_batched_tokens,
+        rows.append({"max_num_batched_tokens": scheduler.max_num_batched_tokens,
                      "chunked_prefill": scheduler.chunked_prefill,
                      **stall_summary(trace, long_id).to_dict()})
-    df = pd.DataFrame(rows, columns=["max_batched_tokens", "chunked_prefill", *SUMMARY_COLUMNS])
+    df = pd.DataFrame(rows, columns=["max_num_batched_tokens", "chunked_prefill", *SUMMARY_COLUMNS])
     df = df.astype({c: float for c in SUMMARY_COLUMNS if c != "long_prefill_steps"})
     df.attrs["traces"] = traces
     return df

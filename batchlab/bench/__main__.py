@@ -1,0 +1,5 @@
+"""``python -m batchlab.bench``: see ``batchlab.bench``."""
+
+from batchlab.bench.run import main
+
+main()

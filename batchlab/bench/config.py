@@ -1,0 +1,116 @@
+"""What the benchmark serves and how: its settings, contenders and the seeded workload."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batchlab.requests import Request
+from batchlab.workloads import Range, make_workload
+
+
+HF_CONTENDERS = ("hf_sequential", "hf_static", "hf_continuous")
+BATCHLAB_CONTENDERS = ("batchlab_static", "batchlab_dynamic", "batchlab_continuous")
+CONTENDERS = HF_CONTENDERS + BATCHLAB_CONTENDERS
+REFERENCE = "hf_continuous"          # ratios are "contender / this"
+GREEDY_REFERENCE = "batchlab_continuous"   # token agreement is checked against this
+MODES = ("offline", "online")
+
+LABELS = {
+    "hf_sequential": "transformers generate, 1 at a time",
+    "hf_static": "transformers generate, static batches",
+    "hf_continuous": "transformers continuous batching",
+    "batchlab_static": "batchlab static",
+    "batchlab_dynamic": "batchlab dynamic",
+    "batchlab_continuous": "batchlab continuous",
+}
+
+
+TINY = {"num_requests": 4, "prompt_len": Range(6, 20), "output_len": Range(2, 5), "hf_batch_tokens": (64,)}
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run.
+
+    ``mode``: ``"offline"`` (every request at t = 0) or ``"online"`` (Poisson arrivals at ``rate``
+    requests/s, served on the wall clock). ``num_requests``, ``seed``, ``preset``: the workload
+    (``make_workload(num_requests, preset, scale="cpu", seed=seed)``). ``only``: contenders to run.
+    ``batch_size``: the static/dynamic batch size (transformers' static batches too).
+    ``dynamic_timeout``: seconds the dynamic batcher waits for a batch to fill.
+    ``max_num_seqs`` / ``max_num_batched_tokens``: batchlab's continuous batcher budgets.
+    ``hf_batch_tokens``: the ``max_batch_tokens`` values tried for transformers' continuous batching.
+    ``hf_page_size``: tokens per page of its paged KV cache. ``tiny``: a few requests and tokens
+    (``TINY``), for the test. ``warmup``: run two tiny requests through each contender first.
+    ``threads``: torch CPU threads for every contender (None: leave the process's setting).
+    ``profile``: record each timed run's torch ops (``OpProfile``); adds some overhead.
+    """
+
+    mode: str = "offline"
+    num_requests: int = 32
+    rate: float = 2.0
+    seed: int = 0
+    preset: str = "chat"
+    only: tuple[str, ...] = CONTENDERS
+    batch_size: int = 8
+    dynamic_timeout: float = 0.1
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    hf_batch_tokens: tuple[int, ...] = (64, 128, 256, 512)
+    hf_page_size: int = 64
+    tiny: bool = False
+    warmup: bool = True
+    threads: int | None = None
+    profile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}; allowed: {', '.join(MODES)}")
+        if not _positive_int(self.num_requests):
+            raise ValueError(f"num_requests={self.num_requests!r}; must be an int >= 1")
+        if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) \
+                or not math.isfinite(self.rate) or self.rate <= 0:
+            raise ValueError(f"rate={self.rate!r}; must be a finite number of requests/s > 0")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r}; must be an int >= 0")
+        unknown = [c for c in self.only if c not in CONTENDERS]
+        if unknown or not self.only:
+            raise ValueError(f"only={self.only!r}: unknown {unknown}; choose from {', '.join(CONTENDERS)}")
+        if self.threads is not None and not _positive_int(self.threads):
+            raise ValueError(f"threads={self.threads!r}; must be an int >= 1 or None (every core)")
+        for name in ("batch_size", "max_num_seqs", "max_num_batched_tokens", "hf_page_size"):
+            if not _positive_int(getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)!r}; must be an int >= 1")
+        if not self.hf_batch_tokens or not all(_positive_int(t) for t in self.hf_batch_tokens):
+            raise ValueError(f"hf_batch_tokens={self.hf_batch_tokens!r}; must be one or more ints >= 1")
+        if isinstance(self.dynamic_timeout, bool) or not isinstance(self.dynamic_timeout, (int, float)) \
+                or not math.isfinite(self.dynamic_timeout) or self.dynamic_timeout < 0:
+            raise ValueError(f"dynamic_timeout={self.dynamic_timeout!r}; must be a finite number of "
+                             "seconds >= 0")
+
+
+# =============================================================================================
+# Workload
+# =============================================================================================
+
+def bench_workload(config: BenchConfig, tokenizer) -> list[Request]:
+    """The fixed, seeded workload: greedy, no stop tokens, sorted by arrival."""
+    if config.mode == "offline":
+        arrival = dict(arrival="at_once")
+    else:
+        arrival = dict(arrival="poisson", rate=config.rate)
+    sizes = dict(prompt_len=TINY["prompt_len"], output_len=TINY["output_len"]) if config.tiny else {}
+    return make_workload(config.num_requests, config.preset, scale="cpu", seed=config.seed,
+                         tokenizer=tokenizer, **arrival, **sizes)
+
+
+def warmup_workload(tokenizer) -> list[Request]:
+    """Two tiny requests (8-token prompts, 2 new tokens) that wake up every code path before timing."""
+    return make_workload(2, prompt_len=8, output_len=2, arrival="at_once", seed=12345,
+                         tokenizer=tokenizer, id_prefix="warmup")
+
+
