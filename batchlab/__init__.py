@@ -1,33 +1,31 @@
 """batchlab: how LLM inference servers batch requests, measured on a real model.
 
-Module map (each notebook teaches one of these, then imports it):
-  environment  what machine this is (device, threads, memory, load)
-  model        load the embedded SmolLM2-135M-Instruct (GGUF → cached safetensors)
-  generate     greedy generation for one prompt with the batched step
-  llama        the batched mixed prefill/decode step (compact Llama forward)
-  kv_cache     slot-per-sequence KV cache with memory accounting
-  sampling     greedy and seeded temperature/top-p sampling per request
-  profiler     step time vs batch size / prefill size / context, and the bandwidth floor
-  requests     Request and SamplingParams
-  workloads    arrival processes, length presets, JSONL traces
-  scripted_workloads  requests at exact times and lengths, for staged scenes
-  plan         StepPlan / ScheduledChunk and the KV-space accounting schedulers see
-  schedulers   StaticBatcher, DynamicBatcher, ContinuousBatcher
-  backends     ModelBackend (real model), SimBackend (fitted cost model)
-  cost_model   the step-time formula and its fit
-  calibration  measure real steps, fit the cost model
-  engine       the loop: schedule → run → record, on a virtual or wall clock
-  trace        what a run records, as DataFrames
-  trace_io     save a Trace to JSON and load it back
-  batches      request-level batches read back from a trace
-  prefill_stall  what a newcomer's long prompt does to running decodes
-  sweeps       load sweeps over rates and policies
-  diagnosis    where the waiting went: a trace against an empty server
-  bench        batchlab's engines against transformers, side by side
-  metrics      TTFT, TPOT, ITL, E2E, throughput, goodput, percentiles
-  plots        timelines, occupancy, CDFs, load curves, step profiles
-  widgets      slider explorers over plain functions
-  exercises    the notebooks' exercise checkers (solutions live in solutions/)
+The layout follows the architecture. At the top, the serving core, which knows nothing about
+tensors: one step is ``plan = scheduler.schedule(now)`` -> ``backend.run(plan)`` -> the engine
+records it.
+
+  requests     Request, SamplingParams, RequestStatus: what a client asked for, and its state
+  plan         StepPlan / ScheduledChunk (one rule for prefill and decode) and a step's features
+  kv_space     the KV accounting schedulers admit against (KVSpace; TokenKVSpace for the simulator)
+  engine       the loop: admit, schedule, run, record; virtual or wall clock
+  clock        the virtual and wall clocks
+  trace        what a run records (per request, per step), as DataFrames
+  checks       the argument checks every module shares
+
+Folders (each one's ``__init__`` says why it exists):
+
+  schedulers/  policies: StaticBatcher, DynamicBatcher, ContinuousBatcher (never touch tensors)
+  backends/    what computes a step: ModelBackend (the real model), SimBackend (a fitted cost
+               model) and what only the simulator needs (cost model, calibration, decode runs)
+  model/       the model itself: loading, the batched Llama step, KV cache storage, sampling,
+               profiler, one-prompt generation, the machine report
+  workloads/   who asks what, and when: arrivals, lengths, prompts, workload files, scripted scenes
+  analysis/    what only reads traces: metrics, plots, widgets, diagnosis, batches, trace files
+  experiments/ the lessons' measurements: prefill stalls, load sweeps
+  bench/       a tool beside the course: batchlab's engines against transformers
+  exercises/   the notebooks' exercise checkers (worked solutions live in solutions/)
+
+Each notebook teaches one piece by writing it out first, then imports it from here.
 """
 
 __version__ = "0.1.0"

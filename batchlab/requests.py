@@ -120,10 +120,6 @@ class Request:
         return self.prompt_len + len(self.output_ids)
 
     @property
-    def in_prefill(self) -> bool:
-        return self.num_computed_tokens < self.prompt_len
-
-    @property
     def num_output_tokens(self) -> int:
         return len(self.output_ids)
 

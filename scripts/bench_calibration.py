@@ -39,14 +39,14 @@ import time
 import numpy as np
 import pandas as pd
 
+from batchlab.analysis.metrics import summarize
 from batchlab.backends import CostModel, ModelBackend, SimBackend
 from batchlab.backends.calibration import calibration_steps, fit_calibration
 from batchlab.backends.cost_model import features_df
 from batchlab.engine import Engine
-from batchlab.analysis.metrics import summarize
+from batchlab.experiments.sweeps import capacity
 from batchlab.model import load_model
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
-from batchlab.experiments.sweeps import capacity
 from batchlab.workloads import make_workload
 
 MAX_NUM_SEQS, MAX_SEQ_LEN = 8, 512

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from batchlab.model.llama import LlamaWeights
 from batchlab.model import load_model
+from batchlab.model.llama import LlamaWeights
 from batchlab.model.profiler import measure_bandwidth, measure_matmul_flops, profile_steps
 
 

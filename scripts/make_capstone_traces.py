@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchlab.analysis.trace_io import save_trace
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
@@ -38,7 +39,6 @@ from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.schedulers.base import Scheduler
 from batchlab.trace import Trace
-from batchlab.analysis.trace_io import save_trace
 from batchlab.workloads import Mixture, Range, make_arrivals, make_workload
 
 CAPSTONE_DIR = Path(__file__).resolve().parent.parent / "data" / "capstone"

@@ -1,8 +1,8 @@
 """Worked solutions for notebook 00 (setup and tour)."""
 
+from batchlab.model import load_model
 from batchlab.model.generate import greedy_generate
 from batchlab.model.llama import LlamaWeights
-from batchlab.model import load_model
 
 
 def solve_00_1() -> str:

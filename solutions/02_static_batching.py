@@ -7,8 +7,8 @@ from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import StaticBatcher
-from batchlab.workloads.scripted import scripted_workload
 from batchlab.workloads import make_workload
+from batchlab.workloads.scripted import scripted_workload
 
 
 def _steps_of(fixed_s: float, per_seq_s: float = 0.0) -> SimBackend:

@@ -1,13 +1,13 @@
 """Worked solutions for notebook 03 (dynamic batching), found with batchlab's simulator."""
 
 from batchlab.analysis import metrics
-from batchlab.backends import SimBackend
 from batchlab.analysis.batches import batches_df
+from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import DynamicBatcher, StaticBatcher
-from batchlab.workloads.scripted import scripted_workload
 from batchlab.workloads import make_workload
+from batchlab.workloads.scripted import scripted_workload
 
 
 def _steps_of(seconds: float) -> SimBackend:

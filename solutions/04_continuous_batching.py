@@ -1,12 +1,12 @@
 """Worked solutions for notebook 04 (continuous batching), found with batchlab's simulator."""
 
+from batchlab.analysis.metrics import summarize
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.analysis.metrics import summarize
 from batchlab.schedulers import ContinuousBatcher, StaticBatcher
-from batchlab.workloads.scripted import scripted_workload
 from batchlab.workloads import Range, make_workload
+from batchlab.workloads.scripted import scripted_workload
 
 OUTPUT_LENS = [3, 1, 4, 1, 5]
 

@@ -4,10 +4,10 @@ from batchlab.analysis import metrics
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
-from batchlab.workloads.scripted import scripted_workload
 from batchlab.experiments.sweeps import load_sweep
+from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.workloads import make_workload
+from batchlab.workloads.scripted import scripted_workload
 
 GPU_LIKE = CostModel(fixed_s=0.006, per_seq_s=1e-4, per_token_s=2e-5, per_attention_pair_s=1e-9,
                      source="exercise: GPU-like")

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.analysis import metrics
-from batchlab.backends.cost_model import CostModel
 from batchlab.analysis.diagnosis import (
     excess_share_before_first_token,
     idle_while_waiting,
@@ -18,6 +17,7 @@ from batchlab.analysis.diagnosis import (
     token_gaps,
 )
 from batchlab.analysis.trace_io import load_trace
+from batchlab.backends.cost_model import CostModel
 
 CAPSTONE = Path(__file__).resolve().parent.parent / "data" / "capstone"
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from batchlab.model.llama import SeqChunk, forward_step
-from batchlab.requests import SamplingParams
 from batchlab.model.sampling import RequestSampler, top_p_filter
+from batchlab.requests import SamplingParams
 
 NEW_TOKENS = 32
 LOGIT_ATOL = 2e-3  # fp32; observed differences are ~5e-5 on logits of magnitude ~25

@@ -4,13 +4,13 @@ import math
 
 import pytest
 
+from batchlab.analysis.batches import BATCH_COLUMNS, batches_df
 from batchlab.backends import SimBackend
-from batchlab.analysis.batches import BATCH_COLUMNS, batch_of_request, batches_df
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
-from batchlab.workloads.scripted import scripted_workload
 from batchlab.trace import Trace
+from batchlab.workloads.scripted import scripted_workload
 
 
 def steps_of(seconds):
@@ -36,7 +36,7 @@ def test_dynamic_scene_batches_by_hand():
     assert math.isnan(df["previous_end"].iloc[0])
     assert df["previous_end"].tolist()[1:] == pytest.approx([0.8, 1.56, 2.06])
     assert df["num_steps"].tolist() == [5, 5, 5, 5]
-    assert batch_of_request(trace)["r007"] == 2 and batch_of_request(trace)["r000"] == 0
+    assert df["request_ids"].tolist()[0][0] == "r000"
 
 
 def test_static_batch_lengths_and_steps():
@@ -51,7 +51,7 @@ def test_static_batch_lengths_and_steps():
 def test_continuous_batching_has_no_batches():
     reqs = scripted_workload([0.0, 0.0], max_new_tokens=3)
     trace = Engine(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=64), steps_of(0.01)).run(reqs)
-    assert batches_df(trace).empty and batch_of_request(trace) == {}
+    assert batches_df(trace).empty
     assert batches_df(Trace()).empty
 
 

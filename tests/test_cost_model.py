@@ -12,9 +12,8 @@ import pytest
 
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import FEATURES, CostModel, features_df, nnls
-from batchlab.plan import chunk_attention_pairs, step_features
 from batchlab.engine import Engine
-from batchlab.plan import ScheduledChunk, StepPlan
+from batchlab.plan import ScheduledChunk, StepPlan, chunk_attention_pairs, step_features
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.trace import StepRecord

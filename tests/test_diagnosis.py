@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
 from batchlab.analysis.diagnosis import (
     excess_latency,
     excess_share_before_first_token,
@@ -17,6 +15,8 @@ from batchlab.analysis.diagnosis import (
     steps_with_waiting,
     token_gaps,
 )
+from batchlab.backends import SimBackend
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher

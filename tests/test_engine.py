@@ -17,10 +17,10 @@ import pytest
 from batchlab.backends import Backend, CostModel, SimBackend, StepResult
 from batchlab.engine import Engine, EngineError
 from batchlab.plan import DecodeChunks, ScheduledChunk, StepPlan
-from batchlab.trace import StepRecord
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
+from batchlab.trace import StepRecord
 
 RULER = CostModel(fixed_s=0.010, per_seq_s=0.001, per_token_s=0.002, per_attention_pair_s=0.0)
 # A ruler with every term non-zero, for the fast path (attention pairs change every step).

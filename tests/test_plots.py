@@ -15,13 +15,13 @@ import pytest  # noqa: E402
 from matplotlib.collections import LineCollection, PathCollection, PolyCollection  # noqa: E402
 from matplotlib.patches import StepPatch  # noqa: E402
 
-from batchlab.plan import ScheduledChunk  # noqa: E402
 from batchlab.analysis.plots import (  # noqa: E402
     PHASE_COLORS, axis_label, plot_latency_cdf, plot_load_curve, plot_occupancy, plot_step_profile,
     plot_timeline)
+from batchlab.analysis.widgets import explore  # noqa: E402
+from batchlab.plan import ScheduledChunk  # noqa: E402
 from batchlab.requests import RequestStatus  # noqa: E402
 from batchlab.trace import RequestRecord, StepRecord, Trace  # noqa: E402
-from batchlab.analysis.widgets import explore  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import pytest
 
 matplotlib.use("Agg")
 
+from batchlab.analysis.diagnosis import token_gaps
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
@@ -20,7 +21,6 @@ from batchlab.experiments.prefill_stall import (
     prefill_window,
     stall_summary,
 )
-from batchlab.analysis.diagnosis import token_gaps
 from batchlab.schedulers import ContinuousBatcher
 
 # 10 ms per step plus 1 ms per token: a step's duration tells exactly how many tokens it computed.

@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.kv_space import TokenKVSpace
+from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import (ContinuousBatcher, DynamicBatcher, Scheduler, StaticBatcher,
                                  make_scheduler)
@@ -85,7 +85,7 @@ class EngineStandIn:
             assert chunk.start == req.num_computed_tokens
             assert chunk.start + chunk.num_tokens <= req.num_known_tokens
             assert chunk.samples == (chunk.start + chunk.num_tokens == req.num_known_tokens)
-            if not req.in_prefill:
+            if req.num_computed_tokens >= req.prompt_len:
                 assert chunk.num_tokens == 1, "a decode must be exactly one token"
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = self.now

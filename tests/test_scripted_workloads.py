@@ -2,8 +2,8 @@
 
 import pytest
 
-from batchlab.workloads.scripted import scripted_workload
 from batchlab.workloads import make_workload
+from batchlab.workloads.scripted import scripted_workload
 
 
 def word_ids(text: str) -> list[int]:

@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from batchlab.analysis.metrics import SLO, summary_row
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.analysis.metrics import SLO, summary_row
-from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.experiments.sweeps import capacity, load_sweep, run_point
+from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.workloads import make_workload
 
 # Every step takes 0.1 s whatever it holds, so latencies can be worked out by hand.

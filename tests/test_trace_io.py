@@ -9,13 +9,13 @@ import pandas as pd
 import pytest
 
 from batchlab.analysis import metrics
+from batchlab.analysis.trace_io import load_trace, save_trace, trace_from_dict, trace_to_dict
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.trace import RequestRecord, Trace
-from batchlab.analysis.trace_io import load_trace, save_trace, trace_from_dict, trace_to_dict
 from batchlab.workloads import make_workload
 
 COST = CostModel(fixed_s=0.02, per_seq_s=0.001, per_token_s=0.0003, per_attention_pair_s=1e-8)

@@ -71,9 +71,3 @@ def batches_df(trace: Trace) -> pd.DataFrame:
         })
         previous_end = end[b]
     return pd.DataFrame(rows, columns=BATCH_COLUMNS)
-
-
-def batch_of_request(trace: Trace) -> dict[str, int]:
-    """``{request_id: batch_id}`` for every request that ran in a request-level batch."""
-    return {rid: int(row.batch_id) for row in batches_df(trace).itertuples()
-            for rid in row.request_ids}

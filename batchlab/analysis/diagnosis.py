@@ -23,8 +23,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from batchlab.backends.cost_model import CostModel
 from batchlab.analysis.metrics import per_request_metrics
+from batchlab.backends.cost_model import CostModel
 from batchlab.plan import chunk_attention_pairs
 from batchlab.trace import Trace
 

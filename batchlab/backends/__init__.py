@@ -1,13 +1,23 @@
 """Backends compute a step plan: the real model (``ModelBackend``) or the simulator (``SimBackend``).
 
+- ``base``           the contract: ``run(plan) -> StepResult`` (tokens and the step's duration),
+                     plus ``release``/``reset``/``describe`` hooks the engine calls
+- ``model_backend``  the real SmolLM2 model, through ``batchlab.model``'s batched step
+- ``simulator``      steps take the time a cost model predicts; nothing is computed
+- ``cost_model``     the step-time formula and its fit to measured steps
+- ``calibration``    measure real steps, fit the cost model, check it on other traces
+- ``decode_runs``    the simulator's fast path: runs of plain decode steps predicted in bulk
+
+Why a folder: the engine sees only ``Backend``; everything that decides *how long a step takes*
+(measured or predicted) lives here, and what only the simulator needs stays out of the engine.
 ``ModelBackend`` is imported on first use (``from batchlab.backends import ModelBackend`` works),
 so importing this package, or running the simulator, never loads torch.
 """
 
 from __future__ import annotations
 
-from batchlab.backends.cost_model import CostModel
 from batchlab.backends.base import Backend, StepResult
+from batchlab.backends.cost_model import CostModel
 from batchlab.backends.simulator import PLACEHOLDER_TOKEN, SimBackend
 
 __all__ = ["Backend", "StepResult", "SimBackend", "CostModel", "ModelBackend", "PLACEHOLDER_TOKEN"]

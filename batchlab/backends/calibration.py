@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import warnings
 
-from batchlab.backends.model_backend import ModelBackend
 from batchlab.backends.cost_model import CostModel
+from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.trace import StepRecord, Trace

@@ -12,14 +12,14 @@ import time
 from collections.abc import Mapping
 
 
+from batchlab.backends.base import Backend, StepResult
+from batchlab.model import LoadedModel, load_model
 from batchlab.model.environment import synchronize
 from batchlab.model.kv_cache import KVCache
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
-from batchlab.model import LoadedModel, load_model
+from batchlab.model.sampling import RequestSampler
 from batchlab.plan import StepPlan
 from batchlab.requests import Request
-from batchlab.model.sampling import RequestSampler
-from batchlab.backends.base import Backend, StepResult
 
 
 class ModelBackend(Backend):

@@ -21,11 +21,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from batchlab.backends.base import Backend, StepResult
 from batchlab.backends.cost_model import CostModel
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import StepPlan, step_features
 from batchlab.requests import Request
-from batchlab.backends.base import Backend, StepResult
 
 PLACEHOLDER_TOKEN = -1
 _NOISE_BLOCK = 4096  # noise factors drawn at a time (numpy is fast per block, slow per call)

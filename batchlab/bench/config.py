@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from batchlab.checks import check_int, check_number, is_int
 from batchlab.requests import Request
 from batchlab.workloads import Range, make_workload
 
@@ -27,10 +28,6 @@ LABELS = {
 
 
 TINY = {"num_requests": 4, "prompt_len": Range(6, 20), "output_len": Range(2, 5), "hf_batch_tokens": (64,)}
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @dataclass(frozen=True)
@@ -70,22 +67,16 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}; allowed: {', '.join(MODES)}")
-        if not _positive_int(self.num_requests):
-            raise ValueError(f"num_requests={self.num_requests!r}; must be an int >= 1")
-        if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) \
-                or not math.isfinite(self.rate) or self.rate <= 0:
-            raise ValueError(f"rate={self.rate!r}; must be a finite number of requests/s > 0")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"seed={self.seed!r}; must be an int >= 0")
+        check_int("num_requests", self.num_requests)
+        check_number("rate", self.rate, strict=True, hint="requests/s")
+        check_int("seed", self.seed, minimum=0)
         unknown = [c for c in self.only if c not in CONTENDERS]
         if unknown or not self.only:
             raise ValueError(f"only={self.only!r}: unknown {unknown}; choose from {', '.join(CONTENDERS)}")
-        if self.threads is not None and not _positive_int(self.threads):
-            raise ValueError(f"threads={self.threads!r}; must be an int >= 1 or None (every core)")
+        check_int("threads", self.threads, allow_none=True, hint="None: every core")
         for name in ("batch_size", "max_num_seqs", "max_num_batched_tokens", "hf_page_size"):
-            if not _positive_int(getattr(self, name)):
-                raise ValueError(f"{name}={getattr(self, name)!r}; must be an int >= 1")
-        if not self.hf_batch_tokens or not all(_positive_int(t) for t in self.hf_batch_tokens):
+            check_int(name, getattr(self, name))
+        if not self.hf_batch_tokens or not all(is_int(t) and t >= 1 for t in self.hf_batch_tokens):
             raise ValueError(f"hf_batch_tokens={self.hf_batch_tokens!r}; must be one or more ints >= 1")
         if isinstance(self.dynamic_timeout, bool) or not isinstance(self.dynamic_timeout, (int, float)) \
                 or not math.isfinite(self.dynamic_timeout) or self.dynamic_timeout < 0:

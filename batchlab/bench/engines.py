@@ -6,9 +6,9 @@ import contextlib
 import time
 from collections.abc import Sequence
 
-from batchlab.requests import Request
 from batchlab.bench.config import BenchConfig
 from batchlab.bench.contenders import ContenderRun, OpProfile, _profile_extra
+from batchlab.requests import Request
 
 
 # =============================================================================================

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.analysis import metrics
+from batchlab.bench.config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, bench_workload, warmup_workload
+from batchlab.bench.engines import machine_limits, run_batchlab
+from batchlab.bench.hf import ContenderRun, run_hf_continuous_once, run_hf_generate
+from batchlab.bench.memory import PeakMemory
 from batchlab.requests import Request, RequestStatus
 from batchlab.trace import Trace
-from batchlab.bench.config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, bench_workload, warmup_workload
-from batchlab.bench.memory import PeakMemory
-from batchlab.bench.hf import ContenderRun, run_hf_continuous_once, run_hf_generate
-from batchlab.bench.engines import machine_limits, run_batchlab
 
 
 # =============================================================================================

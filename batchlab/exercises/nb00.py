@@ -13,9 +13,9 @@ MAX_NEW_TOKENS = 16
 @lru_cache(maxsize=1)
 def _expected_japan_answer() -> str:
     """The model's own greedy answer, computed here with batchlab's loop (loads the model once)."""
+    from batchlab.model import load_model
     from batchlab.model.generate import greedy_generate
     from batchlab.model.llama import LlamaWeights
-    from batchlab.model import load_model
 
     lm = load_model()
     weights = LlamaWeights.from_hf(lm.model)

@@ -18,10 +18,10 @@ import pandas as pd
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
+from batchlab.exercises import Verdict, compare, exercise
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.trace import Trace
 from batchlab.workloads import make_workload
-from batchlab.exercises import Verdict, compare, exercise
 
 # A small device: 20 ms per step, 1 ms per sequence, 0.2 ms per token.
 CHECK_COST = CostModel(fixed_s=0.02, per_seq_s=0.001, per_token_s=0.0002,

@@ -57,10 +57,10 @@ def check_break_even_timeout(answer) -> Verdict:
 
 @lru_cache(maxsize=1)
 def _best_goodput_rate() -> float:
+    from batchlab.analysis.metrics import SLO, goodput
     from batchlab.backends import SimBackend
     from batchlab.backends.cost_model import CostModel
     from batchlab.engine import Engine
-    from batchlab.analysis.metrics import SLO, goodput
     from batchlab.schedulers import ContinuousBatcher
     from batchlab.workloads import make_workload
 

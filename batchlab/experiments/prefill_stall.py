@@ -33,11 +33,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from batchlab.backends.base import Backend
-from batchlab.backends.cost_model import CostModel
-from batchlab.engine import Engine
 from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.plots import PHASE_COLORS
+from batchlab.backends.base import Backend
+from batchlab.backends.cost_model import CostModel
+from batchlab.checks import check_int
+from batchlab.engine import Engine
 from batchlab.plan import chunk_attention_pairs
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
@@ -53,11 +54,6 @@ SUMMARY_COLUMNS = [
     "running_itl_median", "running_itl_max", "stall_ratio", "prefill_itl_max_rel",
     "long_prefill_time_rel", "running_e2e_mean",
 ]
-
-
-def _check_count(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be an int >= 1")
 
 
 @dataclass(frozen=True)
@@ -90,7 +86,7 @@ class StallScenario:
     def __post_init__(self) -> None:
         for name in ("num_running", "running_prompt_len", "running_output_len", "short_output_len",
                      "long_prompt_len", "long_output_len"):
-            _check_count(getattr(self, name), name)
+            check_int(name, getattr(self), name)
         if self.short_output_len >= self.running_output_len:
             raise ValueError(f"short_output_len={self.short_output_len} must be smaller than "
                              f"running_output_len={self.running_output_len}: the short answer's end "
@@ -147,10 +143,10 @@ def long_prompt_len_for(cost_model: CostModel, num_running: int, context_len: in
     step. Returns ``max_len`` if even that is not enough (a device where steps cost mostly a
     fixed overhead). This sizes the experiment for whatever device runs it.
     """
-    _check_count(num_running, "num_running")
-    _check_count(context_len, "context_len")
-    _check_count(max_len, "max_len")
-    _check_count(multiple, "multiple")
+    check_int("num_running", num_running)
+    check_int("context_len", context_len)
+    check_int("max_len", max_len)
+    check_int("multiple", multiple)
     if isinstance(target_ratio, bool) or not isinstance(target_ratio, (int, float)) or not target_ratio > 1:
         raise ValueError(f"target_ratio={target_ratio!r}: must be a number > 1")
     decode_pairs = num_running * chunk_attention_pairs(context_len, 1)

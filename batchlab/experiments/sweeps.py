@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from batchlab.analysis.metrics import SLO, summary_row, throughput
 from batchlab.backends.base import Backend
 from batchlab.engine import Engine
-from batchlab.analysis.metrics import SLO, summary_row, throughput
 from batchlab.requests import Request
 from batchlab.schedulers.base import Scheduler
 from batchlab.trace import Trace

@@ -40,10 +40,6 @@ class Generation:
     def decode_seconds(self) -> list[float]:
         return self.step_seconds[1:]
 
-    @property
-    def total_seconds(self) -> float:
-        return sum(self.step_seconds)
-
 
 def greedy_generate(weights: LlamaWeights, prompt_ids: list[int], max_new_tokens: int,
                     stop_token_ids: Iterable[int] = ()) -> Generation:

@@ -19,13 +19,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from batchlab.checks import check_bool, check_int
 from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers.base import Scheduler, split_ended
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -46,18 +43,13 @@ class ContinuousBatcherConfig:
     long_prefill_token_threshold: int | None = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs={self.max_num_seqs!r}; must be an int >= 1")
-        if not _is_int(self.max_num_batched_tokens) or self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens!r}; must be an int >= 1 "
-                             "(a step must be able to compute at least one token)")
-        if not isinstance(self.chunked_prefill, bool):
-            raise ValueError(f"chunked_prefill={self.chunked_prefill!r}; must be True or False")
+        check_int("max_num_seqs", self.max_num_seqs)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens,
+                  hint="a step must be able to compute at least one token")
+        check_bool("chunked_prefill", self.chunked_prefill)
         threshold = self.long_prefill_token_threshold
+        check_int("long_prefill_token_threshold", threshold, allow_none=True, hint="None: no cap")
         if threshold is not None:
-            if not _is_int(threshold) or threshold < 1:
-                raise ValueError(f"long_prefill_token_threshold={threshold!r}; must be an int >= 1 "
-                                 "or None (no cap)")
             if not self.chunked_prefill:
                 raise ValueError(f"long_prefill_token_threshold={threshold} needs chunked_prefill=True: "
                                  "capping a prompt's tokens per step means splitting the prompt")

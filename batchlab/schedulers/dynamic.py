@@ -10,9 +10,9 @@ release) are in ``request_level.py``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from batchlab.checks import check_bool, check_int, check_number
 from batchlab.schedulers.request_level import RequestLevelBatcher
 
 
@@ -27,15 +27,9 @@ class DynamicBatcherConfig:
     stream: bool = False
 
     def __post_init__(self) -> None:
-        if (not isinstance(self.max_batch_size, int) or isinstance(self.max_batch_size, bool)
-                or self.max_batch_size < 1):
-            raise ValueError(f"max_batch_size={self.max_batch_size!r}; must be an int >= 1")
-        if (not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool)
-                or not math.isfinite(self.timeout) or self.timeout < 0):
-            raise ValueError(f"timeout={self.timeout!r}; must be a finite number of seconds >= 0 "
-                             "(0 = leave with whoever is waiting)")
-        if not isinstance(self.stream, bool):
-            raise ValueError(f"stream={self.stream!r}; must be True or False")
+        check_int("max_batch_size", self.max_batch_size)
+        check_number("timeout", self.timeout, hint="seconds; 0 = leave with whoever is waiting")
+        check_bool("stream", self.stream)
 
 
 class DynamicBatcher(RequestLevelBatcher):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batchlab.checks import check_bool, check_int
 from batchlab.schedulers.request_level import RequestLevelBatcher
 
 
@@ -23,10 +24,8 @@ class StaticBatcherConfig:
     stream: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size!r}; must be an int >= 1")
-        if not isinstance(self.stream, bool):
-            raise ValueError(f"stream={self.stream!r}; must be True or False")
+        check_int("batch_size", self.batch_size)
+        check_bool("stream", self.stream)
 
 
 class StaticBatcher(RequestLevelBatcher):

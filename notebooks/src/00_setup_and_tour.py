@@ -27,10 +27,10 @@ import time
 import pandas as pd
 import torch
 
-from batchlab.model.environment import environment_report
 from batchlab.exercises import check
-from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 from batchlab.model import load_model
+from batchlab.model.environment import environment_report
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 
 # %% [markdown]
 # ### Your machine

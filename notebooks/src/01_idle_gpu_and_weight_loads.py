@@ -32,17 +32,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from batchlab import metrics, profiler
+from batchlab.analysis import metrics
+from batchlab.analysis.plots import plot_occupancy, plot_step_profile, plot_timeline
+from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.backends.calibration import calibrate_cost_model
 from batchlab.engine import Engine
-from batchlab.model.environment import device_name, environment_report
 from batchlab.exercises import check
+from batchlab.model import load_model, profiler
+from batchlab.model.environment import device_name, environment_report
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
-from batchlab.model import load_model
-from batchlab.analysis.plots import plot_occupancy, plot_step_profile, plot_timeline
 from batchlab.schedulers import StaticBatcher
-from batchlab.analysis.widgets import explore
 from batchlab.workloads import Range, make_workload
 
 # %%

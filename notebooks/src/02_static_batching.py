@@ -36,16 +36,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from batchlab.analysis import metrics
+from batchlab.analysis.plots import plot_occupancy, plot_timeline
+from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.analysis.plots import plot_occupancy, plot_timeline
 from batchlab.schedulers import StaticBatcher
-from batchlab.workloads.scripted import scripted_workload
-from batchlab.analysis.widgets import explore
 from batchlab.workloads import Range, make_workload
+from batchlab.workloads.scripted import scripted_workload
 
 lm = load_model()
 ON_GPU = lm.device == "cuda"

@@ -32,18 +32,18 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis import metrics
-from batchlab.backends import ModelBackend, SimBackend
 from batchlab.analysis.batches import batches_df
+from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
+from batchlab.analysis.widgets import explore
+from batchlab.backends import ModelBackend, SimBackend
 from batchlab.backends.calibration import calibrate_cost_model
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.schedulers import DynamicBatcher
-from batchlab.workloads.scripted import scripted_workload
-from batchlab.analysis.widgets import explore
 from batchlab.workloads import make_workload
+from batchlab.workloads.scripted import scripted_workload
 
 lm = load_model()
 ON_GPU = lm.device == "cuda"

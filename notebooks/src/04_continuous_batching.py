@@ -41,17 +41,17 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis import metrics
+from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
+from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
+from batchlab.model import load_model
 from batchlab.model.generate import greedy_generate
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
-from batchlab.model import load_model
-from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
 from batchlab.model.profiler import time_step
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
-from batchlab.analysis.widgets import explore
 from batchlab.workloads import Range, make_workload
 
 lm = load_model()

@@ -33,11 +33,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from batchlab.analysis.diagnosis import token_gaps
+from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.backends.calibration import calibrate_cost_model
 from batchlab.engine import Engine
 from batchlab.exercises import check
-from batchlab.model import load_model
 from batchlab.experiments.prefill_stall import (
     StallScenario,
     budget_sweep,
@@ -45,9 +46,8 @@ from batchlab.experiments.prefill_stall import (
     plot_token_gaps,
     stall_summary,
 )
-from batchlab.analysis.diagnosis import token_gaps
+from batchlab.model import load_model
 from batchlab.schedulers import ContinuousBatcher
-from batchlab.analysis.widgets import explore
 
 lm = load_model()
 ON_GPU = lm.device == "cuda"

@@ -41,15 +41,15 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis import metrics
+from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
+from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.backends.calibration import calibrate_cost_model
 from batchlab.engine import Engine
 from batchlab.exercises import check
-from batchlab.model import load_model
-from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
-from batchlab.schedulers import ContinuousBatcher
 from batchlab.experiments.sweeps import capacity
-from batchlab.analysis.widgets import explore
+from batchlab.model import load_model
+from batchlab.schedulers import ContinuousBatcher
 from batchlab.workloads import make_workload
 
 lm = load_model()

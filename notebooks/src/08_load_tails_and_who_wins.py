@@ -45,19 +45,19 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis import metrics
+from batchlab.analysis.plots import plot_load_curve, plot_timeline
+from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.backends.calibration import calibrate_cost_model
 from batchlab.backends.cost_model import CostModel, features_df
-from batchlab.plan import chunk_attention_pairs
 from batchlab.engine import Engine
 from batchlab.exercises import check
-from batchlab.model import load_model
-from batchlab.analysis.plots import plot_load_curve, plot_timeline
-from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
-from batchlab.workloads.scripted import scripted_workload
 from batchlab.experiments.sweeps import capacity, load_sweep
-from batchlab.analysis.widgets import explore
+from batchlab.model import load_model
+from batchlab.plan import chunk_attention_pairs
+from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.workloads import make_workload
+from batchlab.workloads.scripted import scripted_workload
 
 lm = load_model()
 ON_GPU = lm.device == "cuda"

@@ -42,8 +42,6 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis import metrics
-from batchlab.backends import ModelBackend
-from batchlab.backends.cost_model import CostModel
 from batchlab.analysis.diagnosis import (
     excess_latency,
     excess_share_before_first_token,
@@ -54,14 +52,16 @@ from batchlab.analysis.diagnosis import (
     steps_with_waiting,
     token_gaps,
 )
+from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
+from batchlab.analysis.trace_io import load_trace
+from batchlab.analysis.widgets import explore
+from batchlab.backends import ModelBackend
+from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.trace import Trace
-from batchlab.analysis.trace_io import load_trace
-from batchlab.analysis.widgets import explore
 from batchlab.workloads import CORPUS_PATH, make_workload
 
 CAPSTONE = CORPUS_PATH.parent / "capstone"   # the course's data/ folder, wherever it is installed
