@@ -114,10 +114,11 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
         return runner.stats()
 
     async def generate(request: Request, kind: str):
+        received = time.time()
         body = parse_json(await request.body())
         gen = parse_generation(body, kind, served_model=runner.config.model_name, tokenizer=runner.tokenizer,
                                max_model_len=runner.config.max_model_len)
-        handle = runner.submit(gen)
+        handle = runner.submit(gen, received)
         if gen.stream:
             return StreamingResponse(_stream(runner, handle), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

@@ -209,8 +209,9 @@ class EngineRunner:
         """Accepted requests not admitted yet (the engine writes statuses; reading one is safe)."""
         return sum(1 for h in list(self.handles.values()) if h.req.status is RequestStatus.WAITING)
 
-    def submit(self, gen: GenerationRequest) -> Handle:
-        """Hand ``gen`` to the engine, or refuse it: 503 (not running), 429 (queue full), 400."""
+    def submit(self, gen: GenerationRequest, received_unix: float | None = None) -> Handle:
+        """Hand ``gen`` to the engine, or refuse it: 503 (not running), 429 (queue full), 400.
+        ``received_unix``: when the HTTP handler started on it (before parsing)."""
         if not self.accepting:
             why = self.error or (f"the server is shutting down ({self.shutdown_reason})"
                                  if self.shutdown_reason else "the engine is not running")
@@ -229,7 +230,7 @@ class EngineRunner:
         if reason is not None:
             raise APIError(400, f"this server can never run this request: {reason}",
                            "messages" if gen.kind == "chat" else "prompt")
-        handle = Handle(rid, gen, req, time.time())
+        handle = Handle(rid, gen, req, time.time() if received_unix is None else received_unix)
         self.handles[rid] = handle
         try:
             self.inbox.add(req)
