@@ -104,3 +104,17 @@ def test_open_and_closed_loop_against_batchlab(server, lm):
     # Never more than 2 in flight: the third request is sent only after the first one ended.
     assert starts[2] >= ends[0] - 1e-6
     assert np.all(np.array([r.scheduled_time for r in closed.records]) >= 0)
+
+
+def test_replay_keeps_the_workload_files_arrival_times_and_lengths(lm):
+    from batchlab.loadgen import replay_requests
+    from batchlab.workloads import load_workload
+    path = "data/chat_poisson_cpu.jsonl"
+    reqs = replay_requests(path, lm.tokenizer)
+    source = load_workload(path)
+    assert [(r.request_id, r.arrival_time, r.max_tokens, len(r.prompt)) for r in reqs] == \
+        [(s.request_id, s.arrival_time, s.max_new_tokens, s.prompt_len) for s in source]
+    gamma = plan_requests(50, prompt_len=8, output_len=2, tokenizer=lm.tokenizer, arrival="gamma", rate=5.0,
+                          burstiness=0.25, seed=1)
+    gaps = np.diff([r.arrival_time for r in gamma])
+    assert gaps.std() / gaps.mean() > 1.3          # gamma shape 0.25: coefficient of variation 2
