@@ -17,6 +17,10 @@ Module map (each notebook teaches one of these, then imports it):
   cost_model   the step-time formula and its fit
   calibration  measure real steps, fit the cost model
   engine       the loop: schedule → run → record, on a virtual or wall clock
+  online       the engine's online mode: a thread-safe inbox (add/abort/stop), a token listener
+  serve        an OpenAI-compatible HTTP server over the online engine (python -m batchlab.serve)
+  loadgen      a load client for any OpenAI-compatible server; builds a Trace (python -m batchlab.loadgen)
+  vllm_ref     vLLM's OpenAI server on the course's model, from its own venv, as the reference
   trace        what a run records, as DataFrames
   trace_io     save a Trace to JSON and load it back
   batches      request-level batches read back from a trace
