@@ -8,6 +8,7 @@ records it.
   plan         StepPlan / ScheduledChunk (one rule for prefill and decode) and a step's features
   kv_space     the KV accounting schedulers admit against (KVSpace; TokenKVSpace for the simulator)
   engine       the loop: admit, schedule, run, record; virtual or wall clock
+  online       the engine's online mode: a thread-safe inbox (add/abort/stop), a token listener
   clock        the virtual and wall clocks
   trace        what a run records (per request, per step), as DataFrames
   checks       the argument checks every module shares
@@ -22,6 +23,10 @@ Folders (each one's ``__init__`` says why it exists):
   workloads/   who asks what, and when: arrivals, lengths, prompts, workload files, scripted scenes
   analysis/    what only reads traces: metrics, plots, widgets, diagnosis, batches, trace files
   experiments/ the lessons' measurements: prefill stalls, load sweeps
+  serve/       an OpenAI-compatible HTTP server over the online engine (python -m batchlab.serve),
+               and vLLM's server on the same model as the reference (serve.vllm_ref)
+  loadgen/     a load client for any OpenAI-compatible server; builds a Trace
+               (python -m batchlab.loadgen)
   bench/       a tool beside the course: batchlab's engines against transformers
   exercises/   the notebooks' exercise checkers (worked solutions live in solutions/)
 

@@ -29,6 +29,11 @@ Rules the engine keeps:
 - When a request ends (finished or rejected) the engine calls ``backend.release(request_id)``, so
   the backend can forget what it kept for it (a sampler's generator, say).
 
+Online mode (``run_online``, see ``online.py``): the same loop on the wall clock, with requests
+added and aborted while it runs through a thread-safe ``EngineInbox`` read at the top of every
+pass; when idle it waits on the inbox instead of ending, and a listener hears every token and
+every end as it happens. An aborted request ends ABORTED with ``finish_reason`` "aborted: <why>".
+
 The clocks are described in ``clock.py``: ``"virtual"`` (time moves by each step's reported
 duration and skips idle gaps) or ``"wall"`` (real time; requests arrive in real time).
 
@@ -48,6 +53,7 @@ from collections.abc import Sequence
 from batchlab.backends.base import Backend
 from batchlab.backends.decode_runs import DecodeRun, predict_decode_steps
 from batchlab.clock import Clock, make_clock
+from batchlab.online import ABORTED_PREFIX, EngineInbox, EngineListener
 from batchlab.plan import StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers.base import Scheduler
@@ -55,6 +61,7 @@ from batchlab.trace import RequestRecord, StepRecord, Trace
 
 _FINISHED = RequestStatus.FINISHED
 _REJECTED = RequestStatus.REJECTED
+_ABORTED = RequestStatus.ABORTED
 REJECTED_PREFIX = "rejected: "
 
 
@@ -96,7 +103,23 @@ class Engine:
         The requests themselves are not modified; the trace holds what happened to each.
         ``progress=True`` shows a tqdm bar over ended (finished or rejected) requests.
         """
-        workload = _fresh_workload(requests)
+        return self._serve(_fresh_workload(requests), progress)
+
+    def run_online(self, inbox: EngineInbox, listener: EngineListener | None = None) -> Trace:
+        """Serve what ``inbox`` is given, as it comes, on the wall clock, until ``inbox.stop``.
+
+        Returns the trace of every request it saw (see ``online.py``). Runs in the calling thread;
+        a server calls it from a thread of its own.
+        """
+        if self.clock.name != "wall":
+            raise ValueError(f"run_online needs the wall clock (Engine(..., clock='wall')), not {self.clock.name!r}: "
+                             "requests arrive in real time")
+        if not isinstance(inbox, EngineInbox):
+            raise ValueError(f"inbox={inbox!r}; must be an EngineInbox")
+        return self._serve([], False, inbox, listener or EngineListener())
+
+    def _serve(self, workload: list[Request], progress: bool, inbox: EngineInbox | None = None,
+               listener: EngineListener | None = None) -> Trace:
         scheduler, backend = self.scheduler, self.backend
         if scheduler.has_pending():
             raise EngineError(f"{scheduler!r} still holds requests from an earlier run; use a new scheduler")
@@ -106,12 +129,14 @@ class Engine:
         backend.reset()
         scheduler.bind(backend.kv)
         wall_start = time.perf_counter()
-        run = _Run(self, workload, progress)
+        run = _Run(self, workload, progress, inbox, listener)
         # A large run creates millions of small objects and no reference cycles; Python's cyclic
         # garbage collector would scan them all again and again (about a third of a simulation's
         # time), so it is paused for the run. Reference counting still frees everything.
+        # (Not online: the collector is process-wide, and a server's other threads need it.)
         gc_was_enabled = gc.isenabled()
-        gc.disable()
+        if inbox is None:
+            gc.disable()
         try:
             run.loop()
             run.check_invariants()
@@ -127,7 +152,10 @@ class Engine:
 class _Run:
     """The state of one ``Engine.run``: the loop, applying steps, the fast path, the checks."""
 
-    def __init__(self, engine: Engine, workload: list[Request], progress: bool) -> None:
+    def __init__(self, engine: Engine, workload: list[Request], progress: bool,
+                 inbox: EngineInbox | None = None, listener: EngineListener | None = None) -> None:
+        self.inbox = inbox          # online mode only (run_online)
+        self.listener = listener
         self.scheduler = engine.scheduler
         self.backend = engine.backend
         self.clock = engine.clock
@@ -159,10 +187,14 @@ class _Run:
         decoding: tuple[StepPlan, DecodeRun | None, int] | None = None
         while True:
             now = clock.now(now)
+            if self.inbox is not None:       # online: new requests, aborts, stop
+                if not self._read_inbox(now):
+                    return
+                next_arrival = num_requests = len(workload)   # every added request is admitted
             while next_arrival < num_requests and workload[next_arrival].arrival_time <= now:
                 self._admit(workload[next_arrival], now)
                 next_arrival += 1
-            if next_arrival == num_requests and not scheduler.draining:
+            if next_arrival == num_requests and not scheduler.draining and self.inbox is None:
                 scheduler.start_draining()
             arrival_time = workload[next_arrival].arrival_time if next_arrival < num_requests else None
 
@@ -178,6 +210,9 @@ class _Run:
                     raise EngineError(f"{scheduler!r} planned nothing at now={now} but set wake_at={wake_at}, "
                                       "which is not in the future; it would never make progress")
                 targets = [t for t in (arrival_time, wake_at) if t is not None]
+                if self.inbox is not None:   # online: wait for a command (or the timer)
+                    self.inbox.wait(min(targets) - now if targets else None)
+                    continue
                 if not targets:
                     if scheduler.has_pending():
                         stuck = [r.request_id for r in workload if not r.is_done]
@@ -210,6 +245,56 @@ class _Run:
         self.backend.release(req.request_id)
         if self.bar is not None:
             self.bar.update(1)
+        if self.listener is not None:
+            self.listener.on_end(req, now)
+
+    # --- online: the inbox -----------------------------------------------------------------------
+    def _read_inbox(self, now: float) -> bool:
+        """Admit added requests, apply aborts and a stop. False when the loop should end (stopped
+        and nothing left in flight)."""
+        commands = self.inbox.take()
+        workload, by_id = self.workload, self.by_id
+        perf_now = time.perf_counter()
+        for req, added_at in commands.adds:
+            if req.request_id in by_id:      # never served twice, never lost: rejected on the spot
+                req.status = _REJECTED
+                req.finish_reason = REJECTED_PREFIX + f"request id {req.request_id!r} is already in use"
+                self.listener.on_end(req, now)
+                continue
+            # It arrived when it was added (on this clock), never before the previous arrival.
+            previous = workload[-1].arrival_time if workload else 0.0
+            req.arrival_time = max(now - (perf_now - added_at), previous, 0.0)
+            workload.append(req)
+            by_id[req.request_id] = req
+            self.release_times[req.request_id] = None
+            self._admit(req, now)
+        aborts = commands.aborts
+        if commands.stop_reason is not None:
+            aborts = aborts + [(r.request_id, commands.stop_reason) for r in workload if not r.is_done]
+        if aborts:
+            self._abort(aborts, now)
+        return not (self.inbox.stopping and not self.scheduler.has_pending())
+
+    def _abort(self, aborts: list[tuple[str, str]], now: float) -> None:
+        """End each (request id, reason) now; a running one leaves its scheduler (and KV) at once."""
+        any_running = False
+        for rid, reason in aborts:
+            req = self.by_id.get(rid)
+            if req is None or req.is_done:
+                continue                     # unknown or already ended: nothing to do
+            if req.status is RequestStatus.WAITING:
+                if not self.scheduler.remove_waiting(req):
+                    raise EngineError(f"{self.scheduler!r} could not take waiting request {rid!r} out of "
+                                      "its queue (remove_waiting)")
+            else:
+                any_running = True
+            req.status = _ABORTED
+            req.finish_reason = ABORTED_PREFIX + reason
+            self.release_times[rid] = now
+            self.backend.release(rid)
+            self.listener.on_end(req, now)
+        if any_running:   # the scheduler drops ended requests and frees their KV, as after a step
+            self._release(self.scheduler.on_step_end(StepPlan(), now), now)
 
     # --- one step's results ---------------------------------------------------------------------------
     def _apply(self, plan: StepPlan, new_tokens: dict[str, int], start: float, end: float) -> tuple[bool, int]:
@@ -222,7 +307,7 @@ class _Run:
             req = by_id.get(rid)
             if req is None:
                 raise EngineError(f"the plan has a chunk for {rid!r}, which is not in this workload")
-            if req.status is _FINISHED or req.status is _REJECTED:
+            if req.status is _FINISHED or req.status is _REJECTED or req.status is _ABORTED:
                 raise EngineError(f"the plan computes tokens for {rid!r}, which has already ended "
                                   f"({req.status.value})")
             first = c.start
@@ -255,6 +340,8 @@ class _Run:
                 raise EngineError(f"the backend returned no token for {rid!r}, whose chunk samples") from None
             output_ids.append(token)
             req.token_times.append(end)
+            if self.listener is not None:
+                self.listener.on_token(req, token, end)
             if token in req.stop_token_ids:
                 self._finish(req, "stop", end)
                 num_finished += 1
@@ -273,6 +360,8 @@ class _Run:
     def _release(self, released: list[Request], t: float) -> None:
         times = self.release_times
         for req in released:
+            if req.status is _ABORTED:
+                continue                     # released when it was aborted
             rid = req.request_id
             if times.get(rid, 0.0) is not None:
                 raise EngineError(f"{self.scheduler!r} released {rid!r} twice (or a request not in this "
@@ -280,6 +369,8 @@ class _Run:
             if req.status is not _FINISHED:
                 raise EngineError(f"{self.scheduler!r} released {rid!r} before it finished ({req.status.value})")
             times[rid] = t
+            if self.listener is not None:
+                self.listener.on_end(req, t)
 
     # --- the fast path -------------------------------------------------------------------------------
     def _decode_run(self, decoding: tuple[StepPlan, DecodeRun | None, int], now: float,
@@ -328,6 +419,7 @@ class _Run:
             "backend": self.backend.describe(),
             "num_requests": len(self.workload),
             "num_rejected": sum(r.status is _REJECTED for r in self.workload),
+            "num_aborted": sum(r.status is _ABORTED for r in self.workload),
             "num_steps": len(self.steps),
             "num_fast_steps": self.num_fast_steps,
         }
@@ -340,10 +432,17 @@ class _Run:
 
     # --- the end -------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Every request FINISHED with exactly its tokens and released once, or REJECTED with none."""
+        """Every request FINISHED with exactly its tokens and released once, REJECTED with none, or
+        ABORTED (online) with at most its tokens and a reason."""
         for req in self.workload:
             rid = req.request_id
             num_out = len(req.output_ids)
+            if req.status is _ABORTED:
+                if (num_out > req.max_new_tokens or len(req.token_times) != num_out
+                        or not (req.finish_reason or "").startswith(ABORTED_PREFIX)):
+                    raise EngineError(f"aborted request {rid!r} has {num_out} tokens, {len(req.token_times)} "
+                                      f"token times and finish_reason {req.finish_reason!r}")
+                continue
             if req.status is _REJECTED:
                 if num_out or req.token_times:
                     raise EngineError(f"rejected request {rid!r} has {num_out} output tokens")

@@ -24,6 +24,7 @@ class RequestStatus(str, enum.Enum):
     RUNNING = "running"      # admitted: holds KV space, being prefilled or decoded
     FINISHED = "finished"    # produced all its tokens (or a stop token)
     REJECTED = "rejected"    # could never be served; ``finish_reason`` says why
+    ABORTED = "aborted"      # ended early by the server (client gone, stop string, shutdown); ``finish_reason`` says why
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class Request:
 
     @property
     def is_done(self) -> bool:
-        return self.status in (RequestStatus.FINISHED, RequestStatus.REJECTED)
+        return self.status in (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)
 
     def token_ids(self, start: int, num: int) -> list[int]:
         """Known tokens ``[start, start + num)`` of ``prompt_ids + output_ids``."""

@@ -22,11 +22,11 @@ from batchlab.kv_space import KVSpace
 from batchlab.plan import StepPlan
 from batchlab.requests import Request, RequestStatus
 
-_FINISHED, _REJECTED = RequestStatus.FINISHED, RequestStatus.REJECTED
+_FINISHED, _REJECTED, _ABORTED = RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED
 
 
 def split_ended(requests: list[Request]) -> tuple[list[Request], list[Request]]:
-    """Split ``requests`` into (ended: finished or rejected, still running), keeping their order.
+    """Split ``requests`` into (ended: finished, rejected or aborted, still running), keeping their order.
 
     Statuses are compared by identity because ``req.is_done`` (an enum ``in`` a tuple) costs
     several times more, and this runs once per request per step.
@@ -35,7 +35,7 @@ def split_ended(requests: list[Request]) -> tuple[list[Request], list[Request]]:
     running: list[Request] = []
     for req in requests:
         status = req.status
-        if status is _FINISHED or status is _REJECTED:
+        if status is _FINISHED or status is _REJECTED or status is _ABORTED:
             ended.append(req)
         else:
             running.append(req)
@@ -78,6 +78,17 @@ class Scheduler(ABC):
                     f"{self.kv.capacity_tokens} and one sequence at most "
                     f"{getattr(self.kv, 'max_seq_len', None) or self.kv.capacity_tokens}")
         return None
+
+    def remove_waiting(self, req: Request) -> bool:
+        """Take ``req`` out of the waiting queue (an abort before admission); False if it is not
+        there. Every batchlab policy keeps its queue in ``self.waiting``. (A running request that
+        is aborted leaves at the next ``on_step_end``, like a finished one.)"""
+        waiting = getattr(self, "waiting", None)
+        for i, queued in enumerate(waiting or ()):
+            if queued is req:
+                del waiting[i]
+                return True
+        return False
 
     @abstractmethod
     def add_request(self, req: Request) -> None:

@@ -1,0 +1,53 @@
+"""One load client for any OpenAI-compatible server (batchlab's, vLLM's, or anyone's).
+
+- ``client.py``: ``run_load`` (open or closed loop, streaming, bounded) and ``LoadResult``.
+- ``records.py``: ``ClientRecord`` per request and the ``Trace`` built from the records, so every
+  metric, plot and notebook function works on client-side data unchanged.
+
+From a notebook::
+
+    reqs = plan_requests(32, prompt_len=64, output_len=16, tokenizer=tok, arrival="poisson", rate=2.0)
+    result = run_load(server.url, reqs)             # open loop at each request's arrival_time
+    result.table()                                  # ttft / tpot / itl / e2e from the client's side
+    result.rate_report()                            # did the client keep to its plan?
+
+From a shell: ``python -m batchlab.loadgen --url http://127.0.0.1:8000 --rate 2 --num-requests 32``.
+"""
+
+from __future__ import annotations
+
+from batchlab.loadgen.client import ENDPOINTS, MODES, LoadRequest, LoadResult, from_workload, run_load, run_load_async
+from batchlab.loadgen.records import ClientRecord, chunk_gaps, client_trace, server_trace
+from batchlab.requests import Request
+
+
+def plan_requests(n: int, prompt_len: int, output_len: int, tokenizer, arrival: str = "poisson",
+                  rate: float | None = None, burstiness: float = 1.0, seed: int = 0) -> list[LoadRequest]:
+    """``n`` requests with corpus prompts of exactly ``prompt_len`` tokens (the course's tokenizer)
+    and ``output_len`` output tokens, arriving by ``arrival`` (see ``batchlab.workloads``)."""
+    from batchlab.workloads import make_workload
+    return from_workload(make_workload(n, prompt_len=prompt_len, output_len=output_len, arrival=arrival,
+                                       rate=rate, burstiness=burstiness, seed=seed, tokenizer=tokenizer))
+
+
+def replay_requests(path: str, tokenizer) -> list[LoadRequest]:
+    """A workload file's requests (``data/*.jsonl``) with its arrival times, prompts rebuilt from
+    the corpus with ``tokenizer`` where the file has no prompt ids."""
+    from batchlab.workloads import load_workload
+    return from_workload(load_workload(path, tokenizer))
+
+
+def course_tokenizer():
+    """The course model's tokenizer, from the converted cache (converting the model once if needed)."""
+    from transformers import AutoTokenizer
+
+    from batchlab.model import _cache_is_complete, converted_dir, load_model
+    folder = converted_dir()
+    if not _cache_is_complete(folder):
+        return load_model().tokenizer
+    return AutoTokenizer.from_pretrained(folder)
+
+
+__all__ = ["LoadRequest", "LoadResult", "ClientRecord", "run_load", "run_load_async", "from_workload",
+           "plan_requests", "replay_requests", "course_tokenizer", "client_trace", "server_trace",
+           "chunk_gaps", "MODES", "ENDPOINTS", "Request"]

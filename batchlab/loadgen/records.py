@@ -1,0 +1,131 @@
+"""What the load client records per request, and the ``Trace`` built from it.
+
+A ``ClientRecord`` is one request as the client saw it: when it was scheduled and sent, the HTTP
+status, every streamed chunk's arrival time and how many tokens it carried, how it ended, and the
+server's own timings if the server sends them (batchlab's ``"batchlab"`` extension field).
+
+``client_trace(records)`` turns them into the same ``Trace`` the engine produces, on the client's
+clock (seconds since the load began), so ``batchlab.analysis.metrics`` and ``batchlab.analysis.plots`` work
+unchanged on client-side data:
+
+- ``arrival_time`` = the send time (the client's view of arrival);
+- ``token_times`` = one entry per token, each at the arrival of the chunk that carried it (a chunk
+  of k tokens gives k equal times, so ITL counts tokens, with 0-second gaps inside a chunk);
+- ``release_time`` = when the response ended (the last byte);
+- ``status``: FINISHED (HTTP 200 and finish_reason ``stop`` or ``length``), REJECTED (a 4xx or
+  429: turned away, ``finish_reason`` "rejected: HTTP 429 ..."), ABORTED (anything else: a
+  transport error, a 5xx, a stream ended by the server with ``abort``).
+
+``server_trace(records)`` builds the engine's own trace of the same requests from the server's
+timings, moved onto the client's clock, so the two can be compared request by request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from batchlab.requests import RequestStatus
+from batchlab.trace import RequestRecord, Trace
+
+FINISHED_REASONS = ("stop", "length")
+
+
+@dataclass
+class ClientRecord:
+    """One request, as the client saw it (times: seconds since the load began)."""
+
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    scheduled_time: float                  # when the load plan wanted it sent
+    send_time: float | None = None         # when it was really sent
+    status_code: int | None = None
+    chunk_times: list[float] = field(default_factory=list)     # each chunk that carried tokens
+    chunk_tokens: list[int] = field(default_factory=list)      # tokens in that chunk
+    end_time: float | None = None          # the response's last byte ([DONE] or the whole body)
+    finish_reason: str | None = None       # as the server said ("stop", "length", "abort", ...)
+    error: str | None = None               # error body or exception text
+    text: str = ""
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    tokens_counted_by: str = "chunks"      # "usage" (the server's running count) or "chunks" (1 each)
+    server: dict | None = None             # the server's own timings (batchlab's extension field)
+    client_t0_unix: float = 0.0            # unix time of this load's t = 0 (to place server times)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.chunk_tokens))
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code == 200 and self.error is None and self.finish_reason in FINISHED_REASONS
+
+    @property
+    def ttft(self) -> float | None:
+        if self.send_time is None or not self.chunk_times:
+            return None
+        return self.chunk_times[0] - self.send_time
+
+    def token_times(self) -> list[float]:
+        """One time per token: each chunk's arrival, repeated for every token it carried."""
+        return [t for t, k in zip(self.chunk_times, self.chunk_tokens) for _ in range(k)]
+
+    def status(self) -> tuple[RequestStatus, str | None]:
+        if self.ok:
+            return RequestStatus.FINISHED, self.finish_reason
+        if self.status_code is not None and 400 <= self.status_code < 500:
+            return RequestStatus.REJECTED, f"rejected: HTTP {self.status_code}: {self.error}"
+        why = self.error or f"finish_reason {self.finish_reason!r}"
+        return RequestStatus.ABORTED, f"aborted: HTTP {self.status_code}: {why}"
+
+    def server_time(self, engine_time: float | None) -> float | None:
+        """An engine-clock time from the server's timings, on this load's clock."""
+        if engine_time is None or not self.server or "engine_clock_unix_offset" not in self.server:
+            return None
+        return engine_time + self.server["engine_clock_unix_offset"] - self.client_t0_unix
+
+
+def client_trace(records: list[ClientRecord], meta: dict | None = None) -> Trace:
+    """The client's view as a ``Trace`` (see the module docstring). Requests sorted by send time."""
+    out = []
+    for r in sorted(records, key=lambda r: (r.send_time if r.send_time is not None else r.scheduled_time)):
+        status, reason = r.status()
+        arrival = r.send_time if r.send_time is not None else r.scheduled_time
+        times = r.token_times() if status is not RequestStatus.REJECTED else []
+        first_scheduled = r.server_time((r.server or {}).get("first_scheduled_time"))
+        prompt_len = r.usage_prompt_tokens or r.prompt_len
+        out.append(RequestRecord(r.request_id, arrival, prompt_len, r.max_tokens, status, reason,
+                                 first_scheduled, times, r.end_time, True,
+                                 list((r.server or {}).get("token_ids") or [])))
+    return Trace(requests=out, steps=[], meta={"clock": "client", **(meta or {})})
+
+
+def server_trace(records: list[ClientRecord], meta: dict | None = None) -> Trace:
+    """The engine's own times for the same requests (from the server's extension field), on the
+    client's clock. Requests without server timings (refused, or another server) are left out."""
+    out = []
+    for r in records:
+        s = r.server
+        if not s or "engine_clock_unix_offset" not in s or not r.ok:
+            continue
+        times = [r.server_time(t) for t in s.get("token_times") or []]
+        if s.get("policy") in ("static", "dynamic") and s.get("first_token_time") is not None and times \
+                and s["first_token_time"] >= s.get("finish_time", 0):
+            streamed = False                # handed back whole at release
+        else:
+            streamed = True
+        out.append(RequestRecord(r.request_id, r.server_time(s["arrival_time"]), r.usage_prompt_tokens or r.prompt_len,
+                                 r.max_tokens, RequestStatus.FINISHED, r.finish_reason,
+                                 r.server_time(s.get("first_scheduled_time")), times,
+                                 r.server_time(s.get("release_time")), streamed, list(s.get("token_ids") or [])))
+    out.sort(key=lambda q: q.arrival_time)
+    return Trace(requests=out, steps=[], meta={"clock": "server (on the client's clock)", **(meta or {})})
+
+
+def chunk_gaps(records: list[ClientRecord]) -> np.ndarray:
+    """Gaps between successive chunks (not tokens), pooled over finished requests: what a client
+    that counts one token per chunk would call ITL."""
+    gaps = [np.diff(np.asarray(r.chunk_times, dtype=float)) for r in records if r.ok and len(r.chunk_times) > 1]
+    return np.concatenate(gaps) if gaps else np.empty(0)

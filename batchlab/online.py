@@ -1,0 +1,115 @@
+"""The engine's online mode: requests added and aborted while the loop runs on the wall clock.
+
+Offline, ``Engine.run(workload)`` knows every request and its arrival time in advance. A server
+does not: requests come in from other threads (HTTP handlers) while the loop is running, clients
+go away, and the server is stopped at some point. ``Engine.run_online(inbox, listener)`` runs the
+*same* loop with two differences:
+
+- At the top of every loop pass it reads an ``EngineInbox``: a thread-safe list of commands
+  (``add`` a request, ``abort`` one, ``stop``). An added request arrives at the moment ``add`` was
+  called (its ``arrival_time`` is set then, on the engine's clock). When there is nothing to run,
+  the loop waits on the inbox (until a command comes, or the scheduler's timer is due) instead of
+  ending.
+- It tells a listener what happens as it happens: ``on_token`` for every token the moment its
+  step ends, ``on_end`` when a request's response is complete (finished and released, rejected,
+  or aborted). A server streams from these.
+
+Aborts. An aborted request ends with status ABORTED and ``finish_reason`` "aborted: <why>". A
+waiting one leaves the queue at once; a running one leaves at the top of the next loop pass
+(before the next step is planned), and the scheduler frees its KV space then. Its tokens so far
+stay in the trace. ``stop(reason)`` stops admission (later ``add``s are rejected with the
+reason) and aborts everything still in flight with that reason, then the loop returns its trace.
+
+The listener's methods run on the engine's thread, between steps: they must be quick (hand the
+token to another thread, e.g. with ``loop.call_soon_threadsafe``) and must not raise.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from batchlab.requests import Request
+
+ABORTED_PREFIX = "aborted: "
+
+
+class EngineListener:
+    """What an online engine reports. Subclass and override; the defaults do nothing."""
+
+    def on_token(self, req: Request, token: int, t: float) -> None:
+        """``req`` got ``token`` (already appended to ``req.output_ids``) at time ``t``."""
+
+    def on_end(self, req: Request, t: float) -> None:
+        """``req``'s response is complete at ``t``: its ``status`` and ``finish_reason`` say how."""
+
+
+@dataclass
+class InboxCommands:
+    """What the engine takes out of the inbox in one read (in the order they were given)."""
+
+    adds: list[tuple[Request, float]] = field(default_factory=list)   # (request, perf_counter at add)
+    aborts: list[tuple[str, str]] = field(default_factory=list)       # (request_id, reason)
+    stop_reason: str | None = None
+
+
+class EngineInbox:
+    """Thread-safe commands for an engine running online (see the module docstring).
+
+    Any thread may call ``add``, ``abort`` and ``stop``; the engine's thread calls ``take`` and
+    ``wait``. ``add`` after ``stop`` raises ``RuntimeError`` (the server answers such a request
+    itself: it is shutting down).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending = InboxCommands()
+        self._stopping = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def add(self, req: Request) -> None:
+        """Submit a fresh request (status WAITING, no tokens). It arrives now."""
+        if req.num_computed_tokens or req.output_ids or req.is_done:
+            raise ValueError(f"request {req.request_id!r} carries run state; add a fresh request")
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError(f"the engine is stopping; request {req.request_id!r} was not added")
+            self._pending.adds.append((req, time.perf_counter()))
+            self._cond.notify()
+
+    def abort(self, request_id: str, reason: str) -> None:
+        """End ``request_id`` early with ``reason`` (no-op if it has already ended or is unknown)."""
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"reason={reason!r}; an abort must say why (a non-empty string)")
+        with self._cond:
+            self._pending.aborts.append((request_id, reason))
+            self._cond.notify()
+
+    def stop(self, reason: str) -> None:
+        """Stop admitting, abort every request in flight with ``reason``, end the loop."""
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"reason={reason!r}; a stop must say why (a non-empty string)")
+        with self._cond:
+            if not self._stopping:
+                self._stopping = True
+                self._pending.stop_reason = reason
+            self._cond.notify()
+
+    # --- the engine's side ----------------------------------------------------------------------
+    def take(self) -> InboxCommands:
+        """Every command given since the last ``take``."""
+        with self._cond:
+            commands, self._pending = self._pending, InboxCommands()
+            return commands
+
+    def wait(self, timeout: float | None) -> None:
+        """Block until a command is given or ``timeout`` seconds pass (None: no limit)."""
+        with self._cond:
+            p = self._pending
+            if p.adds or p.aborts or p.stop_reason is not None:
+                return
+            self._cond.wait(timeout)

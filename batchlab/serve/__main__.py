@@ -1,0 +1,63 @@
+"""``python -m batchlab.serve``: serve the course's model over an OpenAI-compatible HTTP API.
+
+    python -m batchlab.serve                                  # continuous batching on 127.0.0.1:8000
+    python -m batchlab.serve --policy static --batch-size 8   # feel static batching over HTTP
+    python -m batchlab.serve --policy dynamic --max-batch-size 8 --batch-timeout 0.1 --release request
+
+SIGTERM or SIGINT (Ctrl-C): admission stops, requests in flight end with finish_reason "abort"
+and the reason "aborted: server shutting down", then the process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from batchlab.serve.runner import DEFAULT_MODEL_NAME, POLICIES, RELEASES, ServerConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m batchlab.serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (only loopback unless you mean it)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="the model id clients must send")
+    p.add_argument("--policy", choices=POLICIES, default="continuous")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="KV slots (continuous: the most running requests)")
+    p.add_argument("--max-model-len", type=int, default=1024, help="context window: prompt + output tokens")
+    p.add_argument("--max-batched-tokens", type=int, default=512, help="continuous: tokens per step")
+    p.add_argument("--no-chunked-prefill", action="store_true", help="continuous: a prompt runs in one step")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                   help="continuous: cap on one prompt's tokens per step")
+    p.add_argument("--batch-size", type=int, default=8, help="static: requests per batch")
+    p.add_argument("--max-batch-size", type=int, default=8, help="dynamic: the most requests per batch")
+    p.add_argument("--batch-timeout", type=float, default=0.05, help="dynamic: seconds the oldest request waits")
+    p.add_argument("--release", choices=RELEASES, default="batch",
+                   help="static/dynamic: hand responses back at batch end, or per request as it finishes")
+    p.add_argument("--max-waiting", type=int, default=256, help="waiting requests before new ones get 429")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--log-level", default="warning")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = ServerConfig(
+            policy=args.policy, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens, chunked_prefill=not args.no_chunked_prefill,
+            long_prefill_token_threshold=args.long_prefill_token_threshold, batch_size=args.batch_size,
+            max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout, release=args.release,
+            max_waiting=args.max_waiting, model_name=args.model_name)
+    except ValueError as e:
+        print(f"batchlab.serve: {e}", file=sys.stderr)
+        return 2
+    from batchlab.serve import serve
+    serve(config, host=args.host, port=args.port, api_key=args.api_key, threads=args.threads,
+          log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

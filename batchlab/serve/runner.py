@@ -1,0 +1,279 @@
+"""The engine thread behind the server: one online engine, and a handle per HTTP request.
+
+``EngineRunner`` owns the real model, the KV cache, the scheduler (any of the three policies) and
+an ``Engine`` on the wall clock running ``run_online`` in a thread of its own. HTTP handlers run on
+the asyncio event loop; they never touch the engine directly:
+
+    handler ── submit(gen) ──> EngineInbox.add ──> engine thread (top of its next loop pass)
+    handler <── asyncio.Queue <── call_soon_threadsafe <── listener.on_token / on_end
+
+Admission control happens here, before the inbox: a request is refused with 429 when
+``max_waiting`` requests are already waiting for admission (arrived, not yet running), and with
+503 once the server is shutting down. Refused requests never reach the engine; every accepted
+request ends with an "end" event (finished, or aborted with the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from batchlab.backends import ModelBackend
+from batchlab.engine import Engine
+from batchlab.online import EngineInbox, EngineListener
+from batchlab.requests import Request, RequestStatus, SamplingParams
+from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
+from batchlab.schedulers.base import Scheduler
+from batchlab.serve.protocol import APIError, GenerationRequest
+
+POLICIES = ("static", "dynamic", "continuous")
+RELEASES = ("batch", "request")
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server runs: the policy and its knobs, the KV cache, admission.
+
+    ``max_num_seqs``: KV slots (sequences held at once); also continuous batching's limit.
+    ``max_model_len``: tokens per slot: the context window a request's prompt + output must fit.
+    ``max_num_batched_tokens``, ``chunked_prefill``, ``long_prefill_token_threshold``: continuous.
+    ``batch_size``: static. ``max_batch_size``, ``batch_timeout``: dynamic.
+    ``release``: static and dynamic only: "batch" (a non-streaming server: every member's
+    response is handed back when its batch ends, the course's default) or "request" (each member
+    as it finishes, tokens streamed as computed).
+    ``max_waiting``: requests waiting for admission before new ones get 429.
+    """
+
+    policy: str = "continuous"
+    max_num_seqs: int = 32
+    max_model_len: int = 1024
+    max_num_batched_tokens: int = 512
+    chunked_prefill: bool = True
+    long_prefill_token_threshold: int | None = None
+    batch_size: int = 8
+    max_batch_size: int = 8
+    batch_timeout: float = 0.05
+    release: str = "batch"
+    max_waiting: int = 256
+    model_name: str = DEFAULT_MODEL_NAME
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy={self.policy!r}; allowed: {list(POLICIES)}")
+        if self.release not in RELEASES:
+            raise ValueError(f"release={self.release!r}; allowed: {list(RELEASES)}")
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "batch_size", "max_batch_size",
+                     "max_waiting"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name}={value!r}; must be an int >= 1")
+        if not (isinstance(self.batch_timeout, (int, float)) and self.batch_timeout >= 0):
+            raise ValueError(f"batch_timeout={self.batch_timeout!r}; must be a number of seconds >= 0")
+        if self.policy == "static" and self.max_waiting < self.batch_size:
+            raise ValueError(f"max_waiting={self.max_waiting} < batch_size={self.batch_size}: a static batch "
+                             "could never fill; allow at least batch_size waiting requests")
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise ValueError(f"model_name={self.model_name!r}; must be a non-empty string")
+
+    def make_scheduler(self) -> Scheduler:
+        stream = self.release == "request"
+        if self.policy == "static":
+            return StaticBatcher(self.batch_size, stream=stream)
+        if self.policy == "dynamic":
+            return DynamicBatcher(self.max_batch_size, self.batch_timeout, stream=stream)
+        return ContinuousBatcher(self.max_num_seqs, self.max_num_batched_tokens, self.chunked_prefill,
+                                 self.long_prefill_token_threshold)
+
+
+@dataclass
+class Handle:
+    """One accepted request, as its HTTP handler sees it: events arrive on ``events``.
+
+    Events: ``("token", token_id)`` as each token becomes visible, then exactly one
+    ``("end", status, finish_reason, timings, tokens)`` (``tokens``: the output when the policy
+    hands it back whole at the end, else None), or ``("error", message)`` if the engine failed.
+    """
+
+    request_id: str
+    gen: GenerationRequest
+    req: Request
+    received_unix: float
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class _Bridge(EngineListener):
+    """Engine thread → event loop: each event is queued on its handle's asyncio queue."""
+
+    def __init__(self, runner: "EngineRunner") -> None:
+        self.runner = runner
+
+    def _post(self, request_id: str, event: tuple) -> None:
+        handle = self.runner.handles.get(request_id)
+        if handle is None:
+            return
+        try:
+            self.runner.loop.call_soon_threadsafe(handle.events.put_nowait, event)
+        except RuntimeError:       # the event loop has closed: nobody is listening any more
+            pass
+
+    def on_token(self, req: Request, token: int, t: float) -> None:
+        if self.runner.streams:
+            self._post(req.request_id, ("token", token))
+
+    def on_end(self, req: Request, t: float) -> None:
+        runner = self.runner
+        handle = runner.handles.pop(req.request_id, None)
+        if handle is None:
+            return
+        tokens = None if runner.streams else list(req.output_ids)
+        timings = runner.timings(handle, req, t)
+        try:
+            runner.loop.call_soon_threadsafe(handle.events.put_nowait,
+                                             ("end", req.status.value, req.finish_reason, timings, tokens))
+        except RuntimeError:
+            pass
+
+
+class EngineRunner:
+    """The real model served by one online engine in its own thread (see the module docstring)."""
+
+    def __init__(self, config: ServerConfig, lm=None) -> None:
+        if not isinstance(config, ServerConfig):
+            raise ValueError(f"config={config!r}; must be a ServerConfig")
+        from batchlab.model import load_model
+        self.config = config
+        self.lm = lm if lm is not None else load_model()
+        self.tokenizer = self.lm.tokenizer
+        self.backend = ModelBackend(self.lm, max_num_seqs=config.max_num_seqs, max_seq_len=config.max_model_len)
+        self.scheduler = config.make_scheduler()
+        self.streams = self.scheduler.streams_tokens
+        self.engine = Engine(self.scheduler, self.backend, clock="wall")
+        self.inbox = EngineInbox()
+        self.handles: dict[str, Handle] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        self.trace = None
+        self.error: str | None = None
+        self.accepting = False
+        self.shutdown_reason: str | None = None
+        self.num_accepted = 0
+        self.num_refused = 0
+
+    # --- life -------------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the engine thread; events are delivered on ``loop``."""
+        self.loop = loop
+        self.thread = threading.Thread(target=self._run, name="batchlab-engine", daemon=True)
+        self.thread.start()
+        self.accepting = True
+
+    def _run(self) -> None:
+        try:
+            self.trace = self.engine.run_online(self.inbox, _Bridge(self))
+        except Exception as e:   # the engine broke its contract: say so to every waiting client
+            self.error = f"engine failed: {type(e).__name__}: {e}"
+            self.accepting = False
+            for rid in list(self.handles):
+                handle = self.handles.pop(rid, None)
+                if handle is not None and self.loop is not None:
+                    try:
+                        self.loop.call_soon_threadsafe(handle.events.put_nowait, ("error", self.error))
+                    except RuntimeError:
+                        pass
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self.thread is not None and self.thread.is_alive()
+
+    def shutdown(self, reason: str) -> None:
+        """Stop admission, end every request in flight with ``reason``, end the engine thread."""
+        self.accepting = False
+        if self.shutdown_reason is None:
+            self.shutdown_reason = reason
+        self.inbox.stop(reason)
+
+    def join(self, timeout: float = 30.0) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    # --- requests ---------------------------------------------------------------------------------
+    def num_waiting(self) -> int:
+        """Accepted requests not admitted yet (the engine writes statuses; reading one is safe)."""
+        return sum(1 for h in list(self.handles.values()) if h.req.status is RequestStatus.WAITING)
+
+    def submit(self, gen: GenerationRequest, received_unix: float | None = None) -> Handle:
+        """Hand ``gen`` to the engine, or refuse it: 503 (not running), 429 (queue full), 400.
+        ``received_unix``: when the HTTP handler started on it (before parsing)."""
+        if not self.accepting:
+            why = self.error or (f"the server is shutting down ({self.shutdown_reason})"
+                                 if self.shutdown_reason else "the engine is not running")
+            raise APIError(503, f"not accepting requests: {why}", None, "service_unavailable")
+        if self.num_waiting() >= self.config.max_waiting:
+            self.num_refused += 1
+            raise APIError(429, f"{self.config.max_waiting} requests are already waiting for admission "
+                                f"(--max-waiting {self.config.max_waiting}); retry later", None,
+                           "rate_limit_exceeded", headers={"Retry-After": "1"})
+        stop_ids = () if gen.ignore_eos or self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,)
+        prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
+        rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        req = Request(rid, gen.prompt_ids, gen.max_tokens, 0.0,
+                      SamplingParams(gen.temperature, gen.top_p, gen.seed), stop_token_ids=stop_ids)
+        reason = self.scheduler.why_unschedulable(req)
+        if reason is not None:
+            raise APIError(400, f"this server can never run this request: {reason}",
+                           "messages" if gen.kind == "chat" else "prompt")
+        handle = Handle(rid, gen, req, time.time() if received_unix is None else received_unix)
+        self.handles[rid] = handle
+        try:
+            self.inbox.add(req)
+        except RuntimeError:
+            self.handles.pop(rid, None)
+            raise APIError(503, "not accepting requests: the server is shutting down", None,
+                           "service_unavailable") from None
+        self.num_accepted += 1
+        return handle
+
+    def abort(self, request_id: str, reason: str) -> None:
+        self.inbox.abort(request_id, reason)
+
+    # --- reporting --------------------------------------------------------------------------------
+    def timings(self, handle: Handle, req: Request, release: float) -> dict:
+        """The server's own times for one request (engine clock, seconds), for the extension field."""
+        arrival, first = req.arrival_time, req.first_scheduled_time
+        first_token = req.token_times[0] if req.token_times else None
+        if not self.streams and req.token_times:
+            first_token = release               # handed back whole at release
+        return {
+            "request_id": req.request_id,
+            "received_unix": handle.received_unix,
+            # unix time = engine time + this (the engine's clock counts from its start)
+            "engine_clock_unix_offset": time.time() - self.engine.clock.now(0.0),
+            "arrival_time": arrival,
+            "first_scheduled_time": first,
+            "first_token_time": first_token,
+            "finish_time": req.token_times[-1] if req.token_times else None,
+            "release_time": release,
+            "queue_s": None if first is None else first - arrival,
+            "ttft_s": None if first_token is None else first_token - arrival,
+            "token_times": list(req.token_times),
+            "token_ids": list(req.output_ids),
+            "engine_finish_reason": req.finish_reason,
+            "policy": self.config.policy,
+        }
+
+    def stats(self) -> dict:
+        kv = self.backend.kv
+        return {"healthy": self.healthy, "accepting": self.accepting, "error": self.error,
+                "policy": self.config.policy, "scheduler": repr(self.scheduler),
+                "in_flight": len(self.handles), "waiting": self.num_waiting(),
+                "accepted": self.num_accepted, "refused_429": self.num_refused,
+                "kv_used_tokens": kv.used_tokens, "kv_capacity_tokens": kv.capacity_tokens,
+                "kv_free_slots": kv.num_free_slots, "max_model_len": self.config.max_model_len}

