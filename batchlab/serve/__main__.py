@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy", choices=POLICIES, default="continuous")
     p.add_argument("--max-num-seqs", type=int, default=32, help="KV slots (continuous: the most running requests)")
     p.add_argument("--max-model-len", type=int, default=1024, help="context window: prompt + output tokens")
-    p.add_argument("--max-batched-tokens", type=int, default=512, help="continuous: tokens per step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="continuous: tokens per step")
     p.add_argument("--no-chunked-prefill", action="store_true", help="continuous: a prompt runs in one step")
     p.add_argument("--long-prefill-token-threshold", type=int, default=None,
                    help="continuous: cap on one prompt's tokens per step")

@@ -276,4 +276,4 @@ class EngineRunner:
                 "in_flight": len(self.handles), "waiting": self.num_waiting(),
                 "accepted": self.num_accepted, "refused_429": self.num_refused,
                 "kv_used_tokens": kv.used_tokens, "kv_capacity_tokens": kv.capacity_tokens,
-                "kv_free_slots": kv.num_free_slots, "max_model_len": self.config.max_model_len}
+                "max_model_len": self.config.max_model_len}
