@@ -11,7 +11,9 @@ The engine drives it like this, once per step::
     released = scheduler.on_step_end(plan, now_after)   # drop finished work, free KV
 
 A scheduler may set ``req.status`` to RUNNING when it admits a request (and allocates its KV
-space); everything else on a request is written by the engine.
+space), and on a paged KV space it may preempt one: status back to WAITING and
+``num_computed_tokens`` to 0 (or, on admission, to its cached prefix). Everything else on a
+request is written by the engine.
 """
 
 from __future__ import annotations
