@@ -206,3 +206,16 @@ def test_prefix_caching_cuts_the_computed_tokens_and_changes_no_output_count():
 
 def test_blocks_for():
     assert [blocks_for(n, 16) for n in (1, 16, 17, 32, 33)] == [1, 1, 2, 2, 3]
+
+
+def test_preemption_stats_count_what_the_trace_records_and_saving_such_a_trace_says_it_cannot():
+    from batchlab.metrics import preemption_stats
+    from batchlab.trace_io import trace_to_dict
+    trace = Engine(ContinuousBatcher(8, 64), SimBackend(ONE_SECOND, 16, block_size=4)).run(
+        [req("A", 4, 8), req("B", 4, 8)])
+    assert preemption_stats(trace) == {"num_preemptions": 1, "num_preempted_requests": 1,
+                                       "recomputed_tokens": 8}
+    assert list(trace.preemptions_df().columns) == ["request_id", "time", "num_computed_tokens",
+                                                    "num_output_tokens"]
+    with pytest.raises(ValueError, match="preemptions or prefix-cache hits"):
+        trace_to_dict(trace)
