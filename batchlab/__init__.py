@@ -6,6 +6,10 @@ Module map (each notebook teaches one of these, then imports it):
   generate     greedy generation for one prompt with the batched step
   llama        the batched mixed prefill/decode step (compact Llama forward)
   kv_cache     slot-per-sequence KV cache with memory accounting
+  kv_blocks    paged KV accounting: blocks, block tables, growth, prefix hashes, LRU eviction
+  paged_kv_cache  the paged cache's block pool, read and written through block tables
+  model_shapes models' KV shapes as data: bytes per token, sequences a budget holds
+  kv_usage     what a trace's KV memory held against what it stored, step by step
   sampling     greedy and seeded temperature/top-p sampling per request
   profiler     step time vs batch size / prefill size / context, and the bandwidth floor
   requests     Request and SamplingParams
