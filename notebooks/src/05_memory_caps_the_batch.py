@@ -30,8 +30,6 @@
 # ## Setup
 
 # %%
-import math
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -91,7 +89,8 @@ print(f"{by_hand:,} bytes per token: 16 tokens take {16 * by_hand / 2**20:.2f} M
 # %%
 shapes = load_model_shapes()
 for shape in shapes.values():
-    print(f"{shape.name:>13}: {shape.bytes_per_token:>7,} B/token ({shape.dtype}); source: {shape.source[:60]}…")
+    print(f"{shape.name:>13}: {shape.bytes_per_token:>7,} B/token ({shape.dtype}); "
+          f"source: {shape.source[:60]}…")
 llama = shapes["Llama-3-8B"]
 assert llama.bytes_per_token == 2 * 32 * 8 * 128 * 2 == 128 * 2**10
 
@@ -240,8 +239,9 @@ plt.show()
 def e2e_steps(trace) -> np.ndarray:
     """Per request: how many steps ran from its arrival to its last token (inclusive)."""
     ends = np.array([s.end for s in trace.steps])
-    return np.array([np.searchsorted(ends, r.token_times[-1]) + 1 - np.searchsorted(ends, r.arrival_time, "right")
-                     for r in trace.requests])
+    first = np.searchsorted(ends, [r.arrival_time for r in trace.requests], "right")
+    last = np.searchsorted(ends, [r.token_times[-1] for r in trace.requests])
+    return last + 1 - first
 
 
 p99_steps = {k: np.percentile(e2e_steps(traces[k]), 99) for k in ("paged", "paged, 1/3 memory")}
@@ -302,9 +302,10 @@ ttft.round(3)
 later = ttft.iloc[1:]                      # the first request fills the cache; the rest hit it
 assert hits >= 256 * (len(shared) - 1), hits   # the chat template's opening is shared too
 assert later["cut"].median() > 2.5, ttft
-same = [r.output_ids for r in prefix_traces[False].requests] == [r.output_ids for r in prefix_traces[True].requests]
-assert same, "prefix caching changed a greedy answer"
-print(f"requests 2-{len(shared)} reused at least 256 cached tokens: TTFT {later['off'].median() * 1e3:.0f} → "
+answers = {on: [r.output_ids for r in t.requests] for on, t in prefix_traces.items()}
+assert answers[True] == answers[False], "prefix caching changed a greedy answer"
+print(f"requests 2-{len(shared)} reused at least 256 cached tokens: "
+      f"TTFT {later['off'].median() * 1e3:.0f} → "
       f"{later['on'].median() * 1e3:.0f} ms (median), same tokens")
 
 # %% [markdown]
@@ -344,7 +345,8 @@ def show_memory(budget_tokens=BUDGET_TOKENS, block_size=BLOCK_SIZE):
     axes[1].set(xlabel="E2E latency (s)", ylabel="share of requests", title="and finish them sooner")
     for ax in axes:
         ax.legend(fontsize=8)
-    fig.suptitle(f"KV budget {budget_tokens} tokens ({budget_tokens * by_hand / 2**20:.0f} MiB of SmolLM2 fp32)")
+    mib = budget_tokens * by_hand / 2**20
+    fig.suptitle(f"KV budget {budget_tokens} tokens ({mib:.0f} MiB of SmolLM2 in fp32)")
     fig.tight_layout()
     return fig
 
