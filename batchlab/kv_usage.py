@@ -34,14 +34,15 @@ def kv_usage(trace: Trace, block_size: int = 16, slot_len: int | None = None) ->
     for s in trace.steps:
         for c in s.chunks:
             last_step[c.request_id] = s.index
-    preempted_at: dict[float, list[str]] = {}
-    for p in trace.preemptions:
-        preempted_at.setdefault(p.time, []).append(p.request_id)
+    # A preemption happens while the step starting at (or just after) its time is planned.
+    preemptions = sorted(trace.preemptions, key=lambda p: p.time)
+    next_preemption = 0
     stored: dict[str, int] = {}
     rows = []
     for s in sorted(trace.steps, key=lambda s: s.start):
-        for rid in preempted_at.get(s.start, ()):   # preempted while this step was planned
-            stored.pop(rid, None)
+        while next_preemption < len(preemptions) and preemptions[next_preemption].time <= s.start:
+            stored.pop(preemptions[next_preemption].request_id, None)
+            next_preemption += 1
         for c in s.chunks:
             stored[c.request_id] = c.start + c.num_tokens
         values = np.fromiter(stored.values(), dtype=np.int64, count=len(stored))

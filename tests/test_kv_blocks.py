@@ -219,3 +219,18 @@ def test_preemption_stats_count_what_the_trace_records_and_saving_such_a_trace_s
                                                     "num_output_tokens"]
     with pytest.raises(ValueError, match="preemptions or prefix-cache hits"):
         trace_to_dict(trace)
+
+
+def test_kv_usage_reads_back_what_each_cache_held():
+    from batchlab.kv_usage import kv_usage, stored_share
+    trace = Engine(ContinuousBatcher(8, 64), SimBackend(ONE_SECOND, 16, block_size=4)).run(
+        [req("A", 4, 8), req("B", 4, 8)])
+    usage = kv_usage(trace, block_size=4, slot_len=12).set_index("start")
+    # t=0: both prompts (4 tokens each); t=5: B preempted, A at 9 tokens; t=8: B back with 9.
+    assert usage.loc[0.0, "stored_tokens"] == 8 and usage.loc[0.0, "paged_tokens"] == 8
+    assert usage.loc[5.0, "num_seqs"] == 1 and usage.loc[5.0, "paged_tokens"] == 12
+    assert usage.loc[8.0, "stored_tokens"] == 9 and usage.loc[8.0, "slot_tokens"] == 12
+    assert usage["paged_tokens"].max() <= 16
+    assert 0 < stored_share(usage, "slot_tokens") < stored_share(usage, "paged_tokens") <= 1
+    with pytest.raises(ValueError, match="held='nope'"):
+        stored_share(usage, "nope")
