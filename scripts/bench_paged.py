@@ -1,6 +1,6 @@
 """Benchmark of the paged KV cache against the slot cache, side by side in one run (prints numbers).
 
-    .venv/bin/python scripts/bench_paged.py [--context 256] [--repeats 7] [--rounds 2]
+    .venv/bin/python scripts/bench_paged.py [--context 256] [--repeats 7] [--rounds 2] [--threads 1]
 
 Prints:
 
@@ -78,7 +78,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=2, help="alternations of slot and paged timing")
     parser.add_argument("--batch-sizes", default="1,8,32")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 on a CPU shared with other jobs: with 2 threads on a "
+                             "busy 2-core machine every parallel op waits for the other core)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     lm = load_model()
     weights = LlamaWeights.from_hf(lm.model)
