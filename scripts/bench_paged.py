@@ -82,10 +82,8 @@ def main() -> None:
                         help="torch threads (1 on a CPU shared with other jobs: with 2 threads on a "
                              "busy 2-core machine every parallel op waits for the other core)")
     args = parser.parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
 
-    lm = load_model()
+    lm = load_model(threads=args.threads)
     weights = LlamaWeights.from_hf(lm.model)
     print(f"device {lm.device} ({lm.dtype}), {torch.get_num_threads()} threads, "
           f"decode context {args.context}, block size 16")

@@ -234,3 +234,17 @@ def test_kv_usage_reads_back_what_each_cache_held():
     assert 0 < stored_share(usage, "slot_tokens") < stored_share(usage, "paged_tokens") <= 1
     with pytest.raises(ValueError, match="held='nope'"):
         stored_share(usage, "nope")
+
+
+def test_a_request_that_can_never_fit_the_block_pool_is_rejected_with_the_reason():
+    backend = SimBackend(ONE_SECOND, kv_capacity_tokens=64, block_size=16)   # 4 blocks
+    trace = Engine(ContinuousBatcher(8, 256), backend).run([req("big", 60, 10), req("ok", 10, 5)])
+    big, ok = trace.requests
+    assert big.status is RequestStatus.REJECTED and "needs 70 KV tokens" in big.finish_reason
+    assert ok.status is RequestStatus.FINISHED and not trace.preemptions
+
+
+def test_requests_without_prompt_ids_never_hit_the_prefix_cache():
+    backend = SimBackend(RULER, kv_capacity_tokens=1024, block_size=16, enable_prefix_caching=True)
+    Engine(ContinuousBatcher(8, 256), backend).run([req(f"r{i}", 64, 4, arrival=i) for i in range(4)])
+    assert backend.kv.num_hit_tokens == 0 and backend.kv.num_cached_blocks == 0

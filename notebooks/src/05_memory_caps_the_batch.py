@@ -264,7 +264,8 @@ print(f"{stats['recomputed_tokens']} tokens computed twice")
 # computed again. Servers set knobs to keep this rare: a larger memory budget
 # (`gpu_memory_utilization` in vLLM), fewer sequences at once (`max_num_seqs`), or keeping some
 # blocks free at admission (`reserve_blocks` here, the "watermark" of vLLM's first scheduler).
-# vLLM logs a warning when it preempts, because it means the server is over its memory.
+# vLLM counts preemptions in its metrics (its first scheduler also logged a warning for each),
+# because they mean the server is running past its memory.
 #
 # ## Prefix caching: a shared system prompt
 #

@@ -224,7 +224,7 @@ plt.show()
 # more sequences than the KV cache has room for. A real server exposes it through a few knobs:
 # the memory budget for the cache (vLLM's `gpu_memory_utilization`), the block size, the most
 # sequences at once (`max_num_seqs`), and what happens when blocks run out (preemption and
-# recompute; a server that preempts often logs it). When the cache is what caps the batch, more
+# recompute; servers count preemptions in their metrics). When the cache is what caps the batch, more
 # memory per replica (or a smaller KV footprint per token) is the capacity to buy.
 
 # %%
