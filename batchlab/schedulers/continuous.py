@@ -196,8 +196,8 @@ class ContinuousBatcher(Scheduler):
             budget -= 1
         # Were all prompts in progress at the end of the running list? (Then the plan lists the
         # running requests in their own order; see ``continues_decoding``.)
-        prompts_last = (not in_prompt or not paged
-                        and in_prompt[0] is self.running[len(self.running) - len(in_prompt)])
+        prompts_last = not in_prompt or (
+            not paged and in_prompt[0] is self.running[len(self.running) - len(in_prompt)])
 
         # 2. Prompts already started (only with chunked prefill): continue them.
         for req in in_prompt:
