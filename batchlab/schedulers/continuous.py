@@ -183,7 +183,8 @@ class ContinuousBatcher(Scheduler):
             if paged and req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             computed = req.num_computed_tokens
-            if computed < req.prompt_len or computed + 1 < req.num_known_tokens:
+            # (The second test only matters after a preemption; skipped otherwise: this loop is hot.)
+            if computed < req.prompt_len or (paged and computed + 1 < req.num_known_tokens):
                 in_prompt.append(req)
                 continue
             if paged:
