@@ -6,7 +6,9 @@ records it.
 
   requests     Request, SamplingParams, RequestStatus: what a client asked for, and its state
   plan         StepPlan / ScheduledChunk (one rule for prefill and decode) and a step's features
-  kv_space     the KV accounting schedulers admit against (KVSpace; TokenKVSpace for the simulator)
+  kv_space     the KV accounting schedulers admit against (KVSpace: reserving or paged;
+               TokenKVSpace for the simulator)
+  kv_blocks    paged KV accounting: blocks, block tables, growth, prefix hashes, LRU eviction
   engine       the loop: admit, schedule, run, record; virtual or wall clock
   online       the engine's online mode: a thread-safe inbox (add/abort/stop), a token listener
   clock        the virtual and wall clocks
@@ -18,10 +20,12 @@ Folders (each one's ``__init__`` says why it exists):
   schedulers/  policies: StaticBatcher, DynamicBatcher, ContinuousBatcher (never touch tensors)
   backends/    what computes a step: ModelBackend (the real model), SimBackend (a fitted cost
                model) and what only the simulator needs (cost model, calibration, decode runs)
-  model/       the model itself: loading, the batched Llama step, KV cache storage, sampling,
-               profiler, one-prompt generation, the machine report
+  model/       the model itself: loading, its shape, the batched Llama step, KV cache storage
+               (slots and paged blocks), sampling, profiler, one-prompt generation, the machine
+               report
   workloads/   who asks what, and when: arrivals, lengths, prompts, workload files, scripted scenes
-  analysis/    what only reads traces: metrics, plots, widgets, diagnosis, batches, trace files
+  analysis/    what only reads traces: metrics, plots, widgets, diagnosis, batches, KV usage,
+               trace files
   experiments/ the lessons' measurements: prefill stalls, load sweeps
   serve/       an OpenAI-compatible HTTP server over the online engine (python -m batchlab.serve),
                and vLLM's server on the same model as the reference (serve.vllm_ref)

@@ -164,6 +164,9 @@ class _Run:
         self.steps: list[StepRecord] = []
         self.release_times: dict[str, float | None] = dict.fromkeys(self.by_id)
         self.num_fast_steps = 0
+        # Paged KV: the scheduler's preemption log, from this run's first entry on.
+        self.preemption_log = self.scheduler.preemptions
+        self.first_preemption = len(self.preemption_log)
         self.fast = (engine.fast_decode_runs and self.clock.name == "virtual"
                      and self.backend.predicts_decode_runs and self.scheduler.may_continue_decoding)
         self.bar = None
@@ -428,7 +431,9 @@ class _Run:
                                  r.finish_reason, r.first_scheduled_time, r.token_times,
                                  self.release_times[r.request_id], streamed, r.output_ids)
                    for r in self.workload]   # the lists move into the trace: the copies are ours
-        return Trace(requests=records, steps=self.steps, meta=meta)
+        preemptions = self.preemption_log[self.first_preemption:]
+        meta["num_preemptions"] = len(preemptions)
+        return Trace(requests=records, steps=self.steps, meta=meta, preemptions=preemptions)
 
     # --- the end -------------------------------------------------------------------------------------
     def check_invariants(self) -> None:

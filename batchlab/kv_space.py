@@ -1,17 +1,22 @@
 """The KV-space accounting a scheduler plans against: sizes and reservations, never tensors.
 
-A request is admitted only when the cache can hold everything it may ever need
-(``prompt_len + max_new_tokens``). batchlab reserves that up front at admission, so a running
-request never runs out of cache and no preemption is needed. (vLLM grows a request's blocks as
-it decodes and preempts when memory runs out; reserving is simpler and easy to reason about, at
-the price of admitting fewer requests when ``max_new_tokens`` is generous.)
+Two kinds behind one interface (``KVSpace``):
 
-Two implementations: the real model's ``KVCache`` (``batchlab.model.kv_cache``, slots of
-tensors) and the simulator's ``TokenKVSpace`` (below, accounting only).
+- **Reserving** (``grows_on_demand = False``: the slot cache ``batchlab.model.kv_cache.KVCache``
+  and the simulator's ``TokenKVSpace`` below): a request is admitted only when the cache can
+  hold everything it may ever need (``prompt_len + max_new_tokens``), reserved up front, so a
+  running request never runs out of cache and no preemption is needed. Simple to reason about,
+  at the price of admitting fewer requests when ``max_new_tokens`` is generous.
+- **Paged** (``grows_on_demand = True``: ``batchlab.kv_blocks.BlockManager``, and
+  ``batchlab.model.paged_kv_cache.PagedKVCache`` on the real model): admission takes blocks for
+  the first step only; before each step the scheduler asks ``can_grow`` / ``grow`` for the
+  step's new tokens, and preempts a request when memory runs out (as vLLM does). It may also
+  find a prompt's first blocks already cached (``cached_prefix_tokens``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from batchlab.checks import check_int
@@ -39,12 +44,44 @@ class KVSpace(Protocol):
     @property
     def used_tokens(self) -> int: ...
 
+    # Paged growth (see the module docstring). Reserving spaces get these from ``ReservingKVSpace``.
+    grows_on_demand: bool
+
+    def can_grow(self, request_id: str, num_tokens: int) -> bool:
+        """Could the sequence hold ``num_tokens`` more tokens than it has room for now?"""
+
+    def grow(self, request_id: str, num_tokens: int) -> None:
+        """Give the sequence room for ``num_tokens`` more tokens; ``KVCacheFullError`` if none."""
+
+    def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
+        """Leading prompt tokens whose KV is already cached (at most ``max_tokens``); 0 if none."""
+
+
+class ReservingKVSpace:
+    """The paged-growth part of ``KVSpace`` for a space that reserves whole lengths at admission.
+
+    Such a space already holds room for every token a sequence may need, so growing within the
+    reservation always succeeds and changes nothing, and nothing is shared between sequences.
+    Schedulers only call these on a space whose ``grows_on_demand`` is True.
+    """
+
+    grows_on_demand = False
+
+    def can_grow(self, request_id: str, num_tokens: int) -> bool:
+        return True
+
+    def grow(self, request_id: str, num_tokens: int) -> None:
+        return None
+
+    def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
+        return 0
+
 
 class KVCacheFullError(RuntimeError):
     """Raised when a sequence is allocated without room; schedulers check ``can_allocate`` first."""
 
 
-class TokenKVSpace:
+class TokenKVSpace(ReservingKVSpace):
     """Accounting-only KV space of ``capacity_tokens`` tokens (the simulator's cache)."""
 
     def __init__(self, capacity_tokens: int, max_seq_len: int | None = None) -> None:

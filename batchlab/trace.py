@@ -12,7 +12,7 @@ handed back), and ``visible_token_times`` gives what the client saw.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
@@ -68,6 +68,22 @@ class RequestRecord:
         return self.token_times[-1] if self.token_times else None
 
 
+@dataclass(frozen=True)
+class PreemptionRecord:
+    """A running request sent back to the waiting queue because the KV cache ran out of blocks.
+
+    ``time``: the start of the step being planned. ``num_computed_tokens``: the tokens whose keys
+    and values were dropped and must be computed again when it resumes (prompt and generated
+    tokens alike; prefix-cache hits may spare some). ``num_output_tokens``: tokens it had already
+    produced; the client keeps them, and they are recomputed, not sampled again.
+    """
+
+    request_id: str
+    time: float
+    num_computed_tokens: int
+    num_output_tokens: int
+
+
 @dataclass
 class Trace:
     """Everything one engine run recorded. ``meta`` holds free-form labels (policy, clock, ...)."""
@@ -75,6 +91,7 @@ class Trace:
     requests: list[RequestRecord] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    preemptions: list[PreemptionRecord] = field(default_factory=list)
 
     # --- tables ------------------------------------------------------------------------------
     def requests_df(self) -> pd.DataFrame:
@@ -124,6 +141,11 @@ class Trace:
                 for s in self.steps for c in s.chunks]
         return pd.DataFrame(rows, columns=["step", "start", "end", "request_id", "token_start",
                                            "num_tokens", "kind", "batch_id"])
+
+    def preemptions_df(self) -> pd.DataFrame:
+        """One row per preemption: who, when, and how many computed tokens it lost."""
+        return pd.DataFrame([asdict(p) for p in self.preemptions],
+                            columns=["request_id", "time", "num_computed_tokens", "num_output_tokens"])
 
     @property
     def duration(self) -> float:

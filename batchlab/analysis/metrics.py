@@ -394,6 +394,16 @@ def device_stats(trace: Trace, duration: float | None = None) -> pd.Series:
     }, name="device", dtype=object)
 
 
+def preemption_stats(trace: Trace) -> dict[str, int]:
+    """What running out of KV blocks cost (paged KV only; all 0 otherwise): ``num_preemptions``,
+    ``num_preempted_requests`` (distinct requests), and ``recomputed_tokens``, the computed tokens
+    that preemptions threw away and had to be computed again (before any prefix-cache hits)."""
+    _check_trace(trace)
+    return {"num_preemptions": len(trace.preemptions),
+            "num_preempted_requests": len({p.request_id for p in trace.preemptions}),
+            "recomputed_tokens": sum(p.num_computed_tokens for p in trace.preemptions)}
+
+
 # --- side by side --------------------------------------------------------------------------------
 def summary_row(trace: Trace, slo: SLO | Mapping[str, float] | None = None,
                 percentiles: Iterable[float] = (50, 90, 99),

@@ -135,6 +135,10 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
             if c.request_id not in index:
                 raise ValueError(f"step {s.index} computes {c.request_id!r}, which is not a request "
                                  "of this trace")
+            if c.start != replay.computed[index[c.request_id]]:
+                raise ValueError(f"step {s.index}: {c.request_id!r} starts at token {c.start}, not where "
+                                 "its computed tokens end; traces with preemptions or prefix-cache "
+                                 "hits (paged KV) cannot be saved in this format yet")
             if c.is_decode:
                 decodes.append(index[c.request_id])
             else:

@@ -3,7 +3,9 @@
 ``ModelBackend.run`` turns the plan's chunks into one mixed forward pass (``llama.forward_step``),
 samples the next token of every request that needs one, and reports the step's measured
 duration. Its ``kv`` is the real ``KVCache``: schedulers reserve slots in it through the
-``KVSpace`` interface, and the backend reads which slot each request holds.
+``KVSpace`` interface, and the backend reads which slot each request holds. With
+``paged=True`` it is a ``PagedKVCache`` instead: schedulers grow each request's blocks, and the
+backend passes each request's block table to the step.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from batchlab.model import LoadedModel, load_model
 from batchlab.model.environment import synchronize
 from batchlab.model.kv_cache import KVCache
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk
 from batchlab.model.sampling import RequestSampler
 from batchlab.plan import StepPlan
 from batchlab.requests import Request
@@ -28,17 +31,31 @@ class ModelBackend(Backend):
     max_num_seqs: KV slots, i.e. how many sequences can be admitted at once.
     max_seq_len: tokens per slot (prompt + output of one request must fit).
     kv_memory_bytes: alternatively, a memory budget; the slot count is what it holds.
+    paged: a paged KV cache of ``block_size``-token blocks instead of slots (off by default). Its
+    size: ``kv_memory_bytes`` if given, else ``num_kv_blocks``, else the slot cache's memory
+    (``max_num_seqs`` sequences of ``max_seq_len``). ``enable_prefix_caching`` and
+    ``reserve_blocks``: see ``kv_blocks.BlockManager``.
     """
 
     def __init__(self, lm: LoadedModel | None = None, max_num_seqs: int = 32,
-                 max_seq_len: int = 1024, kv_memory_bytes: int | None = None) -> None:
+                 max_seq_len: int = 1024, kv_memory_bytes: int | None = None, paged: bool = False,
+                 block_size: int = 16, num_kv_blocks: int | None = None,
+                 enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
         self.lm = lm if lm is not None else load_model()
         self.weights = LlamaWeights.from_hf(self.lm.model)
         cfg = self.weights.config
         if not isinstance(max_seq_len, int) or not 1 <= max_seq_len <= cfg.max_position:
             raise ValueError(f"max_seq_len={max_seq_len!r}; must be an int in 1..{cfg.max_position} "
                              "(the model's context length)")
-        if kv_memory_bytes is not None:
+        if not isinstance(paged, bool):
+            raise ValueError(f"paged={paged!r}; must be True or False")
+        if not paged and (enable_prefix_caching or reserve_blocks or num_kv_blocks is not None):
+            raise ValueError("enable_prefix_caching, reserve_blocks and num_kv_blocks need paged=True")
+        self.kv: KVCache | PagedKVCache
+        if paged:
+            self.kv = self._paged_cache(max_num_seqs, max_seq_len, kv_memory_bytes, block_size,
+                                        num_kv_blocks, enable_prefix_caching, reserve_blocks)
+        elif kv_memory_bytes is not None:
             self.kv = KVCache.from_budget(kv_memory_bytes, max_seq_len, cfg.num_layers,
                                           cfg.num_kv_heads, cfg.head_dim, self.weights.dtype,
                                           str(self.weights.device), max_slots=max_num_seqs)
@@ -47,6 +64,23 @@ class ModelBackend(Backend):
                 raise ValueError(f"max_num_seqs={max_num_seqs!r}; must be an int >= 1")
             self.kv = self.weights.new_kv_cache(max_num_seqs, max_seq_len)
         self.sampler = RequestSampler()
+
+    def _paged_cache(self, max_num_seqs: int, max_seq_len: int, kv_memory_bytes: int | None,
+                     block_size: int, num_kv_blocks: int | None, enable_prefix_caching: bool,
+                     reserve_blocks: int) -> PagedKVCache:
+        cfg, w = self.weights.config, self.weights
+        if kv_memory_bytes is not None:
+            return PagedKVCache.from_budget(kv_memory_bytes, cfg.num_layers, cfg.num_kv_heads,
+                                            cfg.head_dim, block_size, max_seq_len, w.dtype,
+                                            str(w.device), enable_prefix_caching, reserve_blocks)
+        if num_kv_blocks is None:
+            if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+                raise ValueError(f"max_num_seqs={max_num_seqs!r}; must be an int >= 1")
+            if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+                raise ValueError(f"block_size={block_size!r}; must be an int >= 1 (tokens per block)")
+            num_kv_blocks = max_num_seqs * -(-max_seq_len // block_size)   # the slot cache's memory
+        return w.new_paged_kv_cache(num_kv_blocks, block_size, max_seq_len, enable_prefix_caching,
+                                    reserve_blocks)
 
     def describe(self) -> str:
         return f"ModelBackend({self.lm.name}, {self.lm.device}/{self.lm.dtype}, {self.kv})"
@@ -60,8 +94,11 @@ class ModelBackend(Backend):
         chunks, sampled = [], []
         for c in plan.chunks:
             req = requests[c.request_id]
-            chunks.append(SeqChunk(self.kv.slot_of(c.request_id), c.start,
-                                   req.token_ids(c.start, c.num_tokens), c.samples))
+            ids = req.token_ids(c.start, c.num_tokens)
+            if self.kv.grows_on_demand:   # paged: the step reads the request's block table
+                chunks.append(PagedSeqChunk(self.kv.block_table(c.request_id), c.start, ids, c.samples))
+            else:
+                chunks.append(SeqChunk(self.kv.slot_of(c.request_id), c.start, ids, c.samples))
             if c.samples:
                 sampled.append(req)
         synchronize(self.weights.device)

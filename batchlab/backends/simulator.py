@@ -6,7 +6,11 @@ a ``StepPlan`` and answers with a ``StepResult``. The differences:
 
 - ``duration`` is ``cost_model.predict(plan)``, times an optional random factor (``noise``);
 - every sampled token is the placeholder ``-1`` (there is no model to choose a real one);
-- the KV cache is only accounting (a ``TokenKVSpace`` of ``kv_capacity_tokens`` tokens).
+- the KV cache is only accounting: a ``TokenKVSpace`` of ``kv_capacity_tokens`` tokens that
+  reserves whole lengths, or, with ``block_size`` set, a paged ``kv_blocks.BlockManager`` of
+  ``kv_capacity_tokens // block_size`` blocks (on-demand growth, preemption and, with
+  ``enable_prefix_caching``, prefix hits for requests that carry ``prompt_ids``). For a device's
+  capacity from a model's shape and a memory budget, see ``model_shapes.py``.
 
 Noise: with ``noise = sigma > 0`` each step's duration is multiplied by ``exp(sigma*z - sigma**2/2)``
 with ``z`` standard normal, a lognormal factor whose mean is 1 (so noise does not change average
@@ -23,6 +27,7 @@ import numpy as np
 
 from batchlab.backends.base import Backend, StepResult
 from batchlab.backends.cost_model import CostModel
+from batchlab.kv_blocks import BlockManager
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import StepPlan, step_features
 from batchlab.requests import Request
@@ -38,7 +43,8 @@ class SimBackend(Backend):
     predicts_decode_runs = True
 
     def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
-                 noise: float = 0.0, seed: int = 0) -> None:
+                 noise: float = 0.0, seed: int = 0, block_size: int | None = None,
+                 enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
         if not isinstance(cost_model, CostModel):
             raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
                              "reads a saved fit)")
@@ -49,7 +55,15 @@ class SimBackend(Backend):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed={seed!r}; must be an int")
         self.cost_model = cost_model
-        self.kv = TokenKVSpace(kv_capacity_tokens, max_seq_len)  # validates both numbers
+        if block_size is None:
+            if enable_prefix_caching or reserve_blocks:
+                raise ValueError("enable_prefix_caching and reserve_blocks need a paged cache: "
+                                 "give block_size (e.g. 16)")
+            self.kv = TokenKVSpace(kv_capacity_tokens, max_seq_len)  # validates both numbers
+        else:
+            TokenKVSpace(kv_capacity_tokens, max_seq_len)   # the same checks of both numbers
+            self.kv = BlockManager.from_tokens(kv_capacity_tokens, block_size, max_seq_len,
+                                               enable_prefix_caching, reserve_blocks)
         self.noise = float(noise)
         self.seed = seed
         self._noise_factors: list[float] = []
@@ -108,5 +122,8 @@ class SimBackend(Backend):
 
     def __repr__(self) -> str:
         seq = f", max_seq_len={self.kv.max_seq_len}" if self.kv.max_seq_len is not None else ""
+        if self.kv.grows_on_demand:
+            seq += (f", block_size={self.kv.block_size}, enable_prefix_caching="
+                    f"{self.kv.enable_prefix_caching}")
         return (f"SimBackend(kv_capacity_tokens={self.kv.capacity_tokens}{seq}, noise={self.noise}, "
                 f"seed={self.seed}, cost_model={self.cost_model!r})")

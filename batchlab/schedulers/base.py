@@ -11,7 +11,9 @@ The engine drives it like this, once per step::
     released = scheduler.on_step_end(plan, now_after)   # drop finished work, free KV
 
 A scheduler may set ``req.status`` to RUNNING when it admits a request (and allocates its KV
-space); everything else on a request is written by the engine.
+space), and on a paged KV space it may preempt one: status back to WAITING and
+``num_computed_tokens`` to 0 (or, on admission, to its cached prefix). Everything else on a
+request is written by the engine.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from abc import ABC, abstractmethod
 from batchlab.kv_space import KVSpace
 from batchlab.plan import StepPlan
 from batchlab.requests import Request, RequestStatus
+from batchlab.trace import PreemptionRecord
 
 _FINISHED, _REJECTED, _ABORTED = RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED
 
@@ -60,6 +63,7 @@ class Scheduler(ABC):
     def __init__(self) -> None:
         self.kv: KVSpace | None = None
         self.draining: bool = False
+        self.preemptions: list[PreemptionRecord] = []   # a policy that preempts (paged KV) logs here
 
     def bind(self, kv: KVSpace) -> None:
         """Attach the KV space this scheduler admits against (the backend's cache); a run starts."""

@@ -12,6 +12,15 @@ The order of one step follows vLLM's v1 scheduler:
 1. running requests that are decoding, one token each;
 2. running requests still in their prompt, continuing it with what is left of the budget;
 3. waiting requests, first come first served, while there is room.
+
+Memory decides how many can run. With a reserving KV space (the slot cache, or the simulator's
+``TokenKVSpace``) a request is admitted only when its whole possible length fits, and nobody is
+ever preempted. With a paged one (``kv.grows_on_demand``: ``kv_blocks.BlockManager``) a request
+is admitted with blocks for its first step, grows a block at a time, and when a running request
+needs a block and none is free the most recently admitted running request is **preempted**
+(vLLM v1's rule): its blocks are freed, it goes back to the front of the waiting queue, and when
+it is admitted again its prompt and the tokens it already generated are computed again (its
+output so far is kept). Each preemption is recorded in ``preemptions``.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from batchlab.checks import check_bool, check_int
 from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers.base import Scheduler, split_ended
+from batchlab.trace import PreemptionRecord
 
 
 @dataclass(frozen=True)
@@ -82,8 +92,15 @@ class ContinuousBatcher(Scheduler):
     5. **Leaving.** A request leaves after the step that produced its last token: its response is
        released then (tokens stream as they are computed) and its KV space is freed, so a waiting
        request can use it at the very next step.
-    6. **No preemption.** KV space is reserved in full at admission, so a running request can
-       never run out of cache; when the cache is full, new requests simply wait.
+    6. **Preemption (paged KV only).** With a reserving KV space, space is reserved in full at
+       admission, so a running request never runs out of cache; when the cache is full, new
+       requests simply wait. With a paged space (``kv.grows_on_demand``), admission needs blocks
+       for the first chunk only (less any cached prefix blocks), and each planned chunk first
+       grows its request's blocks. When a request cannot grow, the most recently admitted
+       running request that is not yet planned in this step is preempted (possibly the request
+       itself): blocks freed, back to the front of the queue, recomputed from its cached prefix
+       (or from 0) when admitted again. A prompt in progress that cannot grow without undoing a
+       chunk already planned waits a step. No request is admitted in a step with a preemption.
 
     A request is never planned twice in one step, and a decode is always exactly one token.
     """
@@ -145,61 +162,127 @@ class ContinuousBatcher(Scheduler):
         prefill_cap = config.long_prefill_token_threshold or budget
         chunks: list[ScheduledChunk] = []
 
-        # 1. Decodes: one token each, in admission order. Prompts in progress are set aside.
+        # Paged KV: requests planned in this step (never preempted), and whether anyone was.
+        paged = kv.grows_on_demand
+        planned: set[str] = set()
+        num_preempted = len(self.preemptions)
+
+        # 1. Decodes: one token each, in admission order. Prompts in progress (and requests
+        # recomputing after a preemption) are set aside.
         in_prompt: list[Request] = []
-        for req in self.running:
+        for req in list(self.running) if paged else self.running:
+            if paged and req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
             computed = req.num_computed_tokens
-            if computed < req.prompt_len:
+            # (The second test only matters after a preemption; skipped otherwise: this loop is hot.)
+            if computed < req.prompt_len or (paged and computed + 1 < req.num_known_tokens):
                 in_prompt.append(req)
                 continue
+            if paged:
+                if not self._make_room(req, 1, planned, now):
+                    break     # it preempted itself: everyone after it is preempted too
+                planned.add(req.request_id)
             # The token it sampled last step is its one uncomputed token. (The engine checks that
             # every chunk continues its cache and samples at the last known token.)
             chunks.append(ScheduledChunk(req.request_id, computed, 1, True))
             budget -= 1
         # Were all prompts in progress at the end of the running list? (Then the plan lists the
         # running requests in their own order; see ``continues_decoding``.)
-        prompts_last = not in_prompt or in_prompt[0] is self.running[len(self.running) - len(in_prompt)]
+        prompts_last = not in_prompt or (
+            not paged and in_prompt[0] is self.running[len(self.running) - len(in_prompt)])
 
         # 2. Prompts already started (only with chunked prefill): continue them.
         for req in in_prompt:
             if budget == 0:
                 break
+            if req.status is not RequestStatus.RUNNING:
+                continue  # paged KV: preempted in this step
             start = req.num_computed_tokens
-            rest = req.prompt_len - start
+            rest = req.num_known_tokens - start
             num_tokens = min(rest, budget, prefill_cap) if chunked else rest
             if num_tokens > budget:
                 continue  # only without chunked prefill: the whole rest must fit
+            if paged:
+                if not self._make_room(req, num_tokens, planned, now):
+                    continue  # no room without undoing planned work (or it was preempted)
+                planned.add(req.request_id)
             chunks.append(ScheduledChunk(req.request_id, start, num_tokens,
                                          start + num_tokens == req.num_known_tokens))
             budget -= num_tokens
 
         # 3. Waiting requests, first come first served; stop at the first that cannot start.
         waiting = self.waiting
+        if paged and len(self.preemptions) > num_preempted:
+            waiting = ()   # memory ran out in this step: admit nobody (vLLM v1 does the same)
         while waiting and len(self.running) < config.max_num_seqs:
             req = waiting[0]
             num_tokens = self._first_chunk_tokens(req, budget)
             if num_tokens == 0:
                 break
             waiting.popleft()
-            kv.allocate(req.request_id, req.max_total_tokens)
+            start = 0
+            if paged:  # blocks for the first chunk only; a cached prefix is not computed again
+                start = kv.cached_prefix_tokens(req.prompt_ids, req.num_known_tokens - 1)
+                kv.allocate(req.request_id, start + num_tokens, req.prompt_ids)
+                req.num_computed_tokens = start
+            else:
+                kv.allocate(req.request_id, req.max_total_tokens)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            chunks.append(ScheduledChunk(req.request_id, 0, num_tokens,
-                                         num_tokens == req.num_known_tokens))
+            chunks.append(ScheduledChunk(req.request_id, start, num_tokens,
+                                         start + num_tokens == req.num_known_tokens))
             budget -= num_tokens
 
         self._plan_in_running_order = prompts_last and len(chunks) == len(self.running)
         return StepPlan(chunks=chunks)
 
     def _first_chunk_tokens(self, req: Request, budget: int) -> int:
-        """How many prompt tokens a waiting ``req`` would compute if admitted now with ``budget``
-        tokens left in the step; 0 if it cannot start now (no budget, or no KV room)."""
-        if budget <= 0 or not self.kv.can_allocate(req.max_total_tokens):
+        """How many tokens a waiting ``req`` would compute if admitted now with ``budget`` tokens
+        left in the step; 0 if it cannot start now (no budget, or no KV room). Its tokens are its
+        prompt, plus the tokens it generated before a preemption, less a cached prefix."""
+        kv = self.kv
+        if budget <= 0:
             return 0
+        if not kv.grows_on_demand:
+            if not kv.can_allocate(req.max_total_tokens):
+                return 0
+            cached = 0
+        else:
+            cached = kv.cached_prefix_tokens(req.prompt_ids, req.num_known_tokens - 1)
+        rest = req.num_known_tokens - cached
         config = self.config
         if not config.chunked_prefill:
-            return req.prompt_len if req.prompt_len <= budget else 0
-        return min(req.prompt_len, budget, config.long_prefill_token_threshold or budget)
+            num_tokens = rest if rest <= budget else 0
+        else:
+            num_tokens = min(rest, budget, config.long_prefill_token_threshold or budget)
+        if kv.grows_on_demand and num_tokens and not kv.can_allocate(cached + num_tokens, req.prompt_ids):
+            return 0
+        return num_tokens
+
+    def _make_room(self, req: Request, num_tokens: int, planned: set[str], now: float) -> bool:
+        """Paged KV: grow ``req`` by ``num_tokens``, preempting the most recently admitted running
+        requests while it cannot. False if that would undo a chunk already planned in this step,
+        or if ``req`` itself had to be preempted."""
+        kv = self.kv
+        while not kv.can_grow(req.request_id, num_tokens):
+            victim = self.running[-1]
+            if victim.request_id in planned:
+                return False
+            self._preempt(victim, now)
+            if victim is req:
+                return False
+        kv.grow(req.request_id, num_tokens)
+        return True
+
+    def _preempt(self, req: Request, now: float) -> None:
+        """Free ``req``'s blocks and put it back at the front of the queue, to be recomputed."""
+        self.running.remove(req)
+        self.kv.free(req.request_id)
+        self.preemptions.append(PreemptionRecord(req.request_id, now, req.num_computed_tokens,
+                                                 len(req.output_ids)))
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        self.waiting.appendleft(req)
 
     may_continue_decoding = True
 
@@ -215,6 +298,8 @@ class ContinuousBatcher(Scheduler):
         finishes: no KV space is freed and the number of decodes stays the same.
         """
         running = self.running
+        if self.kv is not None and self.kv.grows_on_demand:
+            return False   # paged KV: a decode may need a new block, or a preemption, any step
         if not (running and self._plan_in_running_order and len(plan.chunks) == len(running)):
             return False
         waiting = self.waiting

@@ -14,7 +14,8 @@ Everything else is the same and lives here:
    becomes RUNNING. If the cache cannot hold them all, the batch runs with the members that fit
    and the rest stay at the front of the queue for the next batch. (Between batches the cache is
    empty, and the engine rejects any request that cannot fit an empty cache, so the first member
-   always fits.)
+   always fits.) On a paged KV cache too, these batchers reserve each member's whole length at
+   admission (its blocks, all at once), so they never grow, preempt or share prefix blocks.
 2. **The first step** of a batch computes every member's whole prompt, one chunk per member and no
    chunking, and samples each member's first token.
 3. **Decode steps** follow: one token for each member that has not finished. Nobody joins a running

@@ -168,8 +168,12 @@ for name in "AD":   # the first line: requests run to max_new_tokens, past the e
 # - **Budgets.** At most `max_num_seqs` sequences run at once, and one step computes at most
 #   `max_num_batched_tokens` tokens (prompt pieces and decodes together; vLLM's
 #   `max_num_batched_tokens`). Running sequences' decodes are served first, then prompts.
-# - **KV cache.** A request joins only if the cache can hold its prompt plus every token it may
-#   generate; otherwise it waits, first come first served.
+# - **KV cache.** Here a request joins only if the cache can *reserve* its prompt plus every
+#   token it may generate (batchlab's slot cache, the simple first version); otherwise it waits,
+#   first come first served. Real servers such as vLLM do not reserve whole lengths: they hand
+#   out small blocks of memory as a sequence grows and, when memory runs out, preempt a request
+#   and recompute it later. Notebook 05 measures that difference; here memory is ample, so the
+#   rule never binds.
 # - **Time.** Requests arrive at times in seconds, not at step numbers; the `Engine` runs the
 #   steps on a `ModelBackend` and records when every token was made.
 #
@@ -367,7 +371,8 @@ explore(show_policies, max_num_seqs=(1, 4 * MAX_SEQS),
 #
 # - Continuous batching schedules per step: one forward for every active sequence, finished
 #   sequences leave at once, waiting ones join at the next step. By hand it is a 20-line loop;
-#   `ContinuousBatcher` adds the token budget, KV admission and the bookkeeping.
+#   `ContinuousBatcher` adds the token budget, KV admission (here by reserving each request's
+#   whole length; notebook 05 shows what memory does to the batch) and the bookkeeping.
 # - On the same Poisson workload with mixed answer lengths on the real model, continuous
 #   batching cut the p99 TTFT many times and the mean E2E substantially against both
 #   request-level batchers, held no slot for a finished sequence, and served the same work about

@@ -226,6 +226,13 @@ plt.show()
 # 3. **The device is full**: steps are as large as the memory allows and cost many times a lone
 #    step; doubling the batch would add little throughput. Only more capacity (a faster device,
 #    more replicas) or less load helps.
+#
+# "As large as the memory allows" is a limit of its own (notebook 05): the batch can never hold
+# more sequences than the KV cache has room for. A real server exposes it through a few knobs:
+# the memory budget for the cache (vLLM's `gpu_memory_utilization`), the block size, the most
+# sequences at once (`max_num_seqs`), and what happens when blocks run out (preemption and
+# recompute; servers count preemptions in their metrics). When the cache is what caps the batch, more
+# memory per replica (or a smaller KV footprint per token) is the capacity to buy.
 
 # %%
 waited = per_request["queue_time"].sum()
@@ -243,8 +250,8 @@ print(f"while requests waited the batch held {batch.min()}-{batch.max()} sequenc
 assert at_largest < 0.5, at_largest        # no fixed cap: the batch size moves with the requests
 
 # %% [markdown]
-# The batch size varies while people wait (it is limited by how many sequences fit in memory,
-# not by a fixed setting), and the steps are already several times a lone step. What would a
+# The batch size varies while people wait (it is limited by how many sequences fit in the KV
+# memory, not by a fixed setting), and the steps are already several times a lone step. What would a
 # twice larger batch buy? The cost model tells us: decode tokens per second at the batch we saw,
 # and at twice it.
 
@@ -292,6 +299,7 @@ diagnosis
 # | late first token | a queue behind big, heavy steps; no idle time; a bigger batch adds little | more capacity / less load |
 # | slow stream, in bursts | rare long gaps, each produced by a step full of prompt tokens | chunked prefill with a modest token budget |
 # | slow stream, steadily | every gap several times a lone step; steps full of decodes; no queue | more capacity / less load |
+# | late first token, or a stream that stalls and restarts | the batch stops growing at the KV cache's size; preemptions recorded | more KV memory (budget, replicas), fewer `max_num_seqs`, keep blocks free at admission |
 #
 # `batchlab.analysis.diagnosis` has the tools: `excess_latency`, `excess_share_before_first_token`,
 # `idle_while_waiting`, `steps_with_waiting`, `num_waiting_at`, `token_gaps`.
@@ -376,7 +384,9 @@ print("narrow server: a late first token (queueing); wide server: a slower strea
 # - The evidence that separates causes: idle time while people wait (a timer), a batch pinned at
 #   a small size with cheap steps (`max_num_seqs`), long gaps produced by prompt steps (chunked
 #   prefill), uniformly slow gaps with full decode steps (decode throughput: capacity).
-# - Try the free knobs first; pay for capacity when the evidence says the device is full.
+# - Try the free knobs first; pay for capacity when the evidence says the device is full. "Full"
+#   includes memory: the KV cache caps the batch, and its knobs are the memory budget, the block
+#   size, `max_num_seqs` and preemption (notebook 05).
 # - On the real model, the same twelve requests felt either a late first token or a slower
 #   stream, depending on one setting.
 
