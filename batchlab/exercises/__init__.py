@@ -66,6 +66,23 @@ def compare(answer, expected, rtol: float = 1e-6, atol: float = 0.0, what: str =
     return Verdict("wrong", f"{what} differs from the expected value (largest difference {worst:.4g})")
 
 
+def call_reader(fn, *args):
+    """Call the reader's function: ``(result, None)``, or ``(None, message)`` if it raised."""
+    try:
+        return fn(*args), None
+    except Exception as err:  # the reader's code may fail in any way; report it
+        return None, f"your function raised {type(err).__name__}: {err}"
+
+
+def not_a_function(answer, example: str) -> Verdict | None:
+    """A verdict when ``answer`` is not the reader's function (unset, or a result), else None."""
+    if answer is None or answer is ...:
+        return Verdict("not attempted", "define your function and pass it (not its result)")
+    if not callable(answer):
+        return Verdict("wrong", f"pass the function itself, e.g. {example}")
+    return None
+
+
 def _load_all() -> None:
     import pkgutil
     for mod in pkgutil.iter_modules(__path__):

@@ -18,7 +18,7 @@ import pandas as pd
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.exercises import Verdict, compare, exercise
+from batchlab.exercises import Verdict, call_reader, compare, exercise, not_a_function
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.trace import Trace
 from batchlab.workloads import make_workload
@@ -55,23 +55,6 @@ def _visible_times(trace: Trace) -> dict[str, tuple[float, np.ndarray]]:
             for r in trace.requests if r.status.value == "finished"}
 
 
-def _call(fn, *args):
-    """Call the reader's function; turn an exception into a message."""
-    try:
-        return fn(*args), None
-    except Exception as err:  # the reader's code may fail in any way; report it
-        return None, f"your function raised {type(err).__name__}: {err}"
-
-
-def _not_a_function(answer, example: str) -> Verdict | None:
-    """A verdict when ``answer`` is not the reader's function (unset, or a result), else None."""
-    if answer is None or answer is ...:
-        return Verdict("not attempted", "define your function and pass it (not its result)")
-    if not callable(answer):
-        return Verdict("wrong", f"pass the function itself, e.g. {example}")
-    return None
-
-
 # --- 07.1 ----------------------------------------------------------------------------------------
 def expected_latencies(trace: Trace) -> pd.DataFrame:
     """TTFT, TPOT (NaN for one token) and E2E per finished request, indexed by request id."""
@@ -86,10 +69,10 @@ def expected_latencies(trace: Trace) -> pd.DataFrame:
 @exercise("07.1")
 def check_latencies_by_hand(answer) -> Verdict:
     """``answer(trace)`` -> DataFrame indexed by request_id with columns ttft, tpot, e2e."""
-    if (verdict := _not_a_function(answer, "check('07.1', latencies_by_hand)")) is not None:
+    if (verdict := not_a_function(answer, "check('07.1', latencies_by_hand)")) is not None:
         return verdict
     for name, trace in checker_traces().items():
-        got, error = _call(answer, trace)
+        got, error = call_reader(answer, trace)
         if error:
             return Verdict("wrong", f"on the {name} trace {error}")
         if not isinstance(got, pd.DataFrame) or not {"ttft", "tpot", "e2e"} <= set(got.columns):
@@ -119,10 +102,10 @@ def expected_llmperf_itl(trace: Trace) -> float:
 @exercise("07.2")
 def check_llmperf_itl(answer) -> Verdict:
     """``answer(trace)`` -> float: the mean of LLMPerf-style inter-token latency (seconds)."""
-    if (verdict := _not_a_function(answer, "check('07.2', llmperf_itl)")) is not None:
+    if (verdict := not_a_function(answer, "check('07.2', llmperf_itl)")) is not None:
         return verdict
     for name, trace in checker_traces().items():
-        got, error = _call(answer, trace)
+        got, error = call_reader(answer, trace)
         if error:
             return Verdict("wrong", f"on the {name} trace {error}")
         verdict = compare(got, expected_llmperf_itl(trace), rtol=1e-9,
@@ -149,11 +132,11 @@ def expected_ttft_slo(trace: Trace, share: float) -> float:
 def check_smallest_ttft_slo(answer) -> Verdict:
     """``answer(trace, share)`` -> the smallest TTFT SLO (seconds) that at least ``share`` of the
     finished requests meet."""
-    if (verdict := _not_a_function(answer, "check('07.3', smallest_ttft_slo)")) is not None:
+    if (verdict := not_a_function(answer, "check('07.3', smallest_ttft_slo)")) is not None:
         return verdict
     for name, trace in checker_traces().items():
         for share in SHARES_3:
-            got, error = _call(answer, trace, share)
+            got, error = call_reader(answer, trace, share)
             if error:
                 return Verdict("wrong", f"on the {name} trace, share={share}: {error}")
             verdict = compare(got, expected_ttft_slo(trace, share), rtol=1e-9,

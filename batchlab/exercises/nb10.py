@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from batchlab.exercises import Verdict, compare, exercise
+from batchlab.exercises import Verdict, call_reader, compare, exercise, not_a_function
 from batchlab.loadgen.records import ClientRecord
 
 
@@ -39,21 +39,6 @@ def checker_records() -> tuple[ClientRecord, ...]:
     return tuple(records)
 
 
-def _not_a_function(answer, example: str) -> Verdict | None:
-    if answer is None or answer is ...:
-        return Verdict("not attempted", "define your function and pass it (not its result)")
-    if not callable(answer):
-        return Verdict("wrong", f"pass the function itself, e.g. {example}")
-    return None
-
-
-def _call(fn, *args):
-    try:
-        return fn(*args), None
-    except Exception as err:  # the reader's code may fail in any way; report it
-        return None, f"your function raised {type(err).__name__}: {err}"
-
-
 # --- 10.1 ----------------------------------------------------------------------------------------
 def expected_overhead(records) -> float:
     """The median over requests of (client TTFT - the server's own TTFT)."""
@@ -63,10 +48,10 @@ def expected_overhead(records) -> float:
 @exercise("10.1")
 def check_overhead(answer) -> Verdict:
     """``answer(records)`` -> float: the median per-request client-minus-server TTFT (seconds)."""
-    if (v := _not_a_function(answer, "check('10.1', client_overhead)")) is not None:
+    if (v := not_a_function(answer, "check('10.1', client_overhead)")) is not None:
         return v
     records = list(checker_records())
-    got, error = _call(answer, records)
+    got, error = call_reader(answer, records)
     if error:
         return Verdict("wrong", error)
     v = compare(got, expected_overhead(records), rtol=1e-9, atol=1e-12, what="median overhead")
@@ -85,10 +70,10 @@ def expected_token_gaps(record: ClientRecord) -> list[float]:
 @exercise("10.2")
 def check_token_gaps(answer) -> Verdict:
     """``answer(record)`` -> list of the gaps between successive *tokens* (seconds)."""
-    if (v := _not_a_function(answer, "check('10.2', token_gaps)")) is not None:
+    if (v := not_a_function(answer, "check('10.2', token_gaps)")) is not None:
         return v
     for r in checker_records():
-        got, error = _call(answer, r)
+        got, error = call_reader(answer, r)
         if error:
             return Verdict("wrong", f"on request {r.request_id}: {error}")
         expected = expected_token_gaps(r)
@@ -120,11 +105,11 @@ def expected_max_in_flight(records) -> int:
 @exercise("10.3")
 def check_max_in_flight(answer) -> Verdict:
     """``answer(records)`` -> int: the most requests in flight (sent, not ended) at any moment."""
-    if (v := _not_a_function(answer, "check('10.3', max_in_flight)")) is not None:
+    if (v := not_a_function(answer, "check('10.3', max_in_flight)")) is not None:
         return v
     records = list(checker_records())
     for subset, what in ((records, "all 40 requests"), (records[:10], "the first 10")):
-        got, error = _call(answer, subset)
+        got, error = call_reader(answer, subset)
         if error:
             return Verdict("wrong", error)
         expected = expected_max_in_flight(subset)
