@@ -86,7 +86,7 @@ class StallScenario:
     def __post_init__(self) -> None:
         for name in ("num_running", "running_prompt_len", "running_output_len", "short_output_len",
                      "long_prompt_len", "long_output_len"):
-            check_int(name, getattr(self), name)
+            check_int(name, getattr(self, name))
         if self.short_output_len >= self.running_output_len:
             raise ValueError(f"short_output_len={self.short_output_len} must be smaller than "
                              f"running_output_len={self.running_output_len}: the short answer's end "
