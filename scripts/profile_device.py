@@ -43,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-batch", type=int, default=256, help="largest decode batch (default 256)")
     parser.add_argument("--prefill", type=int, nargs="+", default=[16, 64, 256, 512, 1024])
-    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 2048])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024])  # scratch KV: 256 x 1025 slots, 6 GB in bf16
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="data/device_profiles")
     args = parser.parse_args()
