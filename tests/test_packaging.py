@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_a_plain_install_has_the_corpus_and_builds_real_prompts(tmp_path):
+def test_a_plain_install_has_its_data_files(tmp_path):
     # Build from a copy, so the build leaves nothing behind in this checkout.
     src, target = tmp_path / "src", tmp_path / "site"
     src.mkdir()
@@ -24,6 +24,9 @@ def test_a_plain_install_has_the_corpus_and_builds_real_prompts(tmp_path):
         "corpus = w.CorpusPrompts(lambda text: [len(word) for word in text.split()])\n"
         "reqs = w.make_workload(3, prompt_len=5, output_len=2, arrival='at_once', prompt_source=corpus)\n"
         "assert all(len(r.prompt_ids) == 5 for r in reqs)\n"
+        "from batchlab.model.shapes import load_model_shapes\n"
+        "from batchlab.backends.roofline import load_device_presets\n"
+        "assert 'Llama-3-8B' in load_model_shapes() and 'H100' in ' '.join(load_device_presets())\n"
         "print(w.CORPUS_PATH)\n" % target)
     # Run from an empty folder with only the installed copy on the path (not this checkout).
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, capture_output=True,

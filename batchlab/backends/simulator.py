@@ -27,6 +27,7 @@ import numpy as np
 
 from batchlab.backends.base import Backend, StepResult
 from batchlab.backends.cost_model import CostModel
+from batchlab.backends.roofline import RooflineCostModel
 from batchlab.kv_blocks import BlockManager
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import StepPlan, step_features
@@ -45,9 +46,9 @@ class SimBackend(Backend):
     def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
                  noise: float = 0.0, seed: int = 0, block_size: int | None = None,
                  enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
-        if not isinstance(cost_model, CostModel):
+        if not isinstance(cost_model, (CostModel, RooflineCostModel)):
             raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
-                             "reads a saved fit)")
+                             "reads a saved fit) or a RooflineCostModel (backends.roofline)")
         if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) \
                 or noise < 0:
             raise ValueError(f"noise={noise!r}; must be a finite number >= 0 (the lognormal sigma, "
@@ -70,13 +71,15 @@ class SimBackend(Backend):
         self.reset()
 
     @property
-    def cost_model(self) -> CostModel:
+    def cost_model(self) -> CostModel | RooflineCostModel:
         return self._cost_model
 
     @cost_model.setter
-    def cost_model(self, cost_model: CostModel) -> None:
+    def cost_model(self, cost_model: CostModel | RooflineCostModel) -> None:
         self._cost_model = cost_model
-        self._coefficients = cost_model.coefficients   # read once per step by step_duration
+        # The additive model is written out in step_duration (read once per step); any other
+        # form (the roofline) is asked through its predict_features.
+        self._coefficients = cost_model.coefficients if isinstance(cost_model, CostModel) else None
 
     # --- the contract ------------------------------------------------------------------------
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
@@ -101,9 +104,12 @@ class SimBackend(Backend):
         The engine's fast path calls this directly for steps it does not build a plan for; the
         result is exactly what ``run`` would return for the same step.
         """
-        # cost_model.predict_features, written out: this runs once per simulated step.
-        fixed, per_seq, per_token, per_pair = self._coefficients
-        duration = fixed + per_seq * num_seqs + per_token * num_tokens + per_pair * attention_pairs
+        if self._coefficients is None:
+            duration = self._cost_model.predict_features(num_seqs, num_tokens, attention_pairs)
+        else:
+            # cost_model.predict_features, written out: this runs once per simulated step.
+            fixed, per_seq, per_token, per_pair = self._coefficients
+            duration = fixed + per_seq * num_seqs + per_token * num_tokens + per_pair * attention_pairs
         if self.noise:
             i = self._noise_next
             if i == len(self._noise_factors):

@@ -83,6 +83,27 @@ def converted_dir(gguf: Path | None = None) -> Path:
     return cache_root() / f"smollm2-135m-instruct-{gguf.stat().st_size}-v{CACHE_FORMAT}"
 
 
+DEVICE_ENV, DTYPE_ENV = "BATCHLAB_DEVICE", "BATCHLAB_DTYPE"
+
+
+def from_environment(value: str, variable: str, allowed: tuple[str, ...]) -> str:
+    """``value``, or the environment variable's when ``value`` is "auto" (an explicit argument wins).
+
+    An unset or empty variable leaves "auto". A bad one is an error naming the variable, its value
+    and what is allowed (``cuda:N`` is allowed for the device).
+    """
+    if value != "auto":
+        return value
+    env = os.environ.get(variable, "").strip()
+    if not env:
+        return value
+    if env not in allowed and not (variable == DEVICE_ENV and env.startswith("cuda:") and env[5:].isdigit()):
+        extra = " or 'cuda:N'" if variable == DEVICE_ENV else ""
+        raise ValueError(f"the environment variable {variable}={env!r} is not allowed; "
+                         f"use one of {allowed}{extra}, or unset it")
+    return env
+
+
 def resolve_device(device: str = "auto") -> str:
     import torch
 
@@ -163,6 +184,8 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
 
     device: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
     dtype: "auto" (fp32 on CPU, bf16/fp16 on GPU), "float32", "bfloat16", "float16".
+        Left at "auto", each follows its environment variable when set (``BATCHLAB_DEVICE``,
+        ``BATCHLAB_DTYPE``): one switch for every notebook. An explicit argument wins.
     threads: CPU threads for torch (default: all cores available to this process).
     hub_model: opt-in only, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct" on Colab; this one is
         downloaded by transformers. The default embedded model never touches the network.
@@ -171,8 +194,8 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
+    device = resolve_device(from_environment(device, DEVICE_ENV, ALLOWED_DEVICES))
+    dtype = resolve_dtype(from_environment(dtype, DTYPE_ENV, ALLOWED_DTYPES), device)
     if device == "cpu":
         set_cpu_threads(threads)
     t0 = time.perf_counter()
