@@ -5,7 +5,7 @@
 #                                      executed copies (with all outputs) to executed/
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+BATCHLAB_ENTRY=course.sh bash scripts/setup.sh
 if [ "${1:-}" = "--headless" ]; then
   mkdir -p executed
   for nb in notebooks/[0-9][0-9]_*.ipynb; do
