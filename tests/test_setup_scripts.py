@@ -58,3 +58,51 @@ def test_the_floor_in_setup_matches_pyproject_and_readme():
     with open(ROOT / "pyproject.toml", "rb") as f:
         assert tomllib.load(f)["project"]["requires-python"] == f">={floor}"
     assert f"Python {floor}+ only" in (ROOT / "README.md").read_text()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_course_command_starts_a_jupyterlab_that_answers(tmp_path):
+    """scripts/lab.sh (what `bash scripts/course.sh` runs after setup) starts JupyterLab, as root
+    too, prints the URL with its token in one line, and that URL answers over HTTP."""
+    import signal
+    import sys
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {**os.environ, "BATCHLAB_LAB_PYTHON": sys.executable, "BATCHLAB_PORT": str(port),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "lab.sh"), "--no-browser", "--ip=127.0.0.1"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        deadline, url = time.monotonic() + 120, None
+        while time.monotonic() < deadline and url is None:
+            line = proc.stdout.readline()  # the script prints only its one line on stdout
+            if not line:
+                break
+            match = re.search(r"(http://127\.0\.0\.1:\d+/lab\?token=\w+)", line)
+            url = match.group(1) if match else None
+        assert url is not None, "lab.sh printed no URL"
+        assert f":{port}/" in url
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            assert resp.status == 200 and "JupyterLab" in resp.read().decode()
+        # Without the token the API refuses: the token printed is the one that opens it.
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents", timeout=30)
+            raise AssertionError("the server answered without its token")
+        except urllib.error.HTTPError as err:
+            assert err.code == 403
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
