@@ -6,6 +6,7 @@
 - ``widgets``    slider explorers over plain functions (ipywidgets)
 - ``diagnosis``  where the waiting went: a trace against a lone request on an empty server
 - ``batches``    request-level batches read back from a trace
+- ``request_life`` one request's life (queue, prefill, TTFT, gaps, E2E) and its picture
 - ``trace_io``   a trace saved to JSON and loaded back
 
 Why a folder: a trace is the one thing every run leaves (the engine's, the simulator's, or a
