@@ -11,7 +11,8 @@ The sources are plain Python files that diff and review well:
 
 Every notebook gets the same first cells (an "Open in Colab" badge and an install cell that
 only acts inside Colab) and the same last cell (links to the previous and next notebooks),
-inserted here so they never drift. The built notebooks are fully stripped: no outputs, no
+inserted here so they never drift. The badge and the install cell use the address in
+pyproject.toml's [project.urls] Repository (the one place a publisher sets it). The built notebooks are fully stripped: no outputs, no
 execution counts (tests/test_notebooks_policy.py enforces it). Run:
 
     python scripts/build_notebooks.py          # rebuild every notebook
@@ -25,21 +26,48 @@ import argparse
 import json
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC, OUT = ROOT / "notebooks" / "src", ROOT / "notebooks"
-# Where the course is published; a fork changes this one line and rebuilds.
-COURSE_REPO = "batchlab-course/batchlab"
 
-INSTALL_CELL = f'''# Colab only: fetch the course and install what it needs (about 2 minutes).
+
+def course_repository(pyproject: Path = ROOT / "pyproject.toml") -> tuple[str, str]:
+    """Where the course is published: ([project.urls] Repository, its "owner/name" on GitHub).
+
+    pyproject.toml holds the address in one place; a publisher (or a fork) edits that line and
+    rebuilds, and every notebook's Colab badge and install cell follow."""
+    with open(pyproject, "rb") as f:
+        url = tomllib.load(f).get("project", {}).get("urls", {}).get("Repository", "")
+    match = re.fullmatch(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?", url)
+    if not match:
+        raise SystemExit(f"{pyproject}: [project.urls] Repository must be https://github.com/<owner>/<name> "
+                         f"(Colab opens notebooks from GitHub); found {url!r}")
+    return url.rstrip("/"), match.group(1)
+
+
+def install_cell(repo_url: str) -> str:
+    """The Colab install cell: clone the course from repo_url, install what it needs.
+
+    When the course cannot be cloned from that address, it stops with one sentence saying what
+    failed and what to do, not a traceback from inside git."""
+    return f'''# Colab only: fetch the course and install what it needs (about 2 minutes).
 # Anywhere else this cell does nothing: run `bash scripts/setup.sh` once instead.
-import subprocess, sys
+import os, subprocess, sys
 IN_COLAB = "google.colab" in sys.modules
+COURSE_REPO = "{repo_url}"  # set in the course's pyproject.toml ([project.urls] Repository)
 if IN_COLAB:
     def _sh(*cmd):
         subprocess.run(cmd, check=True)
-    _sh("git", "clone", "-q", "--depth", "1", "https://github.com/{COURSE_REPO}", "/content/batchlab")
+    if not os.path.isdir("/content/batchlab"):  # a second run of this cell reuses the first clone
+        _clone = subprocess.run(["git", "clone", "-q", "--depth", "1", COURSE_REPO, "/content/batchlab"],
+                                capture_output=True, text=True)
+        if _clone.returncode != 0:
+            _why = (_clone.stderr.strip().splitlines() or ["no message"])[-1]
+            raise SystemExit(f"Could not fetch the course from {{COURSE_REPO}} ({{_why}}): open this "
+                             "notebook from the published course's own Colab badge, or ask its publisher "
+                             "to set the address in pyproject.toml ([project.urls] Repository).")
     # Colab's own torch (with CUDA) is kept: every requirement but the torch pin is installed.
     _sh("bash", "-c", "grep -v '^torch==' /content/batchlab/requirements.txt > /tmp/req.txt")
     _sh(sys.executable, "-m", "pip", "install", "-q", "-r", "/tmp/req.txt")
@@ -81,14 +109,15 @@ def make_cell(kind: str, source: str) -> dict:
 
 def build(src: Path, prev: Path | None, nxt: Path | None) -> dict:
     name = src.stem + ".ipynb"
+    repo_url, owner_name = course_repository()
     badge = (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-             f"(https://colab.research.google.com/github/{COURSE_REPO}/blob/main/notebooks/{name})")
+             f"(https://colab.research.google.com/github/{owner_name}/blob/main/notebooks/{name})")
     nav = []
     if prev:
         nav.append(f"← Previous: [{prev.stem}]({prev.stem}.ipynb)")
     if nxt:
         nav.append(f"Next: [{nxt.stem}]({nxt.stem}.ipynb) →")
-    cells = [make_cell("markdown", badge), make_cell("code", INSTALL_CELL)]
+    cells = [make_cell("markdown", badge), make_cell("code", install_cell(repo_url))]
     cells += parse_percent(src.read_text())
     if nav:
         cells.append(make_cell("markdown", " · ".join(nav)))

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The course on the embedded default model.
-#   bash scripts/course.sh             set up, then open the notebooks in JupyterLab
+#   bash scripts/course.sh             set up, then open the notebooks in JupyterLab (scripts/lab.sh:
+#                                      prints the URL to open, with its token; works as root too;
+#                                      further options go to jupyter lab, e.g. --no-browser)
 #   bash scripts/course.sh --headless  set up, then execute every notebook in order and write the
 #                                      executed copies (with all outputs) to executed/
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+BATCHLAB_ENTRY=course.sh bash scripts/setup.sh
 if [ "${1:-}" = "--headless" ]; then
   mkdir -p executed
   for nb in notebooks/[0-9][0-9]_*.ipynb; do
@@ -18,5 +20,5 @@ if [ "${1:-}" = "--headless" ]; then
   done
   echo "Executed notebooks are in executed/ (open them in JupyterLab or any notebook viewer)."
 else
-  exec .venv/bin/jupyter lab notebooks/
+  exec bash scripts/lab.sh "$@"
 fi

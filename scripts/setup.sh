@@ -5,7 +5,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# The floor is transformers==5.24.0's (pyproject.toml's requires-python says the same).
+NEED_MAJOR=3 NEED_MINOR=11
+# Check the interpreter first: the one that will make .venv, or the one .venv was made with.
+check_python() {  # $1: the interpreter, $2: how to point setup at another one
+  local found
+  found=$("$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null) || {
+    echo "setup: cannot run Python interpreter '$1'; batchlab needs Python >= $NEED_MAJOR.$NEED_MINOR: $2" >&2
+    exit 1; }
+  local major=${found%%.*} rest=${found#*.}
+  local minor=${rest%%.*}
+  if [ "$major" -lt "$NEED_MAJOR" ] || { [ "$major" -eq "$NEED_MAJOR" ] && [ "$minor" -lt "$NEED_MINOR" ]; }; then
+    echo "setup: found Python $found ($1), batchlab needs Python >= $NEED_MAJOR.$NEED_MINOR: $2" >&2
+    exit 1
+  fi
+}
+entry=scripts/${BATCHLAB_ENTRY:-$(basename "$0")}  # the command the user ran (course.sh and test.sh set it)
+if [ -x .venv/bin/python ]; then
+  check_python .venv/bin/python "remove .venv and rerun with a newer one, e.g. rm -rf .venv && PYTHON=python3.12 bash $entry"
+else
+  check_python "$PY" "point setup at another, e.g. PYTHON=python3.12 bash $entry"
+  "$PY" -m venv .venv
+fi
 VPY=.venv/bin/python
 stamp=.venv/.batchlab-setup
 want="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1) keep_torch=${BATCHLAB_KEEP_TORCH:-0}"

@@ -3,7 +3,7 @@
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -x -k metrics`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+BATCHLAB_ENTRY=test.sh bash scripts/setup.sh
 # vLLM's CPU build in its own venv (.venv-vllm/), the reference server the tests and notebook 10
 # measure beside batchlab's (BATCHLAB_SKIP_VLLM=1 skips it; those tests then skip, except in CI).
 bash scripts/setup_vllm.sh

@@ -7,6 +7,7 @@
 - ``diagnosis``  where the waiting went: a trace against a lone request on an empty server
 - ``batches``    request-level batches read back from a trace
 - ``kv_usage``   what the KV memory held, step by step, against the tokens it really stored
+- ``request_life`` one request's life (queue, prefill, TTFT, gaps, E2E) and its picture
 - ``trace_io``   a trace saved to JSON and loaded back
 
 Why a folder: a trace is the one thing every run leaves (the engine's, the simulator's, or a

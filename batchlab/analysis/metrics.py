@@ -30,9 +30,12 @@ Over the run:
 * **request throughput** = finished requests / duration.
 * **output-token throughput** = output tokens of finished requests / duration.
 * **total-token throughput** = (prompt + output tokens of finished requests) / duration.
-* **goodput** = finished requests that meet *every* given SLO / duration. SLOs are upper bounds
+* **goodput** (vLLM's benchmark meaning) = finished requests that meet *every* given SLO / duration. SLOs are upper bounds
   in seconds on any of ``ttft``, ``tpot``, ``e2e`` (see ``SLO``). A 1-token request has no TPOT
   and counts as meeting a TPOT SLO (vLLM treats its TPOT as 0 for goodput).
+* **goodput** (DistServe's meaning, ``max_rate_meeting_slo``) = the highest request rate at which
+  at least a target share (e.g. 90%) of requests meets the SLO, read from a load sweep; the share
+  at one rate is ``slo_attainment`` (good / all requests).
 
 Statistics use ``numpy.percentile`` with linear interpolation and the population standard
 deviation (``ddof=0``), as vLLM does. Rejected requests (status ``rejected``) and any request that
@@ -284,6 +287,46 @@ def throughput(trace: Trace, slo: SLO | Mapping[str, float] | None = None,
 def goodput(trace: Trace, slo: SLO | Mapping[str, float], duration: float | None = None) -> float:
     """Finished requests meeting every bound of ``slo`` per second of ``duration``."""
     return float(throughput(trace, slo=slo, duration=duration)["goodput"])
+
+
+def slo_attainment(sweep: pd.DataFrame) -> pd.Series:
+    """Share of *all* requests of each run (rejected and unfinished ones fail) that met the SLO:
+    ``num_good / num_requests``, from a table with those columns (``load_sweep(..., slo=...)``)."""
+    missing = {"num_good", "num_requests"} - set(sweep.columns)
+    if missing:
+        raise ValueError(f"the table lacks {sorted(missing)}: run load_sweep with slo=... to count good requests")
+    return sweep["num_good"].astype(float) / sweep["num_requests"].astype(float)
+
+
+def max_rate_meeting_slo(sweep: pd.DataFrame, target: float = 0.9, rate: str = "request_rate") -> float:
+    """DistServe's goodput: the highest request rate at which at least ``target`` of the requests
+    meet the SLO (Zhong et al., OSDI 2024), read from one policy's load sweep.
+
+    Not vLLM's benchmark goodput (``goodput``: requests meeting every SLO per second of one
+    run). Rows are sorted by ``rate``; scanning up, the first rate whose ``slo_attainment`` drops
+    below ``target`` ends the search, and the answer is interpolated linearly between it and the
+    rate before. NaN when even the lowest swept rate misses the target (the answer lies below the
+    sweep); a ValueError when no swept rate misses it (sweep higher rates).
+    """
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
+        raise ValueError(f"target={target!r}: must be a share of requests in (0, 1], e.g. 0.9")
+    if rate not in sweep.columns:
+        raise ValueError(f"no column {rate!r} in the sweep; columns: {list(sweep.columns)}")
+    if len(sweep) == 0:
+        raise ValueError("the sweep is empty: give one row per swept rate")
+    ordered = sweep.sort_values(rate)
+    rates, share = ordered[rate].to_numpy(float), slo_attainment(ordered).to_numpy()
+    if rates[0] <= 0 or np.any(np.diff(rates) <= 0):
+        raise ValueError(f"rates {rates.tolist()}: must be > 0 and distinct (one policy's sweep)")
+    below = np.flatnonzero(share < target)
+    if len(below) == 0:
+        raise ValueError(f"every swept rate (up to {rates[-1]:.3g} req/s) met the SLO for at least "
+                         f"{target:.0%} of requests; sweep higher rates to find where it stops")
+    k = int(below[0])
+    if k == 0:
+        return float("nan")
+    r0, r1, a0, a1 = rates[k - 1], rates[k], share[k - 1], share[k]
+    return float(r0 + (a0 - target) / (a0 - a1) * (r1 - r0))
 
 
 # --- latency statistics ------------------------------------------------------------------------

@@ -13,6 +13,8 @@
 # - how a model answers a question one token at a time: one *prefill* step for the prompt,
 #   then one *decode* step per new token, written out with batchlab's own batched step;
 # - that this hand-written loop gives exactly what the `transformers` library generates;
+# - the words for latency (queue time, TTFT, ITL, TPOT, E2E, p99, CDF), drawn on one real
+#   request's timeline;
 # - where the course goes next.
 
 # %% [markdown]
@@ -24,6 +26,8 @@
 # %%
 import time
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import torch
 
@@ -141,6 +145,71 @@ print(f"transformers: {lm.decode(hf_ids)!r}\nbatchlab:     {answer!r}")
 assert "Paris" in lm.decode(hf_ids), "transformers' greedy answer should name Paris too"
 if lm.dtype == "float32":
     assert hf_ids == output_ids, "in fp32 batchlab's forward_step must match transformers exactly"
+
+# %% [markdown]
+# <a id="glossary"></a>
+# ## The words for latency: a glossary
+#
+# A server has many users at once, so a request often *waits* before its first step. The
+# course measures what each user feels with a handful of numbers, all read from the times on one
+# request's life. Here they are once, on a real trace; later notebooks link back here.
+#
+# | word | what it is |
+# |---|---|
+# | **arrival** | when the request reached the server |
+# | **queue time** | arrival → the request's first step (it waited for room in the batch) |
+# | **prefill** | the step (or, with chunked prefill, the steps) computing the prompt; it yields the first token |
+# | **TTFT**, time to first token | arrival → first token = queue time + prefill (+ anything else that delayed it) |
+# | **ITL**, inter-token latency | each gap between two successive tokens of a reply: one decode step, longer when that step also carried someone else's prefill |
+# | **TPOT**, time per output token | the *mean* gap of one request, first token excluded: (last token − first token) / (n − 1) |
+# | **E2E**, end-to-end latency | arrival → last token |
+# | **p50, p90, p99** | percentiles over many requests: p99 = 99% of requests did at least this well, so one in a hundred did worse (the *tail*) |
+# | **CDF** | the cumulative distribution: for each latency x, the share of requests at or below x; p50 and p99 are where it crosses 0.5 and 0.99 |
+# | **throughput** | finished requests (or tokens) per second |
+# | **SLO**, **goodput** | a latency target (e.g. TTFT ≤ 1 s), and the rate of requests that meet every target (notebooks 07 and 08 give both meanings of goodput) |
+#
+# The real trace: five requests reach a server that runs at most three at once (continuous
+# batching, notebook 04). Request `r003` arrives with the first three, so it *queues* until
+# `r000` finishes; while it streams, `r004`'s 300-token prompt is prefilled in one of the same
+# steps, which stretches one of `r003`'s gaps.
+
+# %%
+from batchlab.analysis.request_life import plot_request_life, request_life
+from batchlab.backends import ModelBackend
+from batchlab.engine import Engine
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.workloads.scripted import scripted_workload
+
+scene = scripted_workload([0.0] * 5, max_new_tokens=[6, 10, 24, 16, 4],
+                          prompt_len=[16, 16, 16, 48, 300], tokenizer=lm.tokenizer)
+life_backend = ModelBackend(lm, max_num_seqs=3, max_seq_len=512)
+life_trace = Engine(ContinuousBatcher(max_num_seqs=3), life_backend).run(scene)
+life = request_life(life_trace, "r003")
+assert life["queue"] > 0, "r003 found all three places taken, so it waited"
+assert abs(life["ttft"] - (life["queue"] + life["prefill"])) < 1e-9, "TTFT = queue + prefill"
+assert abs(life["tpot"] - (life["e2e"] - life["ttft"]) / (len(life["token_times"]) - 1)) < 1e-9
+plot_request_life(life_trace, "r003")
+plt.show()
+
+# %% [markdown]
+# Reading the picture: the grey bar is the queue, the orange one the prefill, and each tick a
+# token the user sees. TTFT spans both bars; the gaps between ticks are the ITL values, and their
+# mean is TPOT. The step that also computed `r004`'s prompt is slower than a plain decode step
+# (on a CPU a 300-token prompt costs several decode steps' time; on a GPU much less, see notebook
+# 06), so the gap across it is one of the longest; on a busy machine other gaps stretch too. The
+# longest gap of a request is what a user feels as a stutter, and it is why the course looks at
+# ITL percentiles, not only at TPOT.
+
+# %%
+gaps_ms = 1e3 * life["gaps"]
+print(f"r003: queue {1e3 * life['queue']:.0f} ms + prefill {1e3 * life['prefill']:.0f} ms = "
+      f"TTFT {1e3 * life['ttft']:.0f} ms; TPOT {1e3 * life['tpot']:.0f} ms; E2E {1e3 * life['e2e']:.0f} ms")
+r004_prefill_end = max(s.end for s in life_trace.steps for c in s.chunks
+                       if c.request_id == "r004" and not c.is_decode)
+assert life["token_times"][0] < r004_prefill_end <= life["token_times"][-1], "r004 joined while r003 streamed"
+k = int(np.argmin(abs(life["token_times"][1:] - r004_prefill_end)))  # the gap that ends with that step
+print(f"the gap across r004's prefill: {gaps_ms[k]:.0f} ms; median gap {np.median(gaps_ms):.0f} ms; "
+      f"longest {gaps_ms.max():.0f} ms")
 
 # %% [markdown]
 # ## A map of the course

@@ -105,7 +105,9 @@ print(f"prefill {trial_steps[0] * 1e3:.0f} ms, decode {np.median(trial_steps[1:]
 #
 # The server runs on a **virtual clock**: time advances by each step's *measured* duration, and
 # jumps over idle gaps straight to the next arrival. We get the timeline a real server would have,
-# without sitting through the idle time.
+# without sitting through the idle time. Each request's **queue time** (arrival to its first
+# step) and **TTFT** (arrival to its first token) are the first two words of the
+# [glossary in notebook 00](00_setup_and_tour.ipynb#glossary), which draws them on one request's timeline.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -258,8 +260,15 @@ print(f"peak {peak_flops / 1e9:.0f} GFLOP/s, ridge point {ridge:.0f} FLOPs/byte 
 
 # %% [markdown]
 # On a data-centre GPU the ridge point is in the hundreds (an H100 does about 990 TFLOP/s in
-# bf16 against 3.35 TB/s: about 300 FLOPs per byte, so batches of a few hundred ride on the
-# memory floor). On a small CPU it is much lower (printed above): it multiplies slowly compared
+# bf16 against 3.35 TB/s: about 300 FLOPs per byte, so by the weights alone batches of a few
+# hundred would ride on the memory floor). That count leaves out the other read of a decode
+# step: each sequence also reads its own KV cache, every cached key and value of every layer.
+# For this model that is 2 × 30 layers × 3 KV heads × 64 × 4 bytes = 46 KB per cached token in
+# fp32, so a step whose sequences hold about 11,700 cached tokens between them (12 sequences of
+# 1,000 tokens) reads as much KV as weights; for an 8-billion-parameter Llama in bf16 it is
+# 128 KB per token against 16 GB of weights, and 256 sequences of 2,000 tokens read four times
+# the weights. That read grows with every sequence and every token of context and is not shared,
+# so long-context batches leave the floor far earlier than the roofline of the weights says. On a small CPU it is much lower (printed above): it multiplies slowly compared
 # with how fast it reads memory, so by the roofline decode leaves the memory floor after a few
 # tens of sequences at most. Real steps turn up sooner still, because the peak is what one large
 # square multiply reaches, and a multiply with only *b* rows runs at a fraction of it (the
@@ -338,6 +347,13 @@ assert (profile.x_floor > 0.5).all(), f"a step beat the bandwidth floor by 2x:\n
 # requests and many traffic levels we use the **simulator**: `calibrate_cost_model` times a varied
 # set of real steps on this machine (10-20 s on a CPU) and fits a step-time formula to them;
 # `SimBackend` then predicts step durations from that formula instead of computing them.
+#
+# The formula has four terms: a fixed cost per step, a cost per sequence in the step, a cost per
+# token computed, and a cost per **attention pair**. An attention pair is one (query token, key
+# token) pair the attention scores: a token at position *p* attends to itself and the *p* tokens
+# before it, so a decode at position *p* is *p* + 1 pairs (it reads *p* + 1 cached keys), and a
+# prompt of *n* tokens is *n*(*n* + 1)/2 pairs (the causal triangle). Pairs are what make long
+# contexts slow; `batchlab.backends.cost_model` writes the formula out.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -447,6 +463,8 @@ plt.show()
 # - Arithmetic intensity at batch *b* is about 2·params·*b* / weight bytes FLOPs per byte. Below
 #   the device's ridge point (`peak FLOP/s / bandwidth`) extra sequences ride on the same weight
 #   read almost for free; a GPU's ridge point is in the hundreds, a small CPU's is much lower.
+#   Each sequence still reads its own KV cache, which is not shared: with long contexts that
+#   read, not the arithmetic, ends the free ride.
 # - Measured on this machine: per token, a step for 8 sequences costs a fraction of a step for 1.
 #   A one-at-a-time server always runs at batch 1, the dearest point on the curve. The rest of
 #   the course is about batching: how to put more sequences into each step without making anyone

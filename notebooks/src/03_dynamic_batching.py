@@ -187,7 +187,8 @@ plt.show()
 # a few hundred chat-like requests with Poisson arrivals. To make the experiment mean the same
 # on any device, the arrival rate is 30% of what this device serves when every batch is full,
 # and the timeouts are multiples of the mean gap between arrivals. The sweep streams tokens, so
-# TTFT is the wait before the batch plus its first step.
+# TTFT is the wait before the batch plus its first step. (TTFT, its p50 and p99, and the CDF
+# plotted further down are defined, with a picture, in the [glossary in notebook 00](00_setup_and_tour.ipynb#glossary).)
 
 # %%
 full_batches = make_workload(SIM_REQUESTS, "chat", arrival="at_once", seed=1)

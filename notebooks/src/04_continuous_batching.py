@@ -14,6 +14,18 @@
 # long answer. This notebook writes the loop by hand, then serves one workload with all three
 # policies on the real model and measures what changes.
 #
+# **Where it comes from.** Continuous batching was introduced by **Orca** (Yu et al., "Orca: A
+# Distributed Serving System for Transformer-Based Generative Models", OSDI 2022) with two ideas
+# that every server since builds on. *Iteration-level scheduling*: the scheduler runs once per
+# iteration (one forward pass, one token per sequence) instead of once per request, so a finished
+# request returns at once and a new one joins at the next iteration. *Selective batching*:
+# sequences at different positions cannot be stacked into one rectangular tensor, so Orca batches
+# only the operations that do not care about position (the projections and the MLP, over all the
+# step's tokens flattened into one matrix) and runs attention separately per sequence.
+# batchlab's `forward_step` (notebook 00) is built the same way: all the step's tokens in one
+# (T, D) matrix for every weight multiply, attention per sequence against its own KV cache.
+# vLLM (Kwon et al., "PagedAttention", SOSP 2023) added paged KV-cache memory to it (notebook 05).
+#
 # ## What you will learn
 #
 # - Continuous batching as a 20-line loop over the batched step `forward_step`, with sequences
@@ -22,7 +34,8 @@
 #   the bookkeeping a server needs, and what its timeline and batch occupancy look like.
 # - Static, dynamic and continuous batching on the same Poisson workload with mixed answer
 #   lengths, on the real model: TTFT, end-to-end latency, throughput and device busy share side by
-#   side, which policy wins each, by how much, and why.
+#   side, which policy wins each, by how much, and why (TTFT, E2E, p99 and CDF: see the
+#   [glossary in notebook 00](00_setup_and_tour.ipynb#glossary)).
 # - An explorer over the calibrated simulator: how `max_num_seqs` and the arrival rate move the
 #   three policies.
 

@@ -20,6 +20,9 @@
 #   much smoother the running requests' tokens become.
 # - The price: the newcomer's first token comes later. Sweeping the budget draws the trade
 #   between its TTFT and the others' inter-token latency, and a latency target picks the budget.
+#
+# TTFT, ITL (each gap between two tokens) and TPOT (a request's mean gap) are defined, on one
+# request's timeline, in the [glossary in notebook 00](00_setup_and_tour.ipynb#glossary).
 
 # %% [markdown]
 # ## Setup
@@ -207,10 +210,35 @@ print(f"worst gap {1e3 * whole_stall['prefill_itl_max']:.0f} → "
 # %% [markdown]
 # Why is the newcomer slower? Its prompt's matrix work is the same in total (the same tokens,
 # the same attention pairs), but every extra step pays the step's fixed cost again and waits for
-# the decodes that share it. Chunking moves time from the running requests' worst gap to the
+# the decodes that share it. (How much that fixed cost weighs is this CPU's: here a step's fixed
+# cost, the weight read plus per-step overhead, is worth a few dozen prompt tokens, so small
+# budgets cost the newcomer dearly. On a GPU serving a model of billions of parameters the
+# balance is different: a weight read is worth hundreds of prompt tokens of arithmetic, which is
+# why GPU servers use budgets of 512 to 8,192 tokens. Carry the shape of the trade over, not this
+# machine's numbers.) Chunking moves time from the running requests' worst gap to the
 # newcomer's TTFT. (Its TTFT also holds its wait for a free slot, the same few steps in every
 # run; `long_prefill_time` is the part that chunking changes.) That is the trade vLLM's chunked prefill (from the Sarathi-Serve work) makes
 # on purpose: decodes are never held back behind a whole prompt.
+#
+# **Where it comes from: Sarathi-Serve.** Chunked prefill as servers use it today is from
+# Agrawal et al., "Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve"
+# (OSDI 2024). Its *stall-free batching* builds every step from the running decodes first, then
+# fills the rest of a fixed token budget with a chunk of a waiting prompt, so a new prompt never
+# pauses the decodes (the stall measured above). On a GPU the two halves fit together: a step of
+# decodes alone is memory-bound (one weight read for a few tokens), so the decodes ride along a
+# compute-bound prefill chunk almost for free, and the budget is set from the inter-token latency
+# target. (On this CPU the decodes do not ride free: a step's cost grows with every token in it,
+# as the calibrated formula shows.)
+#
+# **The other cure: prefill/decode disaggregation.** Instead of sharing steps at all, run the two
+# phases on different devices: prefill machines compute prompts and hand each request's KV cache
+# to decode machines that only stream tokens. **DistServe** (Zhong et al., OSDI 2024) sizes and
+# parallelises each pool for its own target (TTFT for prefill, TPOT for decode) and reports
+# goodput under both; **Splitwise** (Patel et al., ISCA 2024) splits the phases across machines,
+# even of different hardware generations, since prefill wants arithmetic and decode wants memory
+# bandwidth. Interference disappears by construction; the price is moving KV caches between
+# machines and running two pools that must be balanced. Chunked prefill keeps one pool and
+# bounds the interference instead.
 #
 # ## The trade: sweeping the budget
 #

@@ -363,6 +363,19 @@ itl_compare.round(4)
 # (SLOs), and **goodput** counts only the requests per second that met all of them
 # (`metrics.SLO`, `metrics.goodput`).
 #
+# "Goodput" has two meanings in the literature, and a number means little until you know which:
+#
+# - **vLLM's benchmark goodput** (`vllm bench serve --goodput`, and `metrics.goodput` here): in
+#   one run at one request rate, the requests per second that met *every* SLO. It is a rate of
+#   good requests; this notebook uses it, and every goodput printed or plotted below is this one.
+# - **DistServe's goodput** (Zhong et al., *DistServe*, OSDI 2024): the *highest request rate*
+#   a server can be offered while a target share of requests (for example 90%, the *SLO
+#   attainment*) still meets the SLO. It is a capacity, read from a load sweep, not from one run;
+#   notebook 08 computes it from its sweep (`metrics.max_rate_meeting_slo`).
+#
+# They answer different questions: "how many good answers did this run deliver?" against "how
+# much traffic can this server take before it breaks its promise for more than one user in ten?"
+#
 # To make the lesson hold on any device, we state the SLOs in units of this machine's decode
 # step for one sequence: the first token within 20 steps' time, and at most 3 steps' time per
 # token after it (on the course's CPU roughly a second and a bit over 100 ms: about a reader's
@@ -413,7 +426,8 @@ print(f"calm: {days.loc['calm (Poisson)', 'good_share']:.0%} of requests met the
 #
 # Move the objectives and the clumping of the traffic (burstiness 1 is Poisson; smaller is
 # clumpier; the average rate stays at half the capacity). The left plot shows the TTFT
-# distribution and its objective, the right one TPOT and its objective; the title gives goodput.
+# distribution and its objective, the right one TPOT and its objective; the title gives goodput
+# (vLLM's meaning: good requests per second of this one run).
 
 # %%
 explorer_traces = {1.0: calm, 0.2: bursty}

@@ -1,0 +1,108 @@
+"""The setup script checks the Python interpreter before it installs anything."""
+
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _setup_copy(tmp_path: Path) -> Path:
+    """A bare copy of the checkout's setup script (no .venv), so nothing here is touched."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    shutil.copy(ROOT / "requirements.txt", tmp_path / "requirements.txt")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path / "scripts" / "setup.sh"
+
+
+def _fake_python(tmp_path: Path, version: str) -> Path:
+    """An 'interpreter' that answers every call with a version string, and records that it ran."""
+    fake = tmp_path / f"fake-python-{version}"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/calls.log"\necho {version}\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def test_setup_refuses_python_3_10_in_one_line_and_installs_nothing(tmp_path):
+    setup = _setup_copy(tmp_path)
+    fake = _fake_python(tmp_path, "3.10.13")
+    env = {**os.environ, "PYTHON": str(fake)}
+    out = subprocess.run(["bash", str(setup)], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    msg = lines[0]
+    assert "3.10.13" in msg and ">= 3.11" in msg and "PYTHON=python3.12 bash scripts/" in msg, msg
+    # Only the version query ran: no venv was made and nothing was installed.
+    assert (tmp_path / "calls.log").read_text().count("\n") == 1
+    assert not (tmp_path / ".venv").exists()
+
+
+def test_setup_names_an_interpreter_it_cannot_run(tmp_path):
+    setup = _setup_copy(tmp_path)
+    env = {**os.environ, "PYTHON": str(tmp_path / "no-such-python")}
+    out = subprocess.run(["bash", str(setup)], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
+    assert "no-such-python" in out.stderr and "PYTHON=python3.12" in out.stderr
+    assert not (tmp_path / ".venv").exists()
+
+
+def test_the_floor_in_setup_matches_pyproject_and_readme():
+    text = (ROOT / "scripts" / "setup.sh").read_text()
+    major, minor = re.search(r"NEED_MAJOR=(\d+) NEED_MINOR=(\d+)", text).groups()
+    floor = f"{major}.{minor}"
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        assert tomllib.load(f)["project"]["requires-python"] == f">={floor}"
+    assert f"Python {floor}+ only" in (ROOT / "README.md").read_text()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_course_command_starts_a_jupyterlab_that_answers(tmp_path):
+    """scripts/lab.sh (what `bash scripts/course.sh` runs after setup) starts JupyterLab, as root
+    too, prints the URL with its token in one line, and that URL answers over HTTP."""
+    import signal
+    import sys
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {**os.environ, "BATCHLAB_LAB_PYTHON": sys.executable, "BATCHLAB_PORT": str(port),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "lab.sh"), "--no-browser", "--ip=127.0.0.1"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        deadline, url = time.monotonic() + 120, None
+        while time.monotonic() < deadline and url is None:
+            line = proc.stdout.readline()  # the script prints only its one line on stdout
+            if not line:
+                break
+            match = re.search(r"(http://127\.0\.0\.1:\d+/lab\?token=\w+)", line)
+            url = match.group(1) if match else None
+        assert url is not None, "lab.sh printed no URL"
+        assert f":{port}/" in url
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            assert resp.status == 200 and "JupyterLab" in resp.read().decode()
+        # Without the token the API refuses: the token printed is the one that opens it.
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents", timeout=30)
+            raise AssertionError("the server answered without its token")
+        except urllib.error.HTTPError as err:
+            assert err.code == 403
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
