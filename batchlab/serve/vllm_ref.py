@@ -39,7 +39,7 @@ class VLLMUnavailable(RuntimeError):
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]     # batchlab/serve/vllm_ref.py -> the checkout
 
 
 def vllm_python() -> Path | None:
