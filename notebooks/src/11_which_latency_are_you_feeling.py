@@ -37,10 +37,13 @@
 # them), and it gives the yardstick. The real model comes in at the end.
 
 # %%
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+import batchlab
 from batchlab.analysis import metrics
 from batchlab.analysis.diagnosis import (
     excess_latency,
@@ -62,9 +65,10 @@ from batchlab.exercises import check
 from batchlab.model import load_model
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.trace import Trace
-from batchlab.workloads import CORPUS_PATH, make_workload
+from batchlab.workloads import make_workload
 
-CAPSTONE = CORPUS_PATH.parent / "capstone"   # the course's data/ folder, wherever it is installed
+# The course checkout's data/ folder (batchlab is installed from the checkout, here and in Colab).
+CAPSTONE = Path(batchlab.__file__).resolve().parents[1] / "data" / "capstone"
 cost = CostModel.load(CAPSTONE / "cost_model.json")
 traces = {name: load_trace(CAPSTONE / f"{name}.json")
           for name in ("example", "trace_a", "trace_b", "trace_c", "trace_d")}
