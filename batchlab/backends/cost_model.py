@@ -104,8 +104,25 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
 
 
 # --- the model -----------------------------------------------------------------------------------
+class StepTimeModel:
+    """What the simulator asks of a step-time formula: ``predict_features(num_seqs, num_tokens,
+    attention_pairs)`` in seconds. ``predict`` works out a step's features and asks it. Two forms
+    exist: the additive ``CostModel`` below and the roofline (``batchlab.backends.roofline``)."""
+
+    def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
+        raise NotImplementedError
+
+    def predict(self, step: StepPlan | StepRecord | Iterable[ScheduledChunk]) -> float:
+        """Seconds for one step, given its plan, its record or its chunks. No chunks: 0 (no step runs)."""
+        chunks = step.chunks if isinstance(step, (StepPlan, StepRecord)) else step
+        num_seqs, num_tokens, pairs = step_features(chunks)
+        if num_seqs == 0:
+            return 0.0
+        return self.predict_features(num_seqs, num_tokens, pairs)
+
+
 @dataclass(frozen=True)
-class CostModel:
+class CostModel(StepTimeModel):
     """Seconds per step from four non-negative coefficients (see the module docstring).
 
     ``source`` says what was measured (model, device, dtype, date); ``fit_stats`` holds how well
@@ -135,14 +152,6 @@ class CostModel:
         """Seconds for a step with these features (the formula, evaluated in a fixed order)."""
         return (self.fixed_s + self.per_seq_s * num_seqs + self.per_token_s * num_tokens
                 + self.per_attention_pair_s * attention_pairs)
-
-    def predict(self, step: StepPlan | StepRecord | Iterable[ScheduledChunk]) -> float:
-        """Seconds for one step, given its plan, its record or its chunks. No chunks: 0 (no step runs)."""
-        chunks = step.chunks if isinstance(step, (StepPlan, StepRecord)) else step
-        num_seqs, num_tokens, pairs = step_features(chunks)
-        if num_seqs == 0:
-            return 0.0
-        return self.predict_features(num_seqs, num_tokens, pairs)
 
     def predict_df(self, features: pd.DataFrame) -> np.ndarray:
         """Seconds for every row of a table with the ``FEATURES`` columns (e.g. ``features_df``)."""

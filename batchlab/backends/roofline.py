@@ -43,8 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from batchlab.backends.cost_model import FEATURES, CostModel, features_df
-from batchlab.plan import ScheduledChunk, StepPlan, step_features
+from batchlab.backends.cost_model import FEATURES, CostModel, StepTimeModel, features_df
 from batchlab.trace import StepRecord, Trace
 
 DEVICE_PRESETS_PATH = Path(__file__).resolve().parent / "device_presets.json"   # package data
@@ -203,7 +202,7 @@ def device_preset(name: str, path: str | Path = DEVICE_PRESETS_PATH) -> DevicePr
 
 # --- the cost model ------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class RooflineCostModel:
+class RooflineCostModel(StepTimeModel):
     """Seconds per step from the roofline (see the module docstring); a drop-in for ``CostModel``."""
 
     shape: ModelShape
@@ -263,14 +262,6 @@ class RooflineCostModel:
 
     def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
         return self.roofline_seconds(num_seqs, num_tokens, attention_pairs) + self.overhead_s
-
-    def predict(self, step: StepPlan | StepRecord | Iterable[ScheduledChunk]) -> float:
-        """Seconds for one step, given its plan, its record or its chunks. No chunks: 0."""
-        chunks = step.chunks if isinstance(step, (StepPlan, StepRecord)) else step
-        num_seqs, num_tokens, pairs = step_features(chunks)
-        if num_seqs == 0:
-            return 0.0
-        return self.predict_features(num_seqs, num_tokens, pairs)
 
     def predict_df(self, features: pd.DataFrame) -> np.ndarray:
         return np.array([self.predict_features(*row) for row in _feature_rows(features)])

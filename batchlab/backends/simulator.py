@@ -26,8 +26,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from batchlab.backends.base import Backend, StepResult
-from batchlab.backends.cost_model import CostModel
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.backends.cost_model import CostModel, StepTimeModel
 from batchlab.kv_blocks import BlockManager
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import StepPlan, step_features
@@ -46,7 +45,7 @@ class SimBackend(Backend):
     def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
                  noise: float = 0.0, seed: int = 0, block_size: int | None = None,
                  enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
-        if not isinstance(cost_model, (CostModel, RooflineCostModel)):
+        if not isinstance(cost_model, StepTimeModel):
             raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
                              "reads a saved fit) or a RooflineCostModel (backends.roofline)")
         if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) \
@@ -71,11 +70,11 @@ class SimBackend(Backend):
         self.reset()
 
     @property
-    def cost_model(self) -> CostModel | RooflineCostModel:
+    def cost_model(self) -> StepTimeModel:
         return self._cost_model
 
     @cost_model.setter
-    def cost_model(self, cost_model: CostModel | RooflineCostModel) -> None:
+    def cost_model(self, cost_model: StepTimeModel) -> None:
         self._cost_model = cost_model
         # The additive model is written out in step_duration (read once per step); any other
         # form (the roofline) is asked through its predict_features.
