@@ -17,16 +17,9 @@ import argparse
 import pandas as pd
 
 from batchlab.model import load_model
+from batchlab.model.cpu_dtype import cpu_bf16_flags
 from batchlab.model.llama import LlamaWeights
 from batchlab.model.profiler import profile_steps
-
-
-def cpu_bf16_flags() -> list[str]:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return []
-    return sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "amx_tile"))
 
 
 def main() -> None:

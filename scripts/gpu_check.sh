@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one short check a lent GPU runs (issue 14): every notebook under nbval at the GPU sizes the
 # notebooks pick by themselves on CUDA, then the step profiler sweep to batch 256, saving the
-# measured profile and both fitted cost models as data/device_profiles/<device>.json.
+# measured profile and both fitted cost models as data/device_profiles/<device>.json, and the
+# alone-vs-batched answers in fp32 and bf16 as data/divergence/<device>.json.
 # Written to finish in under 8 minutes; it stops itself at $BUDGET_S (default 470 s) and says
 # what did not run. On a machine without CUDA it exits 2 at once with one line saying so.
 #
@@ -29,6 +30,11 @@ echo "gpu_check: profiling (sweep to batch 256)"
 if ! timeout 180 "$PYTHON" scripts/profile_device.py --max-batch 256; then
     echo "gpu_check: FAILED: the profiler sweep did not finish (see above)" >&2
     exit 1
+fi
+
+# 1b. Does batching change the answers here? Alone vs together, fp32 and bf16 (seconds on a GPU).
+if ! timeout 90 "$PYTHON" scripts/measure_divergence.py; then
+    echo "gpu_check: the divergence measurement did not finish (see above); going on" >&2
 fi
 
 # 2. Every notebook under nbval, each within what is left of the budget.

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import time
 from pathlib import Path
 
@@ -29,14 +28,10 @@ from batchlab.backends.cost_model import features_df
 from batchlab.backends.roofline import DTYPE_BYTES, MODEL_SHAPES, RooflineCostModel, compare_cost_models, \
     profile_features
 from batchlab.model import load_model
-from batchlab.model.environment import device_name, environment_report
+from batchlab.model.environment import device_name, device_slug, environment_report
 from batchlab.model.llama import LlamaWeights
 from batchlab.model.profiler import measure_bandwidth, measure_matmul_flops, profile_steps
 
-
-def slug(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"nvidia-h200"``: a file name from a device name."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
 
 
 def main() -> None:
@@ -86,7 +81,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{slug(name)}.json"
+    path = out / f"{device_slug(name)}.json"
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(f"saved {path} ({time.perf_counter() - t0:.0f} s)")
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from batchlab.analysis.batches import BATCH_COLUMNS, batches_df
+from batchlab.analysis.batches import BATCH_COLUMNS, batches_df, delivered_at_batch_end
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
@@ -58,3 +58,30 @@ def test_continuous_batching_has_no_batches():
 def test_not_a_trace_is_refused():
     with pytest.raises(TypeError, match="Trace"):
         batches_df([1, 2, 3])
+
+
+@pytest.mark.parametrize("make", [lambda stream: StaticBatcher(3, stream=stream),
+                                  lambda stream: DynamicBatcher(4, 0.3, stream=stream)])
+def test_a_streamed_run_delivered_at_batch_end_is_the_non_streaming_run(make):
+    # Mixed lengths, so members finish before their batch ends; arrivals during a batch queue.
+    arrivals = [0.0, 0.05, 0.1, 0.2, 0.7, 0.75, 0.8, 1.9]
+    reqs = lambda: scripted_workload(arrivals, max_new_tokens=[2, 9, 5, 3, 7, 1, 4, 6])
+    streamed = Engine(make(True), steps_of(0.1)).run(reqs())
+    real = Engine(make(False), steps_of(0.1)).run(reqs())
+    derived = delivered_at_batch_end(streamed)
+    assert [s.start for s in streamed.steps] == [s.start for s in real.steps]   # same schedule
+    for got, want in zip(derived.requests, real.requests):
+        assert (got.request_id, got.streamed) == (want.request_id, False)
+        assert got.release_time == pytest.approx(want.release_time)
+        assert got.visible_token_times == pytest.approx(want.visible_token_times)
+    # Streaming showed the short answers sooner; at batch end they all arrive together.
+    early = [s.release_time < d.release_time for s, d in zip(streamed.requests, derived.requests)]
+    assert any(early) and all(s.release_time <= d.release_time
+                              for s, d in zip(streamed.requests, derived.requests))
+
+
+def test_delivery_at_batch_end_needs_request_level_batches():
+    reqs = scripted_workload([0.0, 0.0], max_new_tokens=3)
+    trace = Engine(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=64), steps_of(0.01)).run(reqs)
+    with pytest.raises(ValueError, match="no request-level batches"):
+        delivered_at_batch_end(trace)

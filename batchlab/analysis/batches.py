@@ -17,6 +17,8 @@ returns an empty table.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from batchlab.trace import Trace
@@ -71,3 +73,21 @@ def batches_df(trace: Trace) -> pd.DataFrame:
         })
         previous_end = end[b]
     return pd.DataFrame(rows, columns=BATCH_COLUMNS)
+
+
+def delivered_at_batch_end(trace: Trace) -> Trace:
+    """The same run as a non-streaming server would have delivered it: every member's whole
+    response handed back when its batch ends.
+
+    Streaming does not change what a request-level batcher schedules (a finished member's slot is
+    held until its batch ends either way); it changes only when the client sees the tokens. So a
+    streamed trace of ``StaticBatcher(..., stream=True)`` or ``DynamicBatcher(..., stream=True)``
+    gives the non-streaming one exactly, without running the model again.
+    """
+    ends = {rid: row.end for row in batches_df(trace).itertuples() for rid in row.request_ids}
+    if not ends:
+        raise ValueError("this trace has no request-level batches (continuous batching streams "
+                         "by design); pass a StaticBatcher or DynamicBatcher trace")
+    requests = [replace(r, release_time=ends[r.request_id], streamed=False) if r.request_id in ends
+                else r for r in trace.requests]
+    return Trace(requests, trace.steps, {**trace.meta, "delivery": "at batch end"}, trace.preemptions)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 
 import torch
@@ -34,6 +35,11 @@ def device_name(device: str | torch.device = "cpu") -> str:
     except OSError:
         pass
     return "CPU: " + (platform.processor() or platform.machine() or "unknown")
+
+
+def device_slug(name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"nvidia-h200"``, ``"CPU: AMD EPYC"`` -> ``"cpu-amd-epyc"``: a file name."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
 
 
 def _meminfo_bytes(key: str) -> int | None:

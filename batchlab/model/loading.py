@@ -117,7 +117,8 @@ def resolve_device(device: str = "auto") -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """fp32 on the CPU; bf16 on a GPU that supports it, else fp16."""
+    """For "auto": on a CPU fp32, unless it has bf16 matrix units and a measured probe finds bf16
+    faster (``batchlab.model.cpu_dtype``); on a GPU bf16 where supported, else fp16."""
     import torch
 
     if dtype not in ALLOWED_DTYPES:
@@ -125,7 +126,9 @@ def resolve_dtype(dtype: str, device: str) -> str:
     if dtype != "auto":
         return dtype
     if device == "cpu":
-        return "float32"
+        from batchlab.model.cpu_dtype import pick_cpu_dtype
+
+        return pick_cpu_dtype(cache_root() / "cpu-dtype-probe.json")
     return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
 
 
@@ -183,7 +186,7 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
     """Load the tokenizer and model, ready for inference (``eval`` mode, no grad needed).
 
     device: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
-    dtype: "auto" (fp32 on CPU, bf16/fp16 on GPU), "float32", "bfloat16", "float16".
+    dtype: "auto" (fp32 on CPU unless bf16 measures faster there, bf16/fp16 on GPU), "float32", "bfloat16", "float16".
         Left at "auto", each follows its environment variable when set (``BATCHLAB_DEVICE``,
         ``BATCHLAB_DTYPE``): one switch for every notebook. An explicit argument wins.
     threads: CPU threads for torch (default: all cores available to this process).
@@ -195,9 +198,9 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = resolve_device(from_environment(device, DEVICE_ENV, ALLOWED_DEVICES))
-    dtype = resolve_dtype(from_environment(dtype, DTYPE_ENV, ALLOWED_DTYPES), device)
     if device == "cpu":
-        set_cpu_threads(threads)
+        set_cpu_threads(threads)          # first: the dtype probe measures with these threads
+    dtype = resolve_dtype(from_environment(dtype, DTYPE_ENV, ALLOWED_DTYPES), device)
     t0 = time.perf_counter()
     if hub_model is not None:
         source, name, from_cache = hub_model, hub_model, False

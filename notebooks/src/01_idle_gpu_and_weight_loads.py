@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 
 from batchlab.analysis import metrics
+from batchlab.analysis.device_profiles import load_device_profiles
 from batchlab.analysis.plots import plot_occupancy, plot_step_profile, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
@@ -328,6 +329,31 @@ print(f"batch 8 vs batch 1: step {per_step[8] / per_step[1]:.2f} x as long, "
 assert per_token[8] < 0.5 * per_token[1], (
     f"8 sequences per step should cost far less per token than 1: {per_token[8]:.1f} ms vs {per_token[1]:.1f} ms")
 assert (profile.x_floor > 0.5).all(), f"a step beat the bandwidth floor by 2x:\n{profile[['batch_size', 'x_floor']]}"
+
+# %% [markdown]
+# ### Beside other devices
+#
+# The curve above is this machine's. `scripts/profile_device.py` measures the same profile on
+# any device and stores it in `data/device_profiles/` (on a GPU, `scripts/gpu_check.sh` runs it),
+# so here every stored profile is drawn next to the live one, each labelled with the device and
+# dtype it was measured on. Time per token is the axis that compares devices of any speed: the
+# lesson holds where the line falls as the batch grows.
+
+# %%
+stored = load_device_profiles()
+fig, ax = plt.subplots(figsize=(8, 4))
+ax.plot(profile.batch_size, profile.ms_per_token, "o-", lw=2, label=f"{DEVICE_NAME} ({lm.dtype}, live)")
+for p in stored:
+    ax.plot(p.decode.batch_size, p.decode.ms_per_token, "s--", label=p.label)
+ax.set(xscale="log", yscale="log", xlabel="sequences per decode step", ylabel="ms per token",
+       title="On every device measured, a fuller decode step makes each token cheaper")
+ax.set_xscale("log", base=2)
+ax.legend(fontsize=8)
+plt.show()
+for p in stored:          # the lesson, on each stored device: batch 8 costs far less per token
+    per_tok = p.decode.set_index("batch_size").ms_per_token
+    assert per_tok[8] < 0.5 * per_tok[1], (p.label, per_tok)
+print(f"{len(stored)} stored profile(s): " + (", ".join(p.label for p in stored) or "none yet"))
 
 # %% [markdown]
 # Where the measured line sits well above the roofline, the gap is work the roofline does not

@@ -29,13 +29,16 @@
 # ## What you will learn
 #
 # - Continuous batching as a 20-line loop over the batched step `forward_step`, with sequences
-#   joining and leaving between steps, and why that does not change anyone's greedy answer.
+#   joining and leaving between steps.
 # - `batchlab`'s `ContinuousBatcher`: the same rule with a token budget, KV-cache admission and
 #   the bookkeeping a server needs, and what its timeline and batch occupancy look like.
 # - Static, dynamic and continuous batching on the same Poisson workload with mixed answer
 #   lengths, on the real model: TTFT, end-to-end latency, throughput and device busy share side by
 #   side, which policy wins each, by how much, and why (TTFT, E2E, p99 and CDF: see the
-#   [glossary in notebook 00](00_setup_and_tour.ipynb#glossary)).
+#   [glossary in notebook 00](00_setup_and_tour.ipynb#glossary)); first with every policy
+#   streaming, so only scheduling differs, then what a non-streaming server adds.
+# - Does batching change my answer? Token for token the same in fp32 here; in bf16 the answers
+#   can part ways at a near-tie, and why: the order of floating-point sums depends on the batch.
 # - An explorer over the calibrated simulator: how `max_num_seqs` and the arrival rate move the
 #   three policies.
 
@@ -46,14 +49,19 @@
 # rearranged for the batched step, and the sizes of the experiments, larger on a GPU.
 
 # %%
+import json
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import torch
 
+import batchlab
 from batchlab.analysis import metrics
+from batchlab.analysis.batches import delivered_at_batch_end
 from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
@@ -61,7 +69,9 @@ from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.model.generate import greedy_generate
+from batchlab.model.cpu_dtype import cpu_bf16_flags
+from batchlab.model.divergence import compare_alone_and_together, divergence_table, first_divergence, \
+    greedy_batch_logits, tie_margin
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 from batchlab.model.profiler import time_step
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
@@ -77,6 +87,7 @@ MAX_SEQS = 32 if ON_GPU else 8                       # batch slots of every poli
 NUM_REQUESTS = 128 if ON_GPU else 16                 # the real-model workload
 OUTPUT_LEN = Range(8, 256) if ON_GPU else Range(4, 48)   # mixed answer lengths (tokens)
 CHECK_ALONE = 16 if ON_GPU else 6                    # requests re-served alone to compare tokens
+DATA = Path(batchlab.__file__).resolve().parents[1] / "data"   # the course's stored measurements
 
 # %% [markdown]
 # ## The loop, by hand
@@ -218,22 +229,23 @@ print(f"decode step of {MAX_SEQS}: {1e3 * decode_s:.0f} ms → full batches serv
 #   waited two mean arrival gaps;
 # - `ContinuousBatcher(max_num_seqs=MAX_SEQS)`: re-forms the batch every step.
 #
-# The request-level batchers are non-streaming, as servers of that kind are: each answer is handed
-# back when its batch ends, so for them TTFT equals E2E. Continuous batching streams.
+# All three **stream**: each token reaches the client the moment it is computed. That way the
+# comparison measures scheduling alone. (Servers that batch whole requests are often
+# non-streaming too, which makes them look worse still; we add that separately below.)
 
 # %%
 POLICIES = {
-    "static": lambda: StaticBatcher(batch_size=MAX_SEQS),
-    "dynamic": lambda: DynamicBatcher(max_batch_size=MAX_SEQS, timeout=TIMEOUT),
+    "static": lambda: StaticBatcher(batch_size=MAX_SEQS, stream=True),
+    "dynamic": lambda: DynamicBatcher(max_batch_size=MAX_SEQS, timeout=TIMEOUT, stream=True),
     "continuous": lambda: ContinuousBatcher(max_num_seqs=MAX_SEQS),
 }
 traces = {name: Engine(make(), backend).run(workload, progress=True) for name, make in POLICIES.items()}
 
 # %% [markdown]
 # First, the picture. Each row is a request: gray while it waits, orange for its prefill, blue
-# while it decodes, purple when it is done but its answer waits for the batch to end. Under static
-# batching, whole batches start together (dashed lines) and end together; under continuous
-# batching every request starts soon after it arrives and ends on its own.
+# while it decodes. Under static batching whole batches start together (dashed lines) and a
+# finished member's slot stays held until its batch ends; under continuous batching every
+# request starts soon after it arrives and ends on its own.
 
 # %%
 fig, axes = plt.subplots(2, 1, figsize=(10, 9), sharex=True)
@@ -269,8 +281,10 @@ table[COLUMNS].round(3)
 
 # %%
 static, dynamic, continuous = (table.loc[p] for p in ("static", "dynamic", "continuous"))
-# First tokens: no waiting for a batch to fill, to start, or to end.
-assert continuous.ttft_p99 < 0.5 * min(static.ttft_p99, dynamic.ttft_p99), table[COLUMNS]
+# First tokens, all three streaming: no waiting for a batch to fill or to start. "Several times
+# lower" at the tail, and lower at the median too.
+assert continuous.ttft_p99 < min(static.ttft_p99, dynamic.ttft_p99) / 3, table[COLUMNS]
+assert continuous.ttft_p50 < min(static.ttft_p50, dynamic.ttft_p50), table[COLUMNS]
 # Whole answers: nobody is held by a slower batch mate.
 assert continuous.e2e_mean < 0.8 * min(static.e2e_mean, dynamic.e2e_mean), table[COLUMNS]
 # No slot is held by a finished sequence; the request-level batchers hold many.
@@ -284,11 +298,11 @@ print(f"continuous vs static: p99 TTFT {continuous.ttft_p99:.2f} vs {static.ttft
 # %% [markdown]
 # Why each number moves the way it does:
 #
-# - **TTFT** (p99 many times lower). Static batching makes the early requests of each batch wait
-#   for the batch to fill; both request-level batchers make a request that arrives during a batch
-#   wait for the whole batch; and being non-streaming, they show the first token only with the
-#   last. Under continuous batching a request waits at most for the current step to end (plus
-#   its own prefill), as long as a slot is free.
+# - **TTFT** (p99 several times lower, with every policy streaming). Static batching makes the
+#   early requests of each batch wait for the batch to fill; both request-level batchers make a
+#   request that arrives during a batch wait for the whole batch. Under continuous batching a
+#   request waits at most for the current step to end (plus its own prefill), as long as a slot
+#   is free.
 # - **E2E** (mean much lower). A short answer leaves as soon as it is done instead of riding along
 #   with the longest answer of its batch.
 # - **Slot waste** (zero). A finished sequence's slot is reused at the next step; request-level
@@ -308,13 +322,51 @@ print(f"continuous vs static: p99 TTFT {continuous.ttft_p99:.2f} vs {static.ttft
 #   uses up.
 
 # %% [markdown]
+# ## What turning streaming off adds
+#
+# A request-level batcher that does not stream hands every answer back when its batch ends, so
+# its TTFT *is* its E2E: the first token arrives with the last, after the slowest batch mate.
+# Streaming does not change the schedule (a finished member's slot is held until the batch ends
+# either way), only when the client sees the tokens. So the non-streaming run is the same trace
+# delivered differently: `delivered_at_batch_end` moves each response to its batch's end
+# (`tests/test_batches.py` checks it against a real non-streaming run, release time for release
+# time).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+delivery = {f"{name}, streaming": traces[name] for name in ("static", "dynamic")}
+delivery |= {f"{name}, at batch end": delivered_at_batch_end(traces[name]) for name in ("static", "dynamic")}
+delivery["continuous"] = traces["continuous"]
+delivered = metrics.compare(delivery).set_index("policy")
+delivered[["ttft_p50", "ttft_p99", "e2e_mean", "e2e_p99"]].round(3)
+
+# %%
+for name in ("static", "dynamic"):
+    on, off = delivered.loc[f"{name}, streaming"], delivered.loc[f"{name}, at batch end"]
+    # Without streaming the first token comes with the last: TTFT grows to E2E's size...
+    assert off.ttft_p50 > 2 * on.ttft_p50 and off.ttft_p50 == off.e2e_p50, (name, on, off)
+    # ...and E2E grows too, since a short answer now waits for its batch's longest one.
+    assert off.e2e_mean > on.e2e_mean, (name, on, off)
+print("non-streaming request-level batching: TTFT p50 "
+      + ", ".join(f"{n} {delivered.loc[n].ttft_p50:.2f} s" for n in delivered.index))
+
+# %% [markdown]
+# So the gap between continuous and request-level batching has two parts. Scheduling: the wait
+# for a batch to fill or to finish, which streaming cannot remove. Delivery: a non-streaming
+# server holds every token until the slowest member is done, which multiplies TTFT again. A
+# benchmark that compares a non-streaming batcher with a streaming one measures both at once;
+# say which you measure.
+#
 # ## Same answers as alone
 #
 # The batch changes at every step, with prompts of newcomers packed next to other sequences'
-# decodes. Does any request's greedy answer change? We re-serve some requests alone with
-# `batchlab.model.generate.greedy_generate` (one sequence, one slot, nothing else in any step) and
-# compare token by token. We pick requests that joined a batch already decoding, the case where
-# something could go wrong.
+# decodes. Does any request's greedy answer change? We re-serve some requests alone (one
+# sequence, one slot, nothing else in any step; `greedy_batch_logits` with a batch of one keeps
+# the logits that chose each token) and compare token by token. We pick requests that joined a
+# batch already decoding, the case where something could go wrong. What we may assert depends on
+# the dtype, for reasons the next section measures: in fp32 the answers must be identical; in
+# bf16 or fp16 an answer may change, but only where the lone run's two best tokens were nearly
+# tied (within `NEAR_TIE` logits).
 
 # %%
 cont = traces["continuous"]
@@ -324,11 +376,128 @@ company = chunks.groupby("step")["request_id"].count()
 joined_busy = [rid for rid, step in first_step.sort_values().items() if company[step] > 1]
 by_id = {r.request_id: r for r in workload}
 served = {r.request_id: r.output_ids for r in cont.requests}
-checked = joined_busy[:CHECK_ALONE]
+checked, EXACT, NEAR_TIE = joined_busy[:CHECK_ALONE], lm.dtype == "float32", 0.5
+changed = {}                                           # request -> (first different token, margin)
 for rid in checked:
-    alone = greedy_generate(weights, by_id[rid].prompt_ids, by_id[rid].max_new_tokens).output_ids
-    assert served[rid] == alone, f"{rid}: continuous batching changed its greedy tokens"
-print(f"{len(checked)} requests that joined a running batch: tokens identical to serving them alone")
+    [alone], logits = greedy_batch_logits(weights, [by_id[rid].prompt_ids], by_id[rid].max_new_tokens)
+    k = first_divergence(served[rid], alone)
+    if k is not None:
+        changed[rid] = (k, tie_margin(logits[0, k], alone[k], served[rid][k]))
+if EXACT:
+    assert not changed, f"{lm.dtype}: continuous batching changed greedy tokens: {changed}"
+else:
+    assert all(margin <= NEAR_TIE for _, margin in changed.values()), (lm.dtype, changed)
+print(f"{lm.dtype}: {len(checked) - len(changed)} of {len(checked)} requests that joined a running "
+      f"batch made exactly the tokens they make alone; changed (token, margin): {changed or 'none'}")
+
+# %% [markdown]
+# ## Does batching change my answer?
+#
+# In exact arithmetic it cannot: every row of a batched step is computed from its own sequence
+# only. But a computer adds in floating point, where `(a + b) + c` and `a + (b + c)` can round
+# differently, and a kernel may add a row's terms in another order when the step has another
+# number of rows: a matrix-vector routine for one row and a blocked matrix-matrix one for many,
+# or, in attention, one sequence's keys alone versus the batch's longest context with a mask.
+# Here is one real weight matrix of the model, multiplying one row alone and the same row inside
+# a batch of 64:
+
+# %%
+def row_alone_vs_in_batch(w, rows: int = 64) -> tuple[float, float]:
+    """Share of outputs whose bits differ, and the largest difference relative to the output's scale."""
+    x = torch.randn(rows, w.shape[0], generator=torch.Generator().manual_seed(0)).to(w.dtype)
+    alone, in_batch = (x[:1] @ w).float(), (x @ w)[:1].float()
+    return (alone != in_batch).float().mean().item(), ((alone - in_batch).abs().max() / alone.abs().max()).item()
+
+
+w_up = weights.layers[0].w_gate_up.cpu()
+for name in ("float32", "bfloat16"):
+    share, rel = row_alone_vs_in_batch(w_up.to(getattr(torch, name)))
+    print(f"{name}: {share:.0%} of outputs differ in their bits, by at most {rel:.1e} of the scale")
+    assert rel < (1e-5 if name == "float32" else 1e-2), (name, rel)   # a rounding, nothing more
+
+# %% [markdown]
+# Whether the bits differ depends on the device's kernels (on the course's AVX2 CPU the fp32
+# one-row product differs from the batched one, the emulated bf16 one does not); the size of the
+# difference depends on the dtype: about one unit in the last place, 2^-24 of the value in fp32,
+# 2^-8 in bf16. Through 30 layers such differences reach the logits, and greedy decoding turns
+# them into another token wherever the two best tokens are nearly tied. After that, the two
+# answers continue from different prefixes.
+#
+# `batchlab.model.divergence.compare_alone_and_together` measures it on the real model: the same
+# chat prompts served each alone and all together in one batch, every step's logits kept. For each
+# prompt: the first token that differs, the lone run's margin there (how far its choice beat the
+# batch's choice, in logits), and the largest logit difference before that point.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+DIVERGE_PROMPTS = [lm.chat_ids(q) for q in QUESTIONS + ["Explain photosynthesis briefly."]]
+DIVERGE_TOKENS = 48 if ON_GPU else 32
+diverge = {lm.dtype: compare_alone_and_together(weights, DIVERGE_PROMPTS, DIVERGE_TOKENS)}
+diverge[lm.dtype]
+
+# %% [markdown]
+# Now the other dtype. Where bf16 runs at speed (a GPU, or a CPU with bf16 matrix units) we
+# measure it here. A CPU without them emulates bf16 many times slower than fp32 (the dtype probe
+# of `load_model` says which this one is), so there we read what `scripts/measure_divergence.py`
+# measured (8 prompts, 48 tokens) on a device of the course and say which device that was.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+OTHER = "bfloat16" if lm.dtype == "float32" else "float32"
+if ON_GPU or OTHER == "float32" or cpu_bf16_flags():
+    other = LlamaWeights.from_hf(load_model(device=lm.device, dtype=OTHER).model)
+    diverge[OTHER] = compare_alone_and_together(other, DIVERGE_PROMPTS, DIVERGE_TOKENS)
+    where = {dtype: f"{lm.device}, measured now" for dtype in diverge}
+else:
+    stored = next(d for d in (json.loads(f.read_text()) for f in sorted((DATA / "divergence").glob("*.json")))
+                  if OTHER in d["runs"])
+    diverge[OTHER] = divergence_table(stored["runs"][OTHER]["rows"])
+    where = {lm.dtype: f"{lm.device}, measured now",
+             OTHER: f"{stored['device']}, {stored['max_new_tokens']} tokens, measured {stored['measured']}"}
+pd.DataFrame({d: {"prompts": len(t), "identical": int(t.identical.sum()),
+                  "first divergence": t.first_divergence.min(), "largest margin at a divergence":
+                  t.tie_margin.max(), "largest logit difference": t.max_logit_diff.max(), "where": where[d]}
+              for d, t in diverge.items()})
+
+# %% [markdown]
+# What holds in each dtype, asserted on what was just shown: in fp32 every answer is identical
+# and the logits agree to about 10^-4; in bf16 the logits move by up to about a logit (a logit
+# near 20 is stored in steps of 0.125), and an answer that changed did so at a near-tie: within
+# `NEAR_TIE` (half a logit) of the other token.
+
+# %%
+for dtype, t in diverge.items():
+    if dtype == "float32":
+        assert t.identical.all() and (t.max_logit_diff < 1e-3).all(), t
+    else:
+        assert (t.tie_margin.dropna() <= NEAR_TIE).all() and (t.max_logit_diff < 2).all(), t
+        assert t.max_logit_diff.median() > 100 * diverge["float32"].max_logit_diff.median(), t
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 4))
+for i, (dtype, t) in enumerate(diverge.items()):
+    n = stored["max_new_tokens"] if "measured now" not in where[dtype] else DIVERGE_TOKENS
+    y = np.arange(len(t)) + 0.4 * i
+    ax.barh(y, t.first_divergence.fillna(n), height=0.4, label=f"{dtype} ({where[dtype]})")
+    for yi, k, m in zip(y, t.first_divergence, t.tie_margin):
+        if pd.notna(k):                                # a divergence: mark its margin
+            ax.text(k + 0.5, yi, f"margin {m:.3f}", va="center", fontsize=8)
+ax.set(xlabel="output tokens identical to the same prompt served alone", ylabel="prompt",
+       title="In a batch, fp32 answers stay identical; a few bf16 answers part ways at a near-tie")
+ax.legend(loc="lower right", fontsize=8)
+plt.show()
+
+# %% [markdown]
+# What to take from it. Batching is not what changes answers; arithmetic in a dtype whose
+# rounding depends on the batch is. In fp32 here the effect stays far below any logit margin; in
+# bf16, the dtype GPUs serve in, a few answers in a batch differ from the same request served
+# alone, after a few dozen tokens and only at near-ties, so the answers are equally likely ones,
+# just not the same bits. If you need the same bits whatever the batch (reproducible evaluations,
+# RL rollouts, debugging), servers now offer batch-invariant kernels: vLLM's
+# `VLLM_BATCH_INVARIANT=1` (beta, on recent GPUs) and SGLang's `--enable-deterministic-inference`,
+# both building on Thinking Machines Lab's batch-invariant operators (He et al., "Defeating
+# Nondeterminism in LLM Inference", 2025). They fix one reduction order for every batch size,
+# which gives up the fastest kernel for each size: measure the cost before you turn it on.
 
 # %% [markdown]
 # ## Explorer: slots and traffic
@@ -386,13 +555,17 @@ explore(show_policies, max_num_seqs=(1, 4 * MAX_SEQS),
 #   sequences leave at once, waiting ones join at the next step. By hand it is a 20-line loop;
 #   `ContinuousBatcher` adds the token budget, KV admission (here by reserving each request's
 #   whole length; notebook 05 shows what memory does to the batch) and the bookkeeping.
-# - On the same Poisson workload with mixed answer lengths on the real model, continuous
-#   batching cut the p99 TTFT many times and the mean E2E substantially against both
-#   request-level batchers, held no slot for a finished sequence, and served the same work about
-#   as fast or faster. The device's busy share ranks nothing by itself: it mixes load, run length
-#   and how full the steps are.
-# - Batching does not change greedy answers: every checked request produced exactly the tokens it
-#   produces alone.
+# - On the same Poisson workload with mixed answer lengths on the real model, every policy
+#   streaming, continuous batching cut the p99 TTFT several times and the mean E2E substantially
+#   against both request-level batchers, held no slot for a finished sequence, and served the
+#   same work about as fast or faster. The device's busy share ranks nothing by itself: it mixes
+#   load, run length and how full the steps are.
+# - A non-streaming request-level server adds a second cost on top of scheduling: every token
+#   waits for the batch's slowest member, so its TTFT equals its E2E.
+# - Does batching change my answer? In fp32 on this CPU, no: every checked request produced
+#   exactly the tokens it produces alone, with logits equal to about 10^-4. In bf16 a few answers
+#   part ways after some tokens, each at a near-tie, because the kernels' order of additions
+#   depends on the batch; batch-invariant modes (vLLM, SGLang) remove that at a speed cost.
 # - It is not free: a newcomer's prompt is computed in a step next to everyone else's decode
 #   token, and a long one stalls them all for that step. Notebook 06 measures that stall and the
 #   cure, chunked prefill.

@@ -60,6 +60,7 @@ from batchlab.analysis.trace_io import load_trace
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend
 from batchlab.backends.cost_model import CostModel
+from batchlab.backends.roofline import RooflineCostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
@@ -260,15 +261,35 @@ assert at_largest < 0.5, at_largest        # no fixed cap: the batch size moves 
 # and at twice it.
 
 # %%
-def decode_rate(batch_size, context=100):
-    """Decode tokens per second for a step of batch_size sequences (cost model)."""
-    return batch_size / cost.predict_features(batch_size, batch_size, batch_size * context)
+def decode_rate(batch_size, context=100, model=cost):
+    """Decode tokens per second for a step of batch_size sequences (a cost model's prediction)."""
+    return batch_size / model.predict_features(batch_size, batch_size, batch_size * context)
 
 
 b = int(batch.median())
 gain = decode_rate(2 * b) / decode_rate(b)
 print(f"doubling the batch from {b} to {2 * b} would raise throughput by {gain - 1:.0%}")
 assert gain < 1.25, gain    # the device is nearly full: a bigger batch would not absorb the peak
+
+# %% [markdown]
+# That answer belongs to the device the traces were made on: a CPU, where the fitted formula
+# makes a decode step mostly per-sequence work, so twice the sequences cost nearly twice the
+# time. On a GPU the same question has the opposite answer. A decode step of an 8B model on an
+# H100 (the roofline of notebook 01, datasheet bandwidth and bf16 peak) is bound by reading the
+# 15 GB of weights; the sequences ride along almost free, so doubling the batch nearly doubles
+# throughput, until the KV memory (notebook 05) or the compute roof stops it. Which limit binds
+# decides the knob:
+
+# %%
+gpu = RooflineCostModel.for_device("Llama-3-8B", "H100")
+gpu_gain = decode_rate(2 * b, model=gpu) / decode_rate(b, model=gpu)
+cpu_parts = pd.Series({"fixed (weights, per step)": cost.fixed_s,
+                       "per sequence and token": b * (cost.per_seq_s + cost.per_token_s),
+                       "attention": b * 100 * cost.per_attention_pair_s})
+print(f"batch {b} -> {2 * b}: throughput x{gain:.2f} on the traces' CPU (step time mostly "
+      f"{cpu_parts.idxmax()!r}), x{gpu_gain:.2f} on the H100 preset ({gpu.bound(b, b, b * 100)}-bound)")
+assert cpu_parts.idxmax() != "fixed (weights, per step)" and gain < 1.25, cpu_parts
+assert gpu.bound(b, b, b * 100) == "memory" and gpu_gain > 1.8, gpu_gain
 
 # %% [markdown]
 # Finally, check the stream. A full device slows every step, so the gaps are a few times a lone

@@ -1,0 +1,97 @@
+"""Does batching change my answer? Greedy answers served alone and together, compared token by token.
+
+A batched step computes every sequence's logits from that sequence's own tokens, so in exact
+arithmetic the batch cannot change anyone's answer. Floating-point sums are not exact: their
+result depends on the order in which the terms are added, and a matmul or attention kernel may
+pick another blocking (so another order) when the step has another number of rows. In fp32 on
+the course's CPU the kernels give the same bits per row whatever the batch; in bf16 (8 bits of
+mantissa) they need not, and greedy decoding turns a tiny logit difference into another token
+wherever the two best tokens are nearly tied. After the first different token the two answers
+continue from different prefixes and usually go separate ways.
+
+``compare_alone_and_together`` runs the same prompts twice with the same weights: each alone
+(batch of one, prefill then decode) and all together in one batch (every prompt's prefill in
+one step, then one decode step for all), keeping every step's logits, and reports per prompt
+where the answers first differ and how close to a tie the lone run was there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
+
+DIVERGENCE_COLUMNS = ["prompt", "prompt_len", "identical", "first_divergence", "tie_margin",
+                      "max_logit_diff"]
+
+
+def greedy_batch_logits(weights: LlamaWeights, prompts: Sequence[Sequence[int]],
+                        max_new_tokens: int) -> tuple[list[list[int]], torch.Tensor]:
+    """Serve ``prompts`` together as one batch, greedily, for exactly ``max_new_tokens`` tokens.
+
+    Returns each prompt's tokens and the logits that chose them, float32 on the CPU, shaped
+    (num_prompts, max_new_tokens, V). A batch of one prompt is "served alone".
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}; must be an int >= 1")
+    cache = weights.new_kv_cache(len(prompts), max_seq_len=max(map(len, prompts)) + max_new_tokens)
+    # Step 0: every prompt's prefill in one step (slot i, positions 0 .. P_i - 1).
+    chunks = [SeqChunk(i, 0, [int(t) for t in p], want_logits=True) for i, p in enumerate(prompts)]
+    tokens, logits = [[] for _ in prompts], []
+    for _ in range(max_new_tokens):
+        step_logits = forward_step(weights, cache, chunks)          # (S, V), one row per prompt
+        logits.append(step_logits.float().cpu())
+        for i, token in enumerate(step_logits.argmax(dim=-1).tolist()):
+            tokens[i].append(token)
+        # Decode: each prompt's newest token at its next position, P_i + (tokens so far) - 1.
+        chunks = [SeqChunk(i, len(p) + len(tokens[i]) - 1, [tokens[i][-1]], True)
+                  for i, p in enumerate(prompts)]
+    return tokens, torch.stack(logits, dim=1)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first token where two answers differ (None when one is a prefix of the other)."""
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def tie_margin(logits: torch.Tensor, chosen: int, other: int) -> float:
+    """How many logits ``chosen`` beat ``other`` by in one row of logits (V,): near 0, a near-tie."""
+    return float(logits[chosen] - logits[other])
+
+
+def compare_alone_and_together(weights: LlamaWeights, prompts: Sequence[Sequence[int]],
+                               max_new_tokens: int) -> pd.DataFrame:
+    """One row per prompt: did serving it in a batch with the others change its greedy answer?
+
+    Columns: ``identical``; ``first_divergence`` (index of the first output token that differs,
+    None when identical); ``tie_margin`` (at that token, how many logits the lone run's choice
+    beat the batched run's choice by, in the lone run's own logits: a small number means the two
+    tokens were nearly tied); ``max_logit_diff`` (the largest |alone - together| logit over the
+    steps both runs computed from the same prefix: up to and including the divergence).
+    """
+    together, together_logits = greedy_batch_logits(weights, prompts, max_new_tokens)
+    rows = []
+    for i, prompt in enumerate(prompts):
+        alone, alone_logits = greedy_batch_logits(weights, [prompt], max_new_tokens)
+        alone, alone_logits = alone[0], alone_logits[0]                 # (n,), (n, V)
+        first = first_divergence(alone, together[i])
+        same_prefix = max_new_tokens if first is None else first + 1    # logits up to the choice
+        diff = (alone_logits[:same_prefix] - together_logits[i, :same_prefix]).abs().max().item()
+        margin = None if first is None else tie_margin(alone_logits[first], alone[first],
+                                                        together[i][first])
+        rows.append({"prompt": i, "prompt_len": len(prompt), "identical": first is None,
+                     "first_divergence": first, "tie_margin": margin, "max_logit_diff": diff})
+    return divergence_table(rows)
+
+
+def divergence_table(rows: Sequence[dict]) -> pd.DataFrame:
+    """The comparison's rows (as made above, or read back from a JSON file) as a typed table:
+    ``first_divergence`` an integer column with <NA> where identical, ``tie_margin`` NaN there."""
+    table = pd.DataFrame(list(rows), columns=DIVERGENCE_COLUMNS)
+    return table.astype({"first_divergence": "Int64", "tie_margin": float, "max_logit_diff": float,
+                         "identical": bool})
