@@ -70,6 +70,16 @@ class LayerWeights:
     w_down: torch.Tensor      # (I, D)
 
 
+def cpu_has_bf16_units() -> bool:
+    """Does this CPU report bf16 matrix instructions (AMX or AVX512-BF16 in /proc/cpuinfo)?"""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def _in_out(*weights: torch.Tensor) -> torch.Tensor:
     """Stack (out, in) weights along ``out`` and return one contiguous (in, sum of outs) copy."""
     return torch.cat([w.detach() for w in weights]).t().contiguous()
@@ -93,6 +103,12 @@ class LlamaWeights:
         angles = torch.cat([angles, angles], dim=-1)
         self.cos = angles.cos().to(embed.dtype).to(embed.device)
         self.sin = angles.sin().to(embed.dtype).to(embed.device)
+        # bf16 weights on a CPU without bf16 matrix units: torch's bf16 matmul there is an emulated
+        # fallback (about 1 GFLOP/s on the course's AVX2 VM, against 50-60 in fp32). Each product
+        # then widens its weight to fp32 first (``project``): the weights stay bf16 in memory,
+        # the arithmetic is fp32's, and the result is rounded back to bf16.
+        self.widen_bf16 = (embed.dtype == torch.bfloat16 and embed.device.type == "cpu"
+                           and not cpu_has_bf16_units())
 
     @classmethod
     def from_hf(cls, model) -> "LlamaWeights":
@@ -162,6 +178,14 @@ class SeqChunk:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) · weight, over the last dimension (one fused op)."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def project(x: torch.Tensor, w: torch.Tensor, widen: bool = False) -> torch.Tensor:
+    """``x @ w`` for a (rows, in) activation and an (in, out) weight. ``widen``: compute in fp32
+    and round the result back to ``x``'s dtype (see ``LlamaWeights.widen_bf16``)."""
+    if widen:
+        return (x.float() @ w.float()).to(x.dtype)
+    return x @ w
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -292,19 +316,20 @@ def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
     cos = weights.cos[lay.positions][:, None, :]                  # (T, 1, hd)
     sin = weights.sin[lay.positions][:, None, :]
 
+    widen = weights.widen_bf16
     x = weights.embed[lay.ids]                                     # (T, D)
     for li, lw in enumerate(weights.layers):
         h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
-        qkv = (h @ lw.w_qkv).view(T, H + 2 * KV, hd)              # (T, H + 2KV, hd)
+        qkv = project(h, lw.w_qkv, widen).view(T, H + 2 * KV, hd)  # (T, H + 2KV, hd)
         qk = apply_rope(qkv[:, :H + KV], cos, sin)                 # rotate q and k heads at once
         q = qk[:, :H]                                              # (T, H, hd)
         kv_new = torch.stack([qk[:, H:], qkv[:, H + KV:]], dim=1)  # (T, 2, KV, hd): keys, values
         attn = attention(q, kv_new, cache.kv[li], lay)             # (T, H, hd)
-        x = x + attn.view(T, H * hd) @ lw.w_o
+        x = x + project(attn.view(T, H * hd), lw.w_o, widen)
 
         h = rms_norm(x, lw.mlp_norm, cfg.rms_eps)
-        gate, up = (h @ lw.w_gate_up).chunk(2, dim=-1)            # (T, I) each
-        x = x + (F.silu(gate) * up) @ lw.w_down
+        gate, up = project(h, lw.w_gate_up, widen).chunk(2, dim=-1)   # (T, I) each
+        x = x + project(F.silu(gate) * up, lw.w_down, widen)
 
     last = rms_norm(x[lay.logit_rows], weights.final_norm, cfg.rms_eps)   # (S, D)
-    return last @ weights.lm_head                                         # (S, V)
+    return project(last, weights.lm_head, widen)                          # (S, V)
