@@ -154,3 +154,21 @@ def test_peak_memory_sees_a_new_allocation():
     if mem.method == "unavailable":
         pytest.skip("neither /proc/self/clear_refs nor psutil is available here")
     assert mem.peak_bytes >= 48 * 2**20, (mem.method, mem.peak_bytes)
+
+
+def test_bfloat16_run_has_its_own_table_and_ceiling(lm, tmp_path, capsys):
+    out = tmp_path / "results.json"
+    bench.main(["--tiny", "--threads", "1", "--no-warmup", "--dtype", "bfloat16", "--only", "batchlab_continuous",
+                "--out", str(out)], lm=lm)   # lm is fp32: the bf16 model is loaded for this run
+    printed = capsys.readouterr().out
+    everything = json.loads(out.read_text())
+    assert everything["dtypes"] == ["bfloat16"]
+    run = everything["runs"]["bfloat16"]
+    assert run["dtype"] == run["model"]["dtype"] == "bfloat16" and run["errors"] == {}
+    limits = run["limits"]
+    assert limits["dtype"] == "torch.bfloat16" and limits["matmul_flops_s"] > 0
+    assert limits["weight_bytes"] < 0.6 * 538e6                # bf16: half of the fp32 weights' bytes
+    assert limits["fp32_matmul_flops_s"] > 0 and limits["bound_tok_s_at_fp32_peak"] >= limits["bound_tok_s"]
+    assert "contender (bfloat16)" in printed and "for any bfloat16 engine" in printed
+    s = run["contenders"]["batchlab_continuous"]
+    assert s["output_tokens"] == run["workload"]["output_tokens"] and s["unfinished"] == {}
