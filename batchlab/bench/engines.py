@@ -104,9 +104,13 @@ def machine_limits(lm, requests: Sequence[Request]) -> dict:
               "matmul_flops_s": matmul_flops, "matmul_size": matmul_size, "dtype": str(head.dtype),
               "compute_bound_s": compute_bound, "bound_s": bound, "bound_tok_s": output / bound}
     if head.dtype != torch.float32:
+        # An engine may widen these weights to fp32 for each product (batchlab does where bf16 is
+        # emulated), so its compute bound is the faster of the two measured peaks.
         fp32_flops, _ = _matmul_peak(torch.float32, lm.model.device)
-        limits["fp32_matmul_flops_s"] = fp32_flops
-        limits["bound_tok_s_at_fp32_peak"] = output / max(memory_bound, flops / max(fp32_flops, matmul_flops))
+        best = max(fp32_flops, matmul_flops)
+        limits.update({"fp32_matmul_flops_s": fp32_flops, "bound_tok_s_dtype_matmul": output / bound,
+                       "compute_bound_s": flops / best, "bound_s": max(memory_bound, flops / best)})
+        limits["bound_tok_s"] = limits["bound_tok_s_at_fp32_peak"] = output / limits["bound_s"]
     return limits
 
 

@@ -368,13 +368,16 @@ def format_details(results: dict) -> str:
                      f"{limits['bandwidth_bytes_s'] / 1e9:.1f} GB/s = "
                      f"{1e3 * limits['step_floor_s']:.0f} ms/step x {limits['min_steps']} steps = "
                      f"{limits['memory_bound_s']:.1f} s; {limits['flops'] / 1e9:.0f} GFLOP at "
-                     f"{limits['matmul_flops_s'] / 1e9:.0f} GFLOP/s = {limits['compute_bound_s']:.1f} s; "
+                     f"{max(limits['matmul_flops_s'], limits.get('fp32_matmul_flops_s', 0)) / 1e9:.0f} GFLOP/s = "
+                     f"{limits['compute_bound_s']:.1f} s; "
                      f"so at most {limits['bound_tok_s']:.0f} tok/s for any {results['dtype']} engine{room}")
-        if "bound_tok_s_at_fp32_peak" in limits:
-            lines.append(f"  (torch's {results['dtype']} matmul peak, measured at {limits['matmul_size']}^3; "
-                         f"an engine that widens {results['dtype']} weights to fp32 for its matmuls is "
-                         f"bounded by the fp32 peak, {limits['fp32_matmul_flops_s'] / 1e9:.0f} GFLOP/s, "
-                         f"instead: at most {limits['bound_tok_s_at_fp32_peak']:.0f} tok/s)")
+        if "bound_tok_s_dtype_matmul" in limits:
+            lines.append(f"  (compute at the faster of torch's {results['dtype']} matmul peak, "
+                         f"{limits['matmul_flops_s'] / 1e9:.1f} GFLOP/s measured at {limits['matmul_size']}^3, "
+                         f"and its fp32 peak, {limits['fp32_matmul_flops_s'] / 1e9:.0f} GFLOP/s: an engine may "
+                         f"widen {results['dtype']} weights to fp32 per product; at torch's "
+                         f"{results['dtype']} peak alone the bound would be "
+                         f"{limits['bound_tok_s_dtype_matmul']:.1f} tok/s)")
     load = results["machine"].get("loadavg_end")
     if load:
         lines.append(f"load at end: os.getloadavg() = {tuple(round(x, 2) for x in load)}")
