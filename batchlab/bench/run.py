@@ -318,7 +318,10 @@ def format_details(results: dict) -> str:
             lines.append(f"greedy: {name} differs from {ref} in {len(agree['mismatches_first_position'])} "
                          f"requests (request@first differing token): {firsts}")
     if ref and not any(a["mismatches_first_position"] for a in results["greedy_agreement"].values()):
-        lines.append(f"greedy: every contender's tokens equal {ref}'s for every request")
+        lines.append(f"greedy: every compared contender's tokens equal {ref}'s for every request")
+    uncompared = [n for n in results["contenders"] if n not in results.get("greedy_agreement", {})]
+    if uncompared:
+        lines.append(f"greedy: not compared (the server streams text, not token ids): {', '.join(uncompared)}")
     cb = results["contenders"].get("hf_continuous")
     if cb:
         tries = ", ".join(f"mbt={t['max_batch_tokens']}: {t['throughput_tok_s']:.1f} tok/s"
