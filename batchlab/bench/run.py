@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.analysis import metrics
-from batchlab.bench.config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, bench_workload, warmup_workload
+from batchlab.bench.config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, DTYPE_CHOICES, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, VLLM_REFERENCE, bench_workload, warmup_workload
 from batchlab.bench.engines import machine_limits, run_batchlab
 from batchlab.bench.hf import ContenderRun, run_hf_continuous_once, run_hf_generate
 from batchlab.bench.memory import PeakMemory
+from batchlab.bench.vllm_contender import run_vllm_offline, run_vllm_online, vllm_ready
 from batchlab.requests import Request, RequestStatus
 from batchlab.trace import Trace
 
@@ -96,19 +97,30 @@ def _measured(fn: Callable[[], ContenderRun]) -> ContenderRun:
 
 
 def run_benchmark(config: BenchConfig, lm=None, log: Callable[[str], None] = print) -> dict:
-    """Run every chosen contender on the workload; returns the JSON-ready results."""
+    """Run every chosen contender on the workload in each of ``config.dtypes``; returns the
+    JSON-ready results: ``{"dtypes": [...], "runs": {dtype: that dtype's results}}``.
+
+    ``lm``: a loaded model to use for its own dtype (the others are loaded here, one at a time).
+    """
     import torch
 
     from batchlab.model import load_model, set_cpu_threads
 
-    lm = lm if lm is not None else load_model()
     threads_before = torch.get_num_threads()
     if config.threads is not None:
         set_cpu_threads(config.threads)
+    runs = {}
     try:
-        return _run_all(_effective(config), lm, log)
+        for dtype in config.dtypes:
+            log(f"== dtype {dtype}")
+            model = lm if lm is not None and lm.dtype == dtype else load_model(device="cpu", dtype=dtype)
+            if config.threads is not None:
+                set_cpu_threads(config.threads)   # load_model sets its own default
+            runs[dtype] = _run_all(_effective(config), model, log)
+            del model
     finally:
         torch.set_num_threads(threads_before)   # leave an in-process caller's setting as it was
+    return {"dtypes": list(config.dtypes), "runs": runs}
 
 
 def _run_all(config: BenchConfig, lm, log: Callable[[str], None]) -> dict:
@@ -118,17 +130,18 @@ def _run_all(config: BenchConfig, lm, log: Callable[[str], None]) -> dict:
     log("measuring this machine's memory bandwidth and matmul speed ...")
     limits = machine_limits(lm, requests)
     hf_timeout = 60.0 + 5.0 * sum(r.max_new_tokens for r in requests)   # generous: a hang, not slowness
-    results: dict = {"machine": machine_info(), "config": _config_dict(config),
+    results: dict = {"dtype": lm.dtype, "machine": machine_info(), "config": _config_dict(config),
                      "workload": _workload_dict(config, requests),
                      "model": {"name": lm.name, "device": lm.device, "dtype": lm.dtype},
-                     "limits": limits, "contenders": {}, "errors": {}}
+                     "limits": limits, "contenders": {}, "errors": {}, "skipped": {}}
     outputs: dict[str, dict[str, list[int]]] = {}
 
     def keep(run: ContenderRun) -> None:
         summary = contender_summary(run)
         results["contenders"][run.name] = {**summary, "settings": run.settings, "extra": run.extra,
                                            "requests": _requests_dict(run.trace)}
-        outputs[run.name] = {r.request_id: r.output_ids for r in run.trace.requests}
+        if all(r.output_ids for r in run.trace.requests):   # vLLM's server streams text: not compared
+            outputs[run.name] = {r.request_id: r.output_ids for r in run.trace.requests}
         log(f"  {run.name:<20} {summary['throughput_tok_s']:8.1f} tok/s  wall {run.wall_seconds:7.2f} s  "
             f"TTFT p50 {summary['ttft_p50_s']:6.2f} s")
 
@@ -149,6 +162,14 @@ def _run_all(config: BenchConfig, lm, log: Callable[[str], None]) -> dict:
                 best = max(tries, key=lambda r: contender_summary(r)["throughput_tok_s"])
                 best.extra["tries"] = [{**r.settings, **r.extra, **contender_summary(r)} for r in tries]
                 keep(best)
+            elif name == "vllm":
+                ok, message = vllm_ready()
+                if not ok:   # not an error: the other contenders' numbers stand on their own
+                    results["skipped"][name] = message
+                    log(f"  {message}")
+                    continue
+                runner = run_vllm_offline if config.mode == "offline" else run_vllm_online
+                keep(runner(requests, config, lm.dtype, warm))
             elif name in HF_CONTENDERS:
                 size, streamed = (1, True) if name == "hf_sequential" else (config.batch_size, False)
                 keep(_measured(lambda: run_hf_generate(lm, requests, size, streamed, name, warm,
@@ -178,8 +199,11 @@ def _effective(config: BenchConfig) -> BenchConfig:
 
 
 def _add_ratios(results: dict) -> None:
-    ref = results["contenders"].get(REFERENCE)
+    ref, vllm = results["contenders"].get(REFERENCE), results["contenders"].get(VLLM_REFERENCE)
     for summary in results["contenders"].values():
+        summary["throughput_vs_vllm"] = None if vllm is None else \
+            summary["throughput_tok_s"] / vllm["throughput_tok_s"]
+        summary["ttft_p50_vs_vllm"] = None if vllm is None else summary["ttft_p50_s"] / vllm["ttft_p50_s"]
         if ref is None:
             summary["throughput_vs_hf_continuous"] = summary["ttft_p50_vs_hf_continuous"] = None
             summary["cpu_efficiency_vs_hf_continuous"] = None
@@ -243,9 +267,9 @@ def format_header(results: dict, command: str) -> str:
 
 
 def format_table(results: dict) -> str:
-    """The contenders side by side; ratios are to transformers' continuous batching."""
-    head = (f"{'contender':<44} {'stream':>6} {'tok/s':>7} {'x HF-CB':>7} {'tok/CPU-s':>9} {'x HF-CB':>7} "
-            f"{'TTFT p50':>9} {'TTFT p99':>9} "
+    """The contenders side by side; ratios are to transformers' continuous batching and to vLLM."""
+    head = (f"{'contender (' + results['dtype'] + ')':<44} {'stream':>6} {'tok/s':>7} {'x HF-CB':>7} "
+            f"{'x vLLM':>6} {'tok/CPU-s':>9} {'x HF-CB':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
             f"{'E2E p50':>8} {'E2E p99':>8} {'TTFT50 /HF':>10} {'peak MiB':>9} {'greedy =':>9}")
     lines = [head, "-" * len(head)]
     agreement = results.get("greedy_agreement", {})
@@ -253,14 +277,19 @@ def format_table(results: dict) -> str:
         s = results["contenders"].get(name)
         if s is None:
             if name in results.get("errors", {}):
-                lines.append(f"{LABELS[name]:<44} FAILED: {results['errors'][name]}")
+                lines.append(f"{LABELS[name]:<44} FAILED: {results['errors'][name].splitlines()[0]}")
+            elif name in results.get("skipped", {}):
+                lines.append(f"{LABELS[name]:<44} skipped: {results['skipped'][name]}")
             continue
         label = s["label"]
         if name == "hf_continuous":
             label += f" (mbt={s['settings']['max_batch_tokens']})"
         elif name in ("hf_static", "batchlab_static", "batchlab_dynamic"):
             label += f" of {results['config']['batch_size']}"
+        elif name == "vllm":
+            label += " (LLM.generate)" if results["config"]["mode"] == "offline" else " (its server)"
         ratio = "" if s["throughput_vs_hf_continuous"] is None else f"{s['throughput_vs_hf_continuous']:.2f}x"
+        vllm_ratio = "" if s["throughput_vs_vllm"] is None else f"{s['throughput_vs_vllm']:.2f}x"
         cpu_ratio = "" if s["cpu_efficiency_vs_hf_continuous"] is None \
             else f"{s['cpu_efficiency_vs_hf_continuous']:.2f}x"
         per_cpu = "n/a" if s["tokens_per_cpu_second"] is None else f"{s['tokens_per_cpu_second']:.1f}"
@@ -269,7 +298,7 @@ def format_table(results: dict) -> str:
         agree = agreement.get(name)
         greedy = "" if agree is None else f"{agree['matches']}/{agree['total']}"
         lines.append(f"{label:<44} {'yes' if s['streamed'] else 'no':>6} {s['throughput_tok_s']:7.1f} "
-                     f"{ratio:>7} {per_cpu:>9} {cpu_ratio:>7} {s['ttft_p50_s']:8.2f}s "
+                     f"{ratio:>7} {vllm_ratio:>6} {per_cpu:>9} {cpu_ratio:>7} {s['ttft_p50_s']:8.2f}s "
                      f"{s['ttft_p99_s']:8.2f}s {s['e2e_p50_s']:7.2f}s {s['e2e_p99_s']:7.2f}s "
                      f"{ttft_ratio:>10} {mem:>9} {greedy:>9}")
     return "\n".join(lines)
@@ -289,7 +318,10 @@ def format_details(results: dict) -> str:
             lines.append(f"greedy: {name} differs from {ref} in {len(agree['mismatches_first_position'])} "
                          f"requests (request@first differing token): {firsts}")
     if ref and not any(a["mismatches_first_position"] for a in results["greedy_agreement"].values()):
-        lines.append(f"greedy: every contender's tokens equal {ref}'s for every request")
+        lines.append(f"greedy: every compared contender's tokens equal {ref}'s for every request")
+    uncompared = [n for n in results["contenders"] if n not in results.get("greedy_agreement", {})]
+    if uncompared:
+        lines.append(f"greedy: not compared (the server streams text, not token ids): {', '.join(uncompared)}")
     cb = results["contenders"].get("hf_continuous")
     if cb:
         tries = ", ".join(f"mbt={t['max_batch_tokens']}: {t['throughput_tok_s']:.1f} tok/s"
@@ -300,6 +332,14 @@ def format_details(results: dict) -> str:
         ms_per_step = 1e3 * e["busy_seconds"] / max(e["num_steps"], 1)
         lines.append(f"hf_continuous: {e['num_steps']} steps, {ms_per_step:.1f} "
                      f"ms/step; model steps {e['busy_seconds']:.2f} s of {cb['wall_seconds']:.2f} s wall")
+    v = results["contenders"].get("vllm")
+    if v:
+        e = v["extra"]
+        rss = e.get("peak_rss_mib_with_weights")
+        lines.append(f"vllm: {v['settings']['engine']}, {v['settings']['dtype']}; start-up "
+                     + (f"{e['load_seconds']:.0f} s (not timed); " if "load_seconds" in e else "(not timed); ")
+                     + f"TTFT from {e['ttft_source']}"
+                     + ("" if rss is None else f"; its processes' peak RSS {rss:.0f} MiB with its own weights"))
     for name in BATCHLAB_CONTENDERS:
         s = results["contenders"].get(name)
         if s:
@@ -331,11 +371,40 @@ def format_details(results: dict) -> str:
                      f"{limits['bandwidth_bytes_s'] / 1e9:.1f} GB/s = "
                      f"{1e3 * limits['step_floor_s']:.0f} ms/step x {limits['min_steps']} steps = "
                      f"{limits['memory_bound_s']:.1f} s; {limits['flops'] / 1e9:.0f} GFLOP at "
-                     f"{limits['matmul_flops_s'] / 1e9:.0f} GFLOP/s = {limits['compute_bound_s']:.1f} s; "
-                     f"so at most {limits['bound_tok_s']:.0f} tok/s for any fp32 engine{room}")
+                     f"{max(limits['matmul_flops_s'], limits.get('fp32_matmul_flops_s', 0)) / 1e9:.0f} GFLOP/s = "
+                     f"{limits['compute_bound_s']:.1f} s; "
+                     f"so at most {limits['bound_tok_s']:.0f} tok/s for any {results['dtype']} engine{room}")
+        if "bound_tok_s_dtype_matmul" in limits:
+            lines.append(f"  (compute at the faster of torch's {results['dtype']} matmul peak, "
+                         f"{limits['matmul_flops_s'] / 1e9:.1f} GFLOP/s measured at {limits['matmul_size']}^3, "
+                         f"and its fp32 peak, {limits['fp32_matmul_flops_s'] / 1e9:.0f} GFLOP/s: an engine may "
+                         f"widen {results['dtype']} weights to fp32 per product; at torch's "
+                         f"{results['dtype']} peak alone the bound would be "
+                         f"{limits['bound_tok_s_dtype_matmul']:.1f} tok/s)")
     load = results["machine"].get("loadavg_end")
     if load:
         lines.append(f"load at end: os.getloadavg() = {tuple(round(x, 2) for x in load)}")
+    return "\n".join(lines)
+
+
+def format_dtype_summary(results: dict) -> str:
+    """Throughput (tok/s) and TTFT p50 of every contender in each dtype, with each dtype's ceiling."""
+    dtypes = list(results["runs"])
+    head = f"{'contender':<36}" + "".join(f" {d + ' tok/s':>15} {'TTFT p50':>9}" for d in dtypes)
+    lines = [head, "-" * len(head)]
+    for name in CONTENDERS:
+        cells, seen = [], False
+        for d in dtypes:
+            s = results["runs"][d]["contenders"].get(name)
+            seen |= s is not None
+            cells.append(f" {'-':>15} {'-':>9}" if s is None
+                         else f" {s['throughput_tok_s']:15.1f} {s['ttft_p50_s']:8.2f}s")
+        if seen:
+            lines.append(f"{LABELS[name]:<36}" + "".join(cells))
+    limits = [results["runs"][d].get("limits") for d in dtypes]
+    if all(limits) and results["runs"][dtypes[0]]["workload"]["mode"] == "offline":
+        lines.append(f"{'ceiling (any engine, these weights)':<36}"
+                     + "".join(f" {lim['bound_tok_s']:15.0f} {'':>9}" for lim in limits))
     return "\n".join(lines)
 
 
@@ -371,16 +440,25 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, str]:
                    help="torch CPU threads (default: every core this process may use)")
     p.add_argument("--profile", action="store_true",
                    help="profile each timed run's torch ops and print where the time goes (adds overhead)")
+    p.add_argument("--dtype", default="float32",
+                   help=f"weights' dtype for every contender: {', '.join(DTYPE_CHOICES)} (each in turn)")
     p.add_argument("--out", default="bench_results.json", help="where to write the JSON results")
     args = p.parse_args(argv)
-    config = BenchConfig(mode=args.mode, num_requests=args.num_requests, rate=args.rate, seed=args.seed,
-                         only=tuple(x.strip() for x in args.only.split(",") if x.strip()),
-                         batch_size=args.batch_size, dynamic_timeout=args.dynamic_timeout,
-                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                         hf_batch_tokens=args.hf_batch_tokens, hf_page_size=args.hf_page_size,
-                         tiny=args.tiny, warmup=not args.no_warmup, threads=args.threads,
-                         profile=args.profile)
+    try:
+        config = _config_from_args(args)
+    except ValueError as e:   # a bad value: argparse's usage line and the config's own message, exit 2
+        p.error(str(e))
     return config, args.out
+
+
+def _config_from_args(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(mode=args.mode, num_requests=args.num_requests, rate=args.rate, seed=args.seed,
+                       only=tuple(x.strip() for x in args.only.split(",") if x.strip()),
+                       batch_size=args.batch_size, dynamic_timeout=args.dynamic_timeout,
+                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                       hf_batch_tokens=args.hf_batch_tokens, hf_page_size=args.hf_page_size,
+                       tiny=args.tiny, warmup=not args.no_warmup, threads=args.threads,
+                       profile=args.profile, dtype=args.dtype)
 
 
 def main(argv: Sequence[str] | None = None, lm=None) -> dict:
@@ -393,7 +471,12 @@ def main(argv: Sequence[str] | None = None, lm=None) -> dict:
     results = run_benchmark(config, lm=lm, log=lambda s: print(s, flush=True))
     results["command"] = command
     results["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    text = "\n\n".join([format_header(results, command), format_table(results), format_details(results)])
+    sections = []
+    for run in results["runs"].values():
+        sections += [format_header(run, command), format_table(run), format_details(run)]
+    if len(results["runs"]) > 1:
+        sections.append(format_dtype_summary(results))
+    text = "\n\n".join(sections)
     print("\n" + text)
     results["table"] = text
     path = Path(out)
