@@ -4,7 +4,8 @@ its product (``LlamaWeights.widen_bf16``). The weights stay bf16; the logits sta
 import torch
 
 from batchlab.model import load_model
-from batchlab.model.llama import LlamaWeights, SeqChunk, cpu_has_bf16_units, forward_step
+from batchlab.model.cpu_dtype import cpu_bf16_flags
+from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 
 
 def _logits(weights, prompt):
@@ -17,7 +18,7 @@ def test_widened_bf16_step_keeps_bf16_weights_and_fp32_like_logits(lm):
     w32 = LlamaWeights.from_hf(lm.model)
     w16 = LlamaWeights.from_hf(load_model(device="cpu", dtype="bfloat16").model)
     assert not w32.widen_bf16
-    assert w16.widen_bf16 == (not cpu_has_bf16_units())
+    assert w16.widen_bf16 == (not cpu_bf16_flags())
     assert all(t.dtype == torch.bfloat16 for t in (w16.lm_head, w16.layers[0].w_qkv, w16.layers[0].w_down))
     ref = _logits(w32, prompt)
     for widen in (True, False):        # both paths, whatever this CPU would pick

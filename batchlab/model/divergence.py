@@ -3,10 +3,11 @@
 A batched step computes every sequence's logits from that sequence's own tokens, so in exact
 arithmetic the batch cannot change anyone's answer. Floating-point sums are not exact: their
 result depends on the order in which the terms are added, and a matmul or attention kernel may
-pick another blocking (so another order) when the step has another number of rows. In fp32 on
-the course's CPU the kernels give the same bits per row whatever the batch; in bf16 (8 bits of
-mantissa) they need not, and greedy decoding turns a tiny logit difference into another token
-wherever the two best tokens are nearly tied. After the first different token the two answers
+pick another blocking (so another order) when the step has another number of rows. In fp32 (24
+bits of mantissa) the logits then differ by about 1e-4 on the course's CPU, far below the gap
+between the two best tokens; in bf16 (8 bits) each layer's rounding turns such differences into
+steps of 1/128 of the value, the logits move by up to about a logit, and greedy decoding picks
+another token wherever the two best ones were nearly tied. After the first different token the two answers
 continue from different prefixes and usually go separate ways.
 
 ``compare_alone_and_together`` runs the same prompts twice with the same weights: each alone

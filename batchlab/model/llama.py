@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from batchlab.model.cpu_dtype import cpu_bf16_flags
 from batchlab.model.kv_cache import KVCache
 from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk, PagedStepLayout, paged_attention
 
@@ -70,16 +71,6 @@ class LayerWeights:
     w_down: torch.Tensor      # (I, D)
 
 
-def cpu_has_bf16_units() -> bool:
-    """Does this CPU report bf16 matrix instructions (AMX or AVX512-BF16 in /proc/cpuinfo)?"""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
 # fp32 on a CPU: each projection also gets a copy pre-packed once into oneDNN's blocked layout
 # (``LlamaWeights.project``). On the course's 2-core AVX2 VM, one thread, a (23, 576) @ (576, 3072)
 # product took 1.1-1.2 ms packed against 1.4-2.4 ms for ``x @ w`` (which repacks the weight on every
@@ -121,7 +112,7 @@ class LlamaWeights:
         # then widens its weight to fp32 first (``project``): the weights stay bf16 in memory,
         # the arithmetic is fp32's, and the result is rounded back to bf16.
         self.widen_bf16 = (embed.dtype == torch.bfloat16 and embed.device.type == "cpu"
-                           and not cpu_has_bf16_units())
+                           and not cpu_bf16_flags())
         # id(weight) -> its oneDNN pre-packed copy (see PREPACK), made from the (out, in) layout
         self.packed: dict[int, torch.Tensor] = {}
         if PREPACK and embed.dtype == torch.float32 and embed.device.type == "cpu" and _prepack_available():

@@ -49,17 +49,15 @@
 # rearranged for the batched step, and the sizes of the experiments, larger on a GPU.
 
 # %%
-import json
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-import batchlab
 from batchlab.analysis import metrics
 from batchlab.analysis.batches import delivered_at_batch_end
 from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
@@ -69,9 +67,8 @@ from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
-from batchlab.model.cpu_dtype import cpu_bf16_flags
-from batchlab.model.divergence import compare_alone_and_together, divergence_table, first_divergence, \
-    greedy_batch_logits, tie_margin
+from batchlab.model.divergence import compare_alone_and_together, first_divergence, greedy_batch_logits, \
+    tie_margin
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 from batchlab.model.profiler import time_step
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
@@ -87,7 +84,6 @@ MAX_SEQS = 32 if ON_GPU else 8                       # batch slots of every poli
 NUM_REQUESTS = 128 if ON_GPU else 16                 # the real-model workload
 OUTPUT_LEN = Range(8, 256) if ON_GPU else Range(4, 48)   # mixed answer lengths (tokens)
 CHECK_ALONE = 16 if ON_GPU else 6                    # requests re-served alone to compare tokens
-DATA = Path(batchlab.__file__).resolve().parents[1] / "data"   # the course's stored measurements
 
 # %% [markdown]
 # ## The loop, by hand
@@ -344,16 +340,16 @@ delivered[["ttft_p50", "ttft_p99", "e2e_mean", "e2e_p99"]].round(3)
 for name in ("static", "dynamic"):
     on, off = delivered.loc[f"{name}, streaming"], delivered.loc[f"{name}, at batch end"]
     # Without streaming the first token comes with the last: TTFT grows to E2E's size...
-    assert off.ttft_p50 > 2 * on.ttft_p50 and off.ttft_p50 == off.e2e_p50, (name, on, off)
+    assert off.ttft_p50 > on.ttft_p50 and off.ttft_p50 == off.e2e_p50, (name, on, off)
     # ...and E2E grows too, since a short answer now waits for its batch's longest one.
     assert off.e2e_mean > on.e2e_mean, (name, on, off)
-print("non-streaming request-level batching: TTFT p50 "
-      + ", ".join(f"{n} {delivered.loc[n].ttft_p50:.2f} s" for n in delivered.index))
+print("TTFT p50: " + ", ".join(f"{n} {delivered.loc[n].ttft_p50:.2f} s" for n in delivered.index))
 
 # %% [markdown]
 # So the gap between continuous and request-level batching has two parts. Scheduling: the wait
 # for a batch to fill or to finish, which streaming cannot remove. Delivery: a non-streaming
-# server holds every token until the slowest member is done, which multiplies TTFT again. A
+# server holds every token until the slowest member is done, which adds the batch's whole
+# decode time to every first token (how much that is next to the wait depends on the load). A
 # benchmark that compares a non-streaming batcher with a streaming one measures both at once;
 # say which you measure.
 #
@@ -416,9 +412,10 @@ for name in ("float32", "bfloat16"):
     assert rel < (1e-5 if name == "float32" else 1e-2), (name, rel)   # a rounding, nothing more
 
 # %% [markdown]
-# Whether the bits differ depends on the device's kernels (on the course's AVX2 CPU the fp32
-# one-row product differs from the batched one, the emulated bf16 one does not); the size of the
-# difference depends on the dtype: about one unit in the last place, 2^-24 of the value in fp32,
+# Whether the bits differ depends on the device's kernels (on the course's AVX2 CPU torch's fp32
+# one-row product differs from the batched one and its bf16 fallback does not; batchlab computes
+# bf16 products there in fp32 and rounds the result, the fast route on such a CPU, and attention
+# over a batch reads a masked, padded context); the size of the difference depends on the dtype: about one unit in the last place, 2^-24 of the value in fp32,
 # 2^-8 in bf16. Through 30 layers such differences reach the logits, and greedy decoding turns
 # them into another token wherever the two best tokens are nearly tied. After that, the two
 # answers continue from different prefixes.
@@ -430,61 +427,47 @@ for name in ("float32", "bfloat16"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-DIVERGE_PROMPTS = [lm.chat_ids(q) for q in QUESTIONS + ["Explain photosynthesis briefly."]]
-DIVERGE_TOKENS = 48 if ON_GPU else 32
-diverge = {lm.dtype: compare_alone_and_together(weights, DIVERGE_PROMPTS, DIVERGE_TOKENS)}
-diverge[lm.dtype]
+DIVERGE_QUESTIONS = QUESTIONS + ["Explain photosynthesis briefly.", "Write a haiku about rain.",
+                                 "What is a prime number?"]
+DIVERGE_PROMPTS, DIVERGE_TOKENS = [lm.chat_ids(q) for q in DIVERGE_QUESTIONS], 48
+other_dtype = "bfloat16" if lm.dtype == "float32" else "float32"
+models = {lm.dtype: weights,
+          other_dtype: LlamaWeights.from_hf(load_model(device=lm.device, dtype=other_dtype).model)}
+diverge = {dtype: compare_alone_and_together(w, DIVERGE_PROMPTS, DIVERGE_TOKENS)
+           for dtype, w in tqdm(models.items(), desc="alone vs together")}
+pd.DataFrame({dtype: {"prompts": len(t), "identical": int(t.identical.sum()),
+                      "first divergence": t.first_divergence.min(),
+                      "largest margin at a divergence": t.tie_margin.max(),
+                      "largest logit difference": t.max_logit_diff.max()} for dtype, t in diverge.items()})
 
 # %% [markdown]
-# Now the other dtype. Where bf16 runs at speed (a GPU, or a CPU with bf16 matrix units) we
-# measure it here. A CPU without them emulates bf16 many times slower than fp32 (the dtype probe
-# of `load_model` says which this one is), so there we read what `scripts/measure_divergence.py`
-# measured (8 prompts, 48 tokens) on a device of the course and say which device that was.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-OTHER = "bfloat16" if lm.dtype == "float32" else "float32"
-if ON_GPU or OTHER == "float32" or cpu_bf16_flags():
-    other = LlamaWeights.from_hf(load_model(device=lm.device, dtype=OTHER).model)
-    diverge[OTHER] = compare_alone_and_together(other, DIVERGE_PROMPTS, DIVERGE_TOKENS)
-    where = {dtype: f"{lm.device}, measured now" for dtype in diverge}
-else:
-    stored = next(d for d in (json.loads(f.read_text()) for f in sorted((DATA / "divergence").glob("*.json")))
-                  if OTHER in d["runs"])
-    diverge[OTHER] = divergence_table(stored["runs"][OTHER]["rows"])
-    where = {lm.dtype: f"{lm.device}, measured now",
-             OTHER: f"{stored['device']}, {stored['max_new_tokens']} tokens, measured {stored['measured']}"}
-pd.DataFrame({d: {"prompts": len(t), "identical": int(t.identical.sum()),
-                  "first divergence": t.first_divergence.min(), "largest margin at a divergence":
-                  t.tie_margin.max(), "largest logit difference": t.max_logit_diff.max(), "where": where[d]}
-              for d, t in diverge.items()})
-
-# %% [markdown]
-# What holds in each dtype, asserted on what was just shown: in fp32 every answer is identical
-# and the logits agree to about 10^-4; in bf16 the logits move by up to about a logit (a logit
-# near 20 is stored in steps of 0.125), and an answer that changed did so at a near-tie: within
-# `NEAR_TIE` (half a logit) of the other token.
+# What holds in each dtype, asserted on what was just measured: in fp32 every answer is
+# identical and the logits agree to about 10^-4; in bf16 the logits move by up to about a logit
+# (a logit near 20 is stored in steps of 0.125, and each layer rounds again), and any answer that
+# changed did so at a near-tie: within `NEAR_TIE` (half a logit) of the other token.
 
 # %%
 for dtype, t in diverge.items():
     if dtype == "float32":
         assert t.identical.all() and (t.max_logit_diff < 1e-3).all(), t
     else:
-        assert (t.tie_margin.dropna() <= NEAR_TIE).all() and (t.max_logit_diff < 2).all(), t
+        assert (t.tie_margin.dropna() <= NEAR_TIE).all() and (t.max_logit_diff < 3).all(), t
         assert t.max_logit_diff.median() > 100 * diverge["float32"].max_logit_diff.median(), t
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 4))
 for i, (dtype, t) in enumerate(diverge.items()):
-    n = stored["max_new_tokens"] if "measured now" not in where[dtype] else DIVERGE_TOKENS
     y = np.arange(len(t)) + 0.4 * i
-    ax.barh(y, t.first_divergence.fillna(n), height=0.4, label=f"{dtype} ({where[dtype]})")
+    parted = int((~t.identical).sum())
+    ax.barh(y, t.first_divergence.fillna(DIVERGE_TOKENS), height=0.4,
+            label=f"{dtype}: {parted} of {len(t)} answers changed")
     for yi, k, m in zip(y, t.first_divergence, t.tie_margin):
         if pd.notna(k):                                # a divergence: mark its margin
             ax.text(k + 0.5, yi, f"margin {m:.3f}", va="center", fontsize=8)
-ax.set(xlabel="output tokens identical to the same prompt served alone", ylabel="prompt",
-       title="In a batch, fp32 answers stay identical; a few bf16 answers part ways at a near-tie")
-ax.legend(loc="lower right", fontsize=8)
+ax.set(xlabel=f"output tokens identical to the same prompt served alone (of {DIVERGE_TOKENS})",
+       ylabel="prompt", title=f"Served in one batch on {lm.device}: fp32 answers stay identical; "
+                              "bf16 ones may part ways, only at near-ties")
+ax.legend(loc="lower left", fontsize=8)
 plt.show()
 
 # %% [markdown]
