@@ -5,6 +5,15 @@ deliberately varied workload on the real model (continuous batching with a small
 so steps mix prompt chunks of many sizes with decode batches of many sizes and contexts) and
 fits ``CostModel`` to the measured step durations. It takes some seconds on a CPU and adapts
 to whatever machine runs it: on a GPU the fitted costs are a GPU's.
+
+A third pass serves a few prompts alone (``LONE_PROMPT_LENS``), each computed in one step. The
+two batched passes are mostly decode steps: of some 220 steps only a handful hold more than 64
+tokens, and none holds one long prompt by itself. Fitted to those alone, the split between the
+per-token and per-attention-pair costs is barely pinned down, and a lone 256-token prompt
+(32,896 attention pairs, far beyond any calibrated step) was predicted anywhere from 0.55x to
+1.6x its measured time from one calibration to the next on a busy single core. The notebooks
+simulate exactly such steps (a dynamic batch's whole-prompt prefill), so the calibration
+measures them.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from batchlab.workloads import make_workload
 
 # Median relative error of a fit above which calibration warns (quiet CPUs here give 5-10%).
 POOR_FIT_ERROR = 0.15
+# Prompts served alone in the calibration's third pass (capped by the backend's slot length).
+LONE_PROMPT_LENS = (32, 64, 128, 256, 384)
 
 
 def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
@@ -43,7 +54,8 @@ def calibrate_cost_model(backend: ModelBackend, num_requests: int = 24, seed: in
     """Fit the simulator's cost model to real steps measured on ``backend``'s model and device.
 
     Two passes with different token budgets (a small one for many small mixed steps, a large one
-    for whole prompts at once) give the fit a wide range of step shapes.
+    for whole prompts at once) and a pass of lone prompts of several lengths (one step each) give
+    the fit a wide range of step shapes.
     """
     return fit_calibration(backend, calibration_steps(backend, num_requests, seed, progress))
 
@@ -56,6 +68,21 @@ def calibration_steps(backend: ModelBackend, num_requests: int = 24, seed: int =
         trace = calibration_trace(backend, num_requests, max_num_seqs=seqs,
                                   max_num_batched_tokens=budget, seed=seed, progress=progress)
         steps += trace.steps[1:]  # the first step warms caches up; leave it out
+    return steps + lone_prompt_steps(backend, seed=seed)
+
+
+def lone_prompt_steps(backend: ModelBackend, lengths: tuple[int, ...] = LONE_PROMPT_LENS,
+                      seed: int = 0) -> list[StepRecord]:
+    """Each prompt of ``lengths`` served alone and computed in one step, then one decode step:
+    the measured steps that pin the per-token and per-attention-pair costs (module docstring).
+    Lengths that do not fit the backend's slots (prompt + 2 tokens) are left out."""
+    max_len = getattr(backend.kv, "max_seq_len", None) or max(lengths) + 2
+    steps: list[StepRecord] = []
+    for i, n in enumerate(length for length in lengths if length + 2 <= max_len):
+        request = make_workload(1, prompt_len=n, output_len=2, arrival="at_once", seed=seed + i,
+                                tokenizer=backend.lm.tokenizer, id_prefix=f"lone{n}-")
+        trace = Engine(ContinuousBatcher(max_num_seqs=1, max_num_batched_tokens=n), backend).run(request)
+        steps += trace.steps
     return steps
 
 

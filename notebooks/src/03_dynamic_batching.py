@@ -45,6 +45,10 @@ from batchlab.schedulers import DynamicBatcher
 from batchlab.workloads import make_workload
 from batchlab.workloads.scripted import scripted_workload
 
+# %% [markdown]
+# The model is loaded once (a few seconds); every section below uses it.
+
+# %%
 lm = load_model()
 ON_GPU = lm.device == "cuda"
 print(f"{lm.name} on {lm.device} ({lm.dtype})")
