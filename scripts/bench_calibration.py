@@ -25,7 +25,7 @@ A shared VM's speed drifts by 10-20% over minutes, which alone would move the er
 much. So the calibration is run before and after each test trace, and each trace is predicted
 from the two rounds around it, pooled (``--no-bracket``: one calibration before everything, as
 a notebook does). Only calibration steps are fitted; the test trace's own steps never are. The
-last column prints the "speed factor" notebook 08 explains: the median ratio of each real step's
+last column prints the "speed factor" notebook 09 explains: the median ratio of each real step's
 time to the cost model's prediction for that very step. Far from 1.00, the machine ran at
 another speed than during calibration.
 """

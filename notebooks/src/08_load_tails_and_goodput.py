@@ -21,7 +21,7 @@
 #   gaps, `burstiness < 1`), and what clumping does to tail latency.
 # - **TTFT climbs first**: as traffic approaches what the server can do, waiting in the queue
 #   makes the time to first token grow many times over (p50 and p99), while the inter-token
-#   latency grows a little (p50) or by far less (p99).
+#   latency grows by a smaller factor; its tail shows prefill interference.
 # - **Goodput**, both meanings: vLLM's (requests per second that meet every latency target, in
 #   one run) and DistServe's (the highest rate at which 90% of requests meet it), and what a
 #   server does at overload.
@@ -181,13 +181,14 @@ expect_true("load_sweep agrees with the hand-written loop",
 # NBVAL_IGNORE_OUTPUT
 chat_capacity = {name: capacity(chat_workload(1.0), factory, sim) for name, factory in chat_policies.items()}
 print({name: f"{c:.2f} req/s" for name, c in chat_capacity.items()})
-expect("capacity, continuous / dynamic", chat_capacity["continuous"] / chat_capacity["dynamic"], above=1.1)
+expect("capacity, continuous / dynamic", chat_capacity["continuous"] / chat_capacity["dynamic"], above=1.05)
 
 LOAD_FRACTIONS = [0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.95, 1.2]
 print("loads (share of each policy's capacity):", LOAD_FRACTIONS)
 
 # %% [markdown]
-# Continuous batching serves more: its batch is refilled every step, while a dynamic batch runs
+# Continuous batching serves more (here about 10-15% more: 1.12-1.14 times over the calibrations
+# we tried): its batch is refilled every step, while a dynamic batch runs
 # until its longest answer is done and its finished members hold their slots (notebook 03).
 #
 # ## Sweeping the load: the first token is what suffers
@@ -224,20 +225,20 @@ poisson_table.pivot_table(index="load", columns="policy",
                           values=["ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "goodput"]).round(3)
 
 # %% [markdown]
-# Why the difference? The inter-token latency is the length of a decode step, and a step for 16
-# sequences costs not much more than a step for 1 (notebook 01): more traffic means fuller steps,
-# only a little slower. The time to first token also contains the *wait in the queue*, and a queue
-# grows without bound as the arrival rate approaches the service rate. At the peak hour the first
-# token is what users notice.
+# Why the difference? The inter-token latency is the length of a decode step. More traffic means
+# fuller steps, and on this CPU a fuller step is slower: each sequence adds its own share of the
+# step (the fitted per-sequence and per-token costs, next to the fixed cost), so from 10% to 95%
+# of capacity ITL p50 grows two to five times here. (On a GPU a decode step of 16 sequences costs
+# about what a step of one does, and ITL grows far less; notebook 01.) The time to first token
+# contains the decode-free part of that *and* the wait in the queue, and a queue grows without
+# bound as the arrival rate approaches the service rate. So the first token grows by far more:
+# at the peak hour it is what users notice.
 #
-# The tail of the inter-token latency is where the other cost of traffic shows: a decode step
-# that also computes a newcomer's prompt (**prefill interference**, notebook 06) is several times
-# longer than a plain one, and the more newcomers, the more such steps. So ITL p99 grows more
-# than ITL p50, but still far less than the TTFT, which adds the queue.
-#
-# The claims, for each policy and arrival process, from 10% to 95% of the policy's capacity:
-# TTFT grows many times over (p50 and p99 at least 3x), ITL p50 grows a little (less than 1.5x),
-# and ITL p99 grows less than half as much as TTFT p99.
+# The claims, for each policy and arrival process, from 10% to 95% of the policy's capacity
+# (bounds with room for the spread we measured over calibrations on this machine, busy or quiet,
+# two cores or one): TTFT p50 grows more than ten times and TTFT p99 more than four; ITL grows
+# by a smaller factor at the same percentile, under a third of TTFT's growth at p50 and under
+# three quarters at p99.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -250,9 +251,28 @@ growth = pd.DataFrame(growth_rows).set_index(["policy", "arrivals"])
 growth.round(2)
 
 # %%
-expect("TTFT p50 and p99 growth, 10% to 95% load", growth[["ttft_p50_growth", "ttft_p99_growth"]], above=3.0)
-expect("ITL p50 growth, 10% to 95% load", growth["itl_p50_growth"], below=1.5)
-expect("ITL p99 growth / TTFT p99 growth", growth["itl_p99_growth"] / growth["ttft_p99_growth"], below=0.5)
+expect("TTFT p50 growth, 10% to 95% load", growth["ttft_p50_growth"], above=10)
+expect("TTFT p99 growth, 10% to 95% load", growth["ttft_p99_growth"], above=4)
+expect("ITL p50 growth / TTFT p50 growth", growth["itl_p50_growth"] / growth["ttft_p50_growth"], below=1 / 3)
+expect("ITL p99 growth / TTFT p99 growth", growth["itl_p99_growth"] / growth["ttft_p99_growth"], below=0.75)
+
+# %% [markdown]
+# The tail of the inter-token latency is where another cost of traffic shows: under continuous
+# batching a decode step that also computes a newcomer's prompt (**prefill interference**,
+# notebook 06) is several times longer than a plain one, so a streaming user sees some gaps far
+# longer than the typical one. A dynamic batch never takes a newcomer in while it decodes, so
+# its gaps vary only with the batch size. Checked from 40% to 95% of capacity, both arrival
+# processes: under continuous batching ITL p99 is more than 1.8 times ITL p50, and that spread is
+# wider than under dynamic batching at the same share of its capacity.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+busy_loads = load_table[load_table["load"].between(0.4, 0.95)].copy()
+busy_loads["itl_tail"] = busy_loads["itl_p99"] / busy_loads["itl_p50"]
+itl_tail = busy_loads.pivot_table(index=["arrivals", "load"], columns="policy", values="itl_tail")
+expect("continuous: ITL p99 / ITL p50, loads 40% to 95%", itl_tail["continuous"], above=1.8)
+expect("ITL p99 / p50, continuous over dynamic", itl_tail["continuous"] / itl_tail["dynamic"], above=1.0)
+itl_tail.round(2)
 
 # %% [markdown]
 # Bursts hurt the tail. At the same average rate, a clump of arrivals has to queue behind itself,
@@ -297,18 +317,19 @@ plt.show()
 # NBVAL_IGNORE_OUTPUT
 best = poisson_table.groupby("policy")["goodput"].max()
 print("best goodput (req/s):", best.round(2).to_dict())
-expect("best goodput, continuous / dynamic", best["continuous"] / best["dynamic"], above=1.5)
+expect("best goodput, continuous / dynamic", best["continuous"] / best["dynamic"], above=2)
 overloaded = poisson_table[(poisson_table["policy"] == "continuous") & (poisson_table["load"] > 1.1)]
-expect("continuous past capacity: goodput / its best", overloaded["goodput"] / best["continuous"], below=0.8)
+expect("continuous past capacity: goodput / its best", overloaded["goodput"] / best["continuous"], below=0.25)
 expect("continuous past capacity: throughput / capacity",
        overloaded["request_throughput"] / chat_capacity["continuous"], above=0.8)
 
 # %% [markdown]
-# Continuous batching's goodput follows the offered rate much further. Dynamic batching loses its
-# good requests early: a newcomer waits for the running batch to end, so its first token blows
-# through the TTFT target long before the device is saturated. And beyond capacity, even
-# continuous batching's goodput falls while its throughput does not: the server is busy serving
-# requests that are already too late.
+# Continuous batching's goodput follows the offered rate much further: its best is more than
+# twice dynamic batching's. Dynamic batching loses its good requests early: a newcomer waits for
+# the running batch to end, so its first token blows through the TTFT target long before the
+# device is saturated. And beyond capacity, even continuous batching's goodput falls to a small
+# fraction of its best (under a quarter) while its throughput stays above 80% of capacity: the
+# server is busy serving requests that are already too late.
 #
 # ### DistServe's goodput: the highest rate at which 90% meet the SLO
 #
@@ -410,12 +431,15 @@ explore(show_load, rate=(0.2, round(1.5 * chat_capacity["continuous"], 1), 0.1),
 # - A load sweep serves the same requests at rising rates; `load_sweep` does it for several
 #   policies and returns a tidy table. Placing rates as fractions of measured `capacity` makes
 #   the sweep mean the same on any machine.
-# - Peak-hour queueing shows up in the first token: from 10% to 95% of capacity, TTFT grew many
-#   times over (p50 and p99) while ITL p50 grew a little and ITL p99 by far less than TTFT p99,
-#   for both policies and both arrival processes. Bursty traffic (gamma gaps, burstiness 0.25)
-#   made TTFT p99 worse at the same average rate.
-# - Continuous batching had the higher capacity and far higher goodput; beyond capacity goodput
-#   fell while throughput held.
+# - Peak-hour queueing shows up in the first token: from 10% to 95% of capacity, TTFT p50 grew
+#   more than tenfold and TTFT p99 more than fourfold, while ITL grew by a smaller factor at the
+#   same percentile (two to five times at p50 on this CPU, whose fuller decode steps are slower),
+#   for both policies and both arrival processes. Under continuous batching the ITL tail is
+#   prefill interference: ITL p99 about two to eight times ITL p50 under load, wider than
+#   dynamic batching's. Bursty traffic (gamma gaps, burstiness 0.25) made TTFT p99 worse at the
+#   same average rate.
+# - Continuous batching had the higher capacity and more than twice the best goodput; beyond
+#   capacity goodput fell to a small fraction while throughput held.
 # - Two goodputs: vLLM's counts the requests per second that met every SLO in one run (the goodput
 #   plot); DistServe's is the highest rate at which 90% of requests met it (the attainment plot),
 #   a capacity you can promise. Past capacity, admission control, load shedding and priorities
