@@ -42,6 +42,8 @@ def test_expect_close_and_expect_true(capsys):
     assert capsys.readouterr().out == "ok: sim / real: 0.9 to 1.1 (2 values) (needs 1 ± 35%)\n"
     with pytest.raises(AssertionError, match="FAILED: sim / real: 0.6"):
         expect_close("sim / real", 0.6, 1.0, rel_tol=0.35)
+    with pytest.raises(AssertionError, match="FAILED: sim / real: 1.38"):   # 35% of the target, not of 1.38
+        expect_close("sim / real", 1.377, 1.0, rel_tol=0.35)
     with pytest.raises(ValueError, match="rel_tol"):
         expect_close("x", 1.0, 1.0, rel_tol=1.5)
     expect_true("same requests", [True, True], "2 runs")

@@ -13,7 +13,10 @@ per-token and per-attention-pair costs is barely pinned down, and a lone 256-tok
 (32,896 attention pairs, far beyond any calibrated step) was predicted anywhere from 0.55x to
 1.6x its measured time from one calibration to the next on a busy single core. The notebooks
 simulate exactly such steps (a dynamic batch's whole-prompt prefill), so the calibration
-measures them.
+measures them. And since a chunk that starts at token ``s`` attends to the ``s`` keys before it
+(through an explicit mask: another attention call than a whole prompt's causal one, whose cost
+per pair need not be the same), one prompt is also served alone in small chunks: the same
+tokens per step, ever more pairs.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from batchlab.workloads import make_workload
 
 # Median relative error of a fit above which calibration warns (quiet CPUs here give 5-10%).
 POOR_FIT_ERROR = 0.15
-# Prompts served alone in the calibration's third pass (capped by the backend's slot length).
+# Prompts served alone in the calibration's third pass (capped by the backend's slot length),
+# each in one step; then one prompt served alone in chunks of each CHUNK_BUDGETS size.
 LONE_PROMPT_LENS = (32, 64, 128, 256, 384)
+CHUNKED_PROMPT_LEN, CHUNK_BUDGETS = 256, (32, 64)
 
 
 def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
@@ -73,16 +78,21 @@ def calibration_steps(backend: ModelBackend, num_requests: int = 24, seed: int =
 
 def lone_prompt_steps(backend: ModelBackend, lengths: tuple[int, ...] = LONE_PROMPT_LENS,
                       seed: int = 0) -> list[StepRecord]:
-    """Each prompt of ``lengths`` served alone and computed in one step, then one decode step:
-    the measured steps that pin the per-token and per-attention-pair costs (module docstring).
-    Lengths that do not fit the backend's slots (prompt + 2 tokens) are left out."""
+    """Each prompt of ``lengths`` served alone and computed in one step, then one decode step; and
+    a ``CHUNKED_PROMPT_LEN``-token prompt served alone in chunks of each ``CHUNK_BUDGETS`` size.
+    The chunks hold the same number of tokens but ever more attention pairs (each reads all the
+    keys before it), so they pin the per-pair cost apart from the per-token one (module
+    docstring). Lengths that do not fit the backend's slots (prompt + 2 tokens) are left out."""
     max_len = getattr(backend.kv, "max_seq_len", None) or max(lengths) + 2
+    runs = [(n, n) for n in lengths if n + 2 <= max_len]              # (prompt tokens, budget)
+    chunked = min(CHUNKED_PROMPT_LEN, max_len - 2)
+    runs += [(chunked, budget) for budget in CHUNK_BUDGETS if budget < chunked]
     steps: list[StepRecord] = []
-    for i, n in enumerate(length for length in lengths if length + 2 <= max_len):
+    for i, (n, budget) in enumerate(runs):
         request = make_workload(1, prompt_len=n, output_len=2, arrival="at_once", seed=seed + i,
-                                tokenizer=backend.lm.tokenizer, id_prefix=f"lone{n}-")
-        trace = Engine(ContinuousBatcher(max_num_seqs=1, max_num_batched_tokens=n), backend).run(request)
-        steps += trace.steps
+                                tokenizer=backend.lm.tokenizer, id_prefix=f"lone{n}-{budget}-")
+        scheduler = ContinuousBatcher(max_num_seqs=1, max_num_batched_tokens=budget, chunked_prefill=True)
+        steps += Engine(scheduler, backend).run(request).steps
     return steps
 
 
