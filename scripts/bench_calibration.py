@@ -3,8 +3,9 @@
     .venv/bin/python scripts/bench_calibration.py [--json out.json]
 
 1. Calibrate: ``calibration_steps`` serves the calibration workload on the real model (chat-like
-   requests all arriving at once, continuous batching with token budgets 64 and 512), and the
-   simulator's cost model is fitted to the measured steps.
+   requests all arriving at once, continuous batching with token budgets 64 and 512, then a few
+   prompts served alone, whole and in chunks), and the simulator's cost model is fitted to the
+   measured steps.
 2. Predict: serve *different* traces on the real model and, with the same requests, scheduler
    settings and KV size, on the simulator; print TTFT p50 and ITL p50 side by side with the
    simulator's error. The traces differ from the calibration in arrivals (Poisson over time, not
