@@ -25,7 +25,7 @@ Folders (each one's ``__init__`` says why it exists):
                report
   workloads/   who asks what, and when: arrivals, lengths, prompts, workload files, scripted scenes
   analysis/    what only reads traces: metrics, plots, widgets, diagnosis, batches, KV usage,
-               trace files
+               trace files; claims (a notebook's checks, one printed verdict each)
   experiments/ the lessons' measurements: prefill stalls, load sweeps
   serve/       an OpenAI-compatible HTTP server over the online engine (python -m batchlab.serve),
                and vLLM's server on the same model as the reference (serve.vllm_ref)

@@ -3,8 +3,9 @@
     .venv/bin/python scripts/bench_calibration.py [--json out.json]
 
 1. Calibrate: ``calibration_steps`` serves the calibration workload on the real model (chat-like
-   requests all arriving at once, continuous batching with token budgets 64 and 512), and the
-   simulator's cost model is fitted to the measured steps.
+   requests all arriving at once, continuous batching with token budgets 64 and 512, then a few
+   prompts served alone, whole and in chunks), and the simulator's cost model is fitted to the
+   measured steps.
 2. Predict: serve *different* traces on the real model and, with the same requests, scheduler
    settings and KV size, on the simulator; print TTFT p50 and ITL p50 side by side with the
    simulator's error. The traces differ from the calibration in arrivals (Poisson over time, not
@@ -25,7 +26,7 @@ A shared VM's speed drifts by 10-20% over minutes, which alone would move the er
 much. So the calibration is run before and after each test trace, and each trace is predicted
 from the two rounds around it, pooled (``--no-bracket``: one calibration before everything, as
 a notebook does). Only calibration steps are fitted; the test trace's own steps never are. The
-last column prints the "speed factor" notebook 08 explains: the median ratio of each real step's
+last column prints the "speed factor" notebook 09 explains: the median ratio of each real step's
 time to the cost model's prediction for that very step. Far from 1.00, the machine ran at
 another speed than during calibration.
 """

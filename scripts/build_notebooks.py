@@ -11,7 +11,8 @@ The sources are plain Python files that diff and review well:
 
 Every notebook gets the same first cells (an "Open in Colab" badge and an install cell that
 only acts inside Colab) and the same last cell (links to the previous and next notebooks),
-inserted here so they never drift. The badge and the install cell use the address in
+inserted here so they never drift; the build also checks that notebook 00's course map and
+README's table name exactly the notebooks there are (``course_map_gaps``). The badge and the install cell use the address in
 pyproject.toml's [project.urls] Repository (the one place a publisher sets it). The built notebooks are fully stripped: no outputs, no
 execution counts (tests/test_notebooks_policy.py enforces it). Run:
 
@@ -129,6 +130,26 @@ def build(src: Path, prev: Path | None, nxt: Path | None) -> dict:
                          "language_info": {"name": "python"}}}
 
 
+def course_map_gaps(sources: list[Path]) -> list[str]:
+    """Notebooks missing from the two hand-written tables of the course, and stale names in them.
+
+    Navigation is generated here; the course map in notebook 00 and README's table are prose a
+    person writes, so the build checks they name exactly the notebooks there are (a split or a
+    renamed notebook shows up as a gap)."""
+    names = {src.stem for src in sources}
+    gaps = []
+    for where, path, pattern in (("notebook 00's course map", sources[0], r"\]\((\d\d_[\w]+)\.ipynb\)"),
+                                 ("README's table", ROOT / "README.md", r"^\| `(\d\d_[\w]+)` \|")):
+        if not path.exists():
+            continue
+        listed = set(re.findall(pattern, path.read_text(), flags=re.MULTILINE))
+        if path == sources[0]:
+            listed.add(sources[0].stem)     # notebook 00 does not list itself
+        gaps += [f"{where} lacks {name}" for name in sorted(names - listed)]
+        gaps += [f"{where} names {name}, which has no source" for name in sorted(listed - names)]
+    return gaps
+
+
 def render(nb: dict) -> str:
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
@@ -157,8 +178,13 @@ def main(argv: list[str]) -> int:
                 stale.append(target.name)
         else:
             target.write_text(text)
+    gaps = course_map_gaps(sources)
+    for gap in gaps:
+        print(f"course map out of step: {gap}")
     if stale:
         print("out of date (run python scripts/build_notebooks.py):", ", ".join(stale))
+        return 1
+    if gaps:
         return 1
     if not args.check:
         print(f"built {len(chosen)} notebook{'s' if len(chosen) != 1 else ''}")

@@ -41,3 +41,15 @@ def test_notebook_is_fully_stripped_and_complete(path):
     for heading in ("## Summary", "## Exercises"):
         assert heading in markdown, f"{path.name} lacks a '{heading}' section"
     assert "what you will learn" in markdown.lower(), f"{path.name} lacks 'What you will learn'"
+
+
+def test_course_map_gaps_names_a_notebook_missing_from_the_tables(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "scripts" / "build_notebooks.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    sources = sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py"))
+    assert build.course_map_gaps(sources) == []
+    extra = tmp_path / "99_not_listed.py"
+    assert build.course_map_gaps(sources + [extra]) == [
+        "notebook 00's course map lacks 99_not_listed", "README's table lacks 99_not_listed"]

@@ -5,6 +5,18 @@ deliberately varied workload on the real model (continuous batching with a small
 so steps mix prompt chunks of many sizes with decode batches of many sizes and contexts) and
 fits ``CostModel`` to the measured step durations. It takes some seconds on a CPU and adapts
 to whatever machine runs it: on a GPU the fitted costs are a GPU's.
+
+A third pass serves a few prompts alone (``LONE_PROMPT_LENS``), each computed in one step. The
+two batched passes are mostly decode steps: of some 220 steps only a handful hold more than 64
+tokens, and none holds one long prompt by itself. Fitted to those alone, the split between the
+per-token and per-attention-pair costs is barely pinned down, and a lone 256-token prompt
+(32,896 attention pairs, far beyond any calibrated step) was predicted anywhere from 0.55x to
+1.6x its measured time from one calibration to the next on a busy single core. The notebooks
+simulate exactly such steps (a dynamic batch's whole-prompt prefill), so the calibration
+measures them. And since a chunk that starts at token ``s`` attends to the ``s`` keys before it
+(through an explicit mask: another attention call than a whole prompt's causal one, whose cost
+per pair need not be the same), one prompt is also served alone in small chunks: the same
+tokens per step, ever more pairs.
 """
 
 from __future__ import annotations
@@ -21,6 +33,10 @@ from batchlab.workloads import make_workload
 
 # Median relative error of a fit above which calibration warns (quiet CPUs here give 5-10%).
 POOR_FIT_ERROR = 0.15
+# Prompts served alone in the calibration's third pass (capped by the backend's slot length),
+# each in one step; then one prompt served alone in chunks of each CHUNK_BUDGETS size.
+LONE_PROMPT_LENS = (32, 64, 128, 256, 384)
+CHUNKED_PROMPT_LEN, CHUNK_BUDGETS = 256, (32, 64)
 
 
 def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
@@ -43,7 +59,8 @@ def calibrate_cost_model(backend: ModelBackend, num_requests: int = 24, seed: in
     """Fit the simulator's cost model to real steps measured on ``backend``'s model and device.
 
     Two passes with different token budgets (a small one for many small mixed steps, a large one
-    for whole prompts at once) give the fit a wide range of step shapes.
+    for whole prompts at once) and a pass of lone prompts of several lengths (one step each) give
+    the fit a wide range of step shapes.
     """
     return fit_calibration(backend, calibration_steps(backend, num_requests, seed, progress))
 
@@ -56,6 +73,26 @@ def calibration_steps(backend: ModelBackend, num_requests: int = 24, seed: int =
         trace = calibration_trace(backend, num_requests, max_num_seqs=seqs,
                                   max_num_batched_tokens=budget, seed=seed, progress=progress)
         steps += trace.steps[1:]  # the first step warms caches up; leave it out
+    return steps + lone_prompt_steps(backend, seed=seed)
+
+
+def lone_prompt_steps(backend: ModelBackend, lengths: tuple[int, ...] = LONE_PROMPT_LENS,
+                      seed: int = 0) -> list[StepRecord]:
+    """Each prompt of ``lengths`` served alone and computed in one step, then one decode step; and
+    a ``CHUNKED_PROMPT_LEN``-token prompt served alone in chunks of each ``CHUNK_BUDGETS`` size.
+    The chunks hold the same number of tokens but ever more attention pairs (each reads all the
+    keys before it), so they pin the per-pair cost apart from the per-token one (module
+    docstring). Lengths that do not fit the backend's slots (prompt + 2 tokens) are left out."""
+    max_len = getattr(backend.kv, "max_seq_len", None) or max(lengths) + 2
+    runs = [(n, n) for n in lengths if n + 2 <= max_len]              # (prompt tokens, budget)
+    chunked = min(CHUNKED_PROMPT_LEN, max_len - 2)
+    runs += [(chunked, budget) for budget in CHUNK_BUDGETS if budget < chunked]
+    steps: list[StepRecord] = []
+    for i, (n, budget) in enumerate(runs):
+        request = make_workload(1, prompt_len=n, output_len=2, arrival="at_once", seed=seed + i,
+                                tokenizer=backend.lm.tokenizer, id_prefix=f"lone{n}-{budget}-")
+        scheduler = ContinuousBatcher(max_num_seqs=1, max_num_batched_tokens=budget, chunked_prefill=True)
+        steps += Engine(scheduler, backend).run(request).steps
     return steps
 
 

@@ -49,6 +49,10 @@ from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.workloads import Range, make_workload
 
+# %% [markdown]
+# The model is loaded once (a few seconds); every section below uses it.
+
+# %%
 lm = load_model()
 ON_GPU = lm.device == "cuda"
 weights = LlamaWeights.from_hf(lm.model)

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis import metrics
+from batchlab.analysis.claims import expect, expect_close
 from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
@@ -181,7 +182,6 @@ metrics.summarize(trace)[["count", "mean", "p50", "p90", "p99", "max"]].round(3)
 # `decode_heavy` 8 in / 160 out at `scale="cpu"`), and serve each alone on the real model.
 
 # %%
-# NBVAL_IGNORE_OUTPUT
 def alone(preset, scale, tokenizer=None):
     """One request of a preset, arriving at t = 0."""
     return make_workload(1, preset, scale=scale, arrival="at_once", tokenizer=tokenizer,
@@ -201,7 +201,11 @@ def phase_table(traces):
                       "prefill_step_share": prefill_s / steps["duration"].sum()}
     return pd.DataFrame(rows).T
 
+# %% [markdown]
+# Each request served alone on the real model, and its phases side by side:
 
+# %%
+# NBVAL_IGNORE_OUTPUT
 real_phases = phase_table({
     "prefill_heavy": serve_real(alone("prefill_heavy", "cpu", lm.tokenizer)),
     "decode_heavy": serve_real(alone("decode_heavy", "cpu", lm.tokenizer), progress=True),
@@ -214,15 +218,14 @@ def check_phases(table):
     """The article's claim, as numbers: prefill-heavy spends its time before the first token and
     in prompt steps; decode-heavy after it, in decode steps."""
     pf, dc = table.loc["prefill_heavy"], table.loc["decode_heavy"]
-    assert pf["ttft_share"] > 0.2, f"prefill-heavy: TTFT is only {pf['ttft_share']:.0%} of E2E"
-    assert dc["ttft_share"] < 0.05, f"decode-heavy: TTFT is {dc['ttft_share']:.0%} of E2E"
-    assert pf["prefill_step_share"] > 0.2 and dc["prefill_step_share"] < 0.05, table
-    assert pf["ttft_share"] > 8 * dc["ttft_share"], table
+    expect("prefill-heavy: TTFT share of E2E", pf["ttft_share"], above=0.2)
+    expect("decode-heavy: TTFT share of E2E", dc["ttft_share"], below=0.05)
+    expect("prefill-heavy: share of device time in prompt steps", pf["prefill_step_share"], above=0.2)
+    expect("decode-heavy: share of device time in prompt steps", dc["prefill_step_share"], below=0.05)
+    expect("TTFT share, prefill-heavy / decode-heavy", pf["ttft_share"] / dc["ttft_share"], above=8)
 
 
 check_phases(real_phases)
-print("prefill-heavy: {:.0%} of its latency before the first token; decode-heavy: {:.1%}".format(
-    real_phases.loc["prefill_heavy", "ttft_share"], real_phases.loc["decode_heavy", "ttft_share"]))
 
 # %% [markdown]
 # At full size the real model would take minutes on a CPU, so we use the simulator. First we
@@ -251,10 +254,16 @@ def serve_sim(requests, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048):
 full_traces = {"prefill_heavy": serve_sim(alone("prefill_heavy", "full")),
                "decode_heavy": serve_sim(alone("decode_heavy", "full"))}
 full_phases = phase_table(full_traces)
-check_phases(full_phases)
-# Same number of tokens, very different time: a decode step computes one token per sequence.
-assert full_phases.loc["decode_heavy", "e2e"] > 5 * full_phases.loc["prefill_heavy", "e2e"], full_phases
 full_phases.round(3)
+
+# %% [markdown]
+# The same claims at full size, and one more: the same number of tokens takes very different
+# times, because a decode step computes one token per sequence.
+
+# %%
+check_phases(full_phases)
+expect("full size: E2E decode-heavy / prefill-heavy",
+       full_phases.loc["decode_heavy", "e2e"] / full_phases.loc["prefill_heavy", "e2e"], above=5)
 
 # %% [markdown]
 # The prefill-heavy request spends a large share of its life before its first token, and
@@ -290,8 +299,8 @@ tails.round(2)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-assert tails["p99"] > 5 * tails["p50"], tails          # the tail is many times the typical wait
-assert tails["mean"] < tails["p99"] / 3, tails         # and the mean does not show it
+expect("TTFT p99 / p50: the tail is many times the typical wait", tails["p99"] / tails["p50"], above=5)
+expect("TTFT mean / p99: the mean does not show it", tails["mean"] / tails["p99"], below=1 / 3)
 slow_share = (ttft > 5 * tails["p50"]).mean()
 print(f"{slow_share:.1%} of requests waited more than 5x the median for their first token; "
       f"a user sending 20 requests meets at least one of them with probability "
@@ -351,8 +360,8 @@ itl_compare = pd.DataFrame({
            "llmperf_itl": d.loc["llmperf_inter_token_latency", "mean"]}
     for name, d in ((k, metrics.itl_definitions(t)) for k, t in full_traces.items())}).T
 itl_compare["ratio"] = itl_compare["llmperf_itl"] / itl_compare["vllm_tpot"]
-assert itl_compare.loc["prefill_heavy", "ratio"] > 1.2, itl_compare
-assert itl_compare.loc["decode_heavy", "ratio"] < 1.05, itl_compare
+expect("prefill-heavy: LLMPerf ITL / vLLM TPOT", itl_compare.loc["prefill_heavy", "ratio"], above=1.2)
+expect("decode-heavy: LLMPerf ITL / vLLM TPOT", itl_compare.loc["decode_heavy", "ratio"], below=1.05)
 itl_compare.round(4)
 
 # %% [markdown]
@@ -392,8 +401,7 @@ bursty_rates[["num_finished", "num_good", "request_throughput", "goodput"]]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-assert bursty_rates["goodput"] <= bursty_rates["request_throughput"]
-assert bursty_rates["goodput"] < 0.95 * bursty_rates["request_throughput"], bursty_rates
+expect("bursty: goodput / throughput", bursty_rates["goodput"] / bursty_rates["request_throughput"], below=0.95)
 # Loosening the TTFT objective can only let more requests meet it, up to all of them.
 loosen = [metrics.goodput(bursty, {"ttft": k * SLO_TTFT}) for k in (0.25, 0.5, 1, 2, 4, 1000)]
 assert all(a <= b for a, b in zip(loosen, loosen[1:])), loosen
@@ -415,11 +423,10 @@ days[["traffic", "num_finished", "request_throughput", "goodput", "good_share", 
 # %%
 days = days.set_index("traffic")
 assert (days["num_finished"] == days["num_requests"]).all(), days     # everyone was served
-assert np.isclose(days.loc["calm (Poisson)", "request_throughput"],
-                  days.loc["bursty", "request_throughput"], rtol=0.15), days  # alike throughput
-assert days.loc["calm (Poisson)", "good_share"] > days.loc["bursty", "good_share"] + 0.1, days
-print(f"calm: {days.loc['calm (Poisson)', 'good_share']:.0%} of requests met the SLOs; "
-      f"bursty: {days.loc['bursty', 'good_share']:.0%}")
+expect_close("throughput, bursty / calm", days.loc["bursty", "request_throughput"]
+             / days.loc["calm (Poisson)", "request_throughput"], 1.0, rel_tol=0.15)
+expect("share meeting the SLOs, calm - bursty",
+       days.loc["calm (Poisson)", "good_share"] - days.loc["bursty", "good_share"], above=0.1)
 
 # %% [markdown]
 # ### Explorer: the SLO decides what "good" means
@@ -430,9 +437,22 @@ print(f"calm: {days.loc['calm (Poisson)', 'good_share']:.0%} of requests met the
 # (vLLM's meaning: good requests per second of this one run).
 
 # %%
-explorer_traces = {1.0: calm, 0.2: bursty}
+explorer_traces = {1.0: calm, 0.2: bursty}   # served traces by burstiness, kept between redraws
 
 
+def latency_cdfs_with_slo(trace, objective, name, axes):
+    """TTFT (left) and TPOT (right) distributions of `trace`, with the objective marked in red."""
+    left, right = axes
+    plot_latency_cdf({name: trace}, metric="ttft", unit="s", logx=True, ax=left)
+    left.axvline(objective.ttft, color="red", linestyle="--", label="TTFT SLO")
+    plot_latency_cdf({name: trace}, metric="tpot", unit="ms", ax=right)
+    right.axvline(objective.tpot * 1e3, color="red", linestyle="--", label="TPOT SLO")
+
+# %% [markdown]
+# The explorer's function serves the traffic (once per burstiness), draws both distributions and
+# puts the goodput in the title:
+
+# %%
 def show_goodput(ttft_slo_steps=20, tpot_slo_steps=3.0, burstiness=0.2):
     """Goodput of chat traffic at half capacity, for SLOs given in decode steps of this machine."""
     if burstiness not in explorer_traces:
@@ -441,12 +461,8 @@ def show_goodput(ttft_slo_steps=20, tpot_slo_steps=3.0, burstiness=0.2):
     tr = explorer_traces[burstiness]
     objective = metrics.SLO(ttft=ttft_slo_steps * STEP_S, tpot=tpot_slo_steps * STEP_S)
     rates = metrics.throughput(tr, slo=objective)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    name = f"burstiness {burstiness}"
-    plot_latency_cdf({name: tr}, metric="ttft", unit="s", logx=True, ax=left)
-    left.axvline(objective.ttft, color="red", linestyle="--", label="TTFT SLO")
-    plot_latency_cdf({name: tr}, metric="tpot", unit="ms", ax=right)
-    right.axvline(objective.tpot * 1e3, color="red", linestyle="--", label="TPOT SLO")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    latency_cdfs_with_slo(tr, objective, f"burstiness {burstiness}", axes)
     fig.suptitle(f"goodput {rates['goodput']:.3f} of {rates['request_throughput']:.3f} req/s "
                  f"({rates['num_good']} of {rates['num_finished']} requests met both SLOs)")
     fig.tight_layout()

@@ -48,6 +48,10 @@ from batchlab.model import load_model
 from batchlab.serve import start_server
 from batchlab.serve.vllm_ref import start_vllm, vllm_status
 
+# %% [markdown]
+# The model is loaded once (a few seconds); every section below uses it.
+
+# %%
 lm = load_model()
 tok = lm.tokenizer
 ON_GPU = lm.device == "cuda"

@@ -1,0 +1,83 @@
+"""One-line verdicts for a notebook's claims: a measured quantity against the bound its prose states.
+
+A notebook states a claim, measures it and asserts it. Written as bare ``assert`` lines, a cell of
+checks hides the story and says nothing when it passes. ``expect`` checks one claim and prints one
+line saying what was measured and what the claim needs, so a reader sees the margin::
+
+    expect("TTFT p99 grows more than ITL p50", ttft_growth, above=itl_growth)
+    # ok: TTFT p99 grows more than ITL p50: 8.31 (needs > 1.12)
+
+When the claim fails it raises ``AssertionError`` with the same line (and "FAILED"), so nbval and
+a reader both see which claim broke and by how much. ``value`` may be one number or several (a
+list, an array, a pandas Series): every one must meet the bound, and the line shows the range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def _values(value) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=float).ravel()
+    except (TypeError, ValueError):
+        raise ValueError(f"expect: value={value!r}; must be a number or numbers") from None
+    if arr.size == 0:
+        raise ValueError("expect: no values to check (an empty table?)")
+    return arr
+
+
+def _shown(arr: np.ndarray) -> str:
+    if arr.size == 1:
+        return f"{arr[0]:.3g}"
+    return f"{np.nanmin(arr):.3g} to {np.nanmax(arr):.3g} ({arr.size} values)"
+
+
+def expect(claim: str, value, *, above: float | None = None, below: float | None = None) -> None:
+    """Check that ``value`` (every one of them) is ``> above`` and/or ``< below``; print one line.
+
+    Raises ``AssertionError`` naming the claim, the measured value(s) and the bound when it fails.
+    """
+    if not isinstance(claim, str) or not claim:
+        raise ValueError(f"expect: claim={claim!r}; say in words what is being checked")
+    if above is None and below is None:
+        raise ValueError("expect: give a bound, above= and/or below=")
+    arr = _values(value)
+    ok = not np.isnan(arr).any()
+    needs = []
+    if above is not None:
+        ok = ok and bool((arr > above).all())
+        needs.append(f"> {above:.3g}")
+    if below is not None:
+        ok = ok and bool((arr < below).all())
+        needs.append(f"< {below:.3g}")
+    line = f"{claim}: {_shown(arr)} (needs {' and '.join(needs)})"
+    if not ok:
+        raise AssertionError(f"FAILED: {line}")
+    print(f"ok: {line}")
+
+
+def expect_close(claim: str, value, target: float, rel_tol: float) -> None:
+    """Check that ``value`` (every one) is within ``rel_tol`` of ``target``; print one line."""
+    if not isinstance(rel_tol, (int, float)) or isinstance(rel_tol, bool) or not 0 <= rel_tol < 1:
+        raise ValueError(f"expect_close: rel_tol={rel_tol!r}; must be a number in [0, 1)")
+    arr = _values(value)
+    # Within rel_tol of the target itself (not of the larger of the two, as math.isclose measures).
+    ok = bool(np.isfinite(arr).all()) and bool((np.abs(arr - target) <= rel_tol * abs(target)).all())
+    line = f"{claim}: {_shown(arr)} (needs {target:.4g} ± {rel_tol:.0%})"
+    if not ok:
+        raise AssertionError(f"FAILED: {line}")
+    print(f"ok: {line}")
+
+
+def expect_true(claim: str, condition: bool | Iterable[bool], detail: object = "") -> None:
+    """Check a yes/no claim (every one, if several); print one line, with ``detail`` if given."""
+    conditions = [condition] if isinstance(condition, (bool, np.bool_)) else list(condition)
+    if not conditions:
+        raise ValueError("expect_true: no conditions to check")
+    shown = f" ({detail})" if detail != "" else ""
+    if not all(bool(c) for c in conditions):
+        raise AssertionError(f"FAILED: {claim}{shown}")
+    print(f"ok: {claim}{shown}")
