@@ -58,6 +58,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+# %%
+# The course's package: the modules this notebook's sections use.
 from batchlab.analysis import metrics
 from batchlab.analysis.batches import delivered_at_batch_end
 from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline

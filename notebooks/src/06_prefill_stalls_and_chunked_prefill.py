@@ -36,6 +36,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+# %%
+# The course's package: the modules this notebook's sections use.
 from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend

@@ -43,18 +43,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+# %%
+# The course's package: the modules this notebook's sections use.
 import batchlab
 from batchlab.analysis import metrics
-from batchlab.analysis.diagnosis import (
-    excess_latency,
-    excess_share_before_first_token,
-    idle_while_waiting,
-    lone_decode_time,
-    lone_ttft,
-    num_waiting_at,
-    steps_with_waiting,
-    token_gaps,
-)
+from batchlab.analysis.diagnosis import (excess_latency, excess_share_before_first_token, idle_while_waiting,
+                                         lone_decode_time, lone_ttft, num_waiting_at, steps_with_waiting,
+                                         token_gaps)
 from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
 from batchlab.analysis.trace_io import load_trace
 from batchlab.analysis.widgets import explore
@@ -68,6 +63,10 @@ from batchlab.schedulers import ContinuousBatcher
 from batchlab.trace import Trace
 from batchlab.workloads import make_workload
 
+# %% [markdown]
+# The five traces and the cost model they were simulated with, from the course's `data/capstone/`.
+
+# %%
 # The course checkout's data/ folder (batchlab is installed from the checkout, here and in Colab).
 CAPSTONE = Path(batchlab.__file__).resolve().parents[1] / "data" / "capstone"
 cost = CostModel.load(CAPSTONE / "cost_model.json")
