@@ -22,16 +22,16 @@ Folders (each one's ``__init__`` says why it exists):
                model) and what only the simulator needs (cost model, calibration, decode runs)
   model/       the model itself: loading, its shape, the batched Llama step, KV cache storage
                (slots and paged blocks), sampling, profiler, one-prompt generation, the machine
-               report
+               report, the CPU dtype probe, answers alone vs batched (divergence)
   workloads/   who asks what, and when: arrivals, lengths, prompts, workload files, scripted scenes
   analysis/    what only reads traces: metrics, plots, widgets, diagnosis, batches, KV usage,
-               trace files; claims (a notebook's checks, one printed verdict each)
+               trace files, stored device profiles; claims (a notebook's checks, one verdict each)
   experiments/ the lessons' measurements: prefill stalls, load sweeps
   serve/       an OpenAI-compatible HTTP server over the online engine (python -m batchlab.serve),
                and vLLM's server on the same model as the reference (serve.vllm_ref)
   loadgen/     a load client for any OpenAI-compatible server; builds a Trace
                (python -m batchlab.loadgen)
-  bench/       a tool beside the course: batchlab's engines against transformers
+  bench/       a tool beside the course: batchlab's engines against transformers and vLLM
   exercises/   the notebooks' exercise checkers (worked solutions live in solutions/)
 
 Each notebook teaches one piece by writing it out first, then imports it from here.
