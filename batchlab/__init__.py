@@ -1,16 +1,21 @@
 """batchlab: how LLM inference servers batch requests, measured on a real model.
 
-The layout follows the architecture. At the top, the serving core, which knows nothing about
-tensors: one step is ``plan = scheduler.schedule(now)`` -> ``backend.run(plan)`` -> the engine
-records it.
+The layout follows the architecture, and imports only run downward. At the top, the serving
+core, which knows nothing about tensors: one step is ``plan = scheduler.schedule(now)`` ->
+``backend.run(plan)`` -> apply the tokens -> ``scheduler.remove_ended()`` (``Engine.step``).
 
-  requests     Request, SamplingParams, RequestStatus: what a client asked for, and its state
+  engine       Engine.step, the one step; end_request, the one place a request ends
+  offline      the offline driver (Engine.run): arrivals, draining, idle jumps, a progress bar
+  online       the online driver (Engine.run_online): a thread-safe inbox (add/abort/stop)
+  fast_path    the simulator's bulk decode runs, with the offline driver (slots and blocks)
+  listener     what an engine tells a listener: every token, every end
+  contract     what the engine checks: workloads, plans, how every request ended
+  requests     Request, SamplingParams, RequestStatus, FinishReason: what a client asked for,
+               and its state
   plan         StepPlan / ScheduledChunk (one rule for prefill and decode) and a step's features
-  kv_space     the KV accounting schedulers admit against (KVSpace: reserving or paged;
-               TokenKVSpace for the simulator)
+  kv_space     the KV contract every cache implements with the same calls (admit, grow, free);
+               TokenKVSpace for the simulator
   kv_blocks    paged KV accounting: blocks, block tables, growth, prefix hashes, LRU eviction
-  engine       the loop: admit, schedule, run, record; virtual or wall clock
-  online       the engine's online mode: a thread-safe inbox (add/abort/stop), a token listener
   clock        the virtual and wall clocks
   trace        what a run records (per request, per step), as DataFrames
   checks       the argument checks every module shares
@@ -18,15 +23,15 @@ records it.
 Folders (each one's ``__init__`` says why it exists):
 
   schedulers/  policies: StaticBatcher, DynamicBatcher, ContinuousBatcher (never touch tensors)
-  backends/    what computes a step: ModelBackend (the real model), SimBackend (a fitted cost
-               model) and what only the simulator needs (cost model, calibration, decode runs)
+  backends/    what computes a step: ModelBackend (the real model), SimBackend (a cost model:
+               the additive fit, or the GPU roofline)
   model/       the model itself: loading, its shape, the batched Llama step, KV cache storage
-               (slots and paged blocks), sampling, profiler, one-prompt generation, the machine
-               report, the CPU dtype probe, answers alone vs batched (divergence)
+               (slots and paged blocks, one step layout), sampling, profiler, one-prompt
+               generation, the machine report, the CPU dtype probe, answers alone vs batched
   workloads/   who asks what, and when: arrivals, lengths, prompts, workload files, scripted scenes
   analysis/    what only reads traces: metrics, plots, widgets, diagnosis, batches, KV usage,
                trace files, stored device profiles; claims (a notebook's checks, one verdict each)
-  experiments/ the lessons' measurements: prefill stalls, load sweeps
+  experiments/ the lessons' measurements: calibration of the simulator, prefill stalls, load sweeps
   serve/       an OpenAI-compatible HTTP server over the online engine (python -m batchlab.serve),
                and vLLM's server on the same model as the reference (serve.vllm_ref)
   loadgen/     a load client for any OpenAI-compatible server; builds a Trace

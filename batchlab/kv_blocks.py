@@ -8,14 +8,14 @@ token ``i`` lives at offset ``i % block_size`` of block ``table[i // block_size]
 last block of each sequence is partly empty, so the memory that holds no token is under one
 block per sequence.
 
-``BlockManager`` below is only the accounting a scheduler sees (it implements ``plan.KVSpace``
-with ``grows_on_demand = True``); it touches no tensors. ``paged_kv_cache.PagedKVCache`` adds the
+``BlockManager`` below is only the accounting a scheduler sees (it implements the
+``kv_space.KVSpace`` contract, the paged way); it touches no tensors. ``paged_kv_cache.PagedKVCache`` adds the
 tensors for the real model; the simulator uses a ``BlockManager`` alone.
 
 What a scheduler does with it (``schedulers/continuous.py``):
 
-- **admit** a request with ``allocate(id, n)``: blocks for the ``n`` tokens its first step
-  computes (plus any prefix hits), not its whole length;
+- **admit** a request with ``admit(id, n, max_tokens, prompt_ids)``: blocks for the ``n`` tokens
+  its first step computes (prefix hits among them), not its whole length;
 - **grow** it before each step with ``can_grow(id, n)`` / ``grow(id, n)``: room for ``n`` more
   tokens, a new block every ``block_size`` tokens;
 - when a running sequence cannot grow, **preempt** another (``free`` its blocks and recompute it
@@ -50,7 +50,7 @@ from batchlab.kv_space import KVCacheFullError
 DEFAULT_BLOCK_SIZE = 16   # vLLM's default block size on GPUs
 
 
-def _check_block_size(block_size: object) -> None:
+def check_block_size(block_size: object) -> None:
     check_int("block_size", block_size, hint=f"tokens per block; vLLM uses {DEFAULT_BLOCK_SIZE}")
 
 
@@ -64,61 +64,23 @@ def chain_hash(parent: int | None, block_tokens: Sequence[int]) -> int:
     return hash((parent, tuple(block_tokens)))
 
 
-class BlockManager:
-    """Blocks of ``block_size`` tokens, per-sequence block tables, reference counts, prefix hashes.
+class BlockPool:
+    """The blocks themselves: reference counts, the free queue (LRU), and the prefix cache's hashes.
 
-    ``num_blocks``: blocks in the pool. ``max_seq_len``: the longest sequence allowed (``None``:
-    the whole pool). ``enable_prefix_caching``: share full prompt blocks by hash.
-    ``reserve_blocks``: free blocks admission must leave untouched (growth may use them).
+    A block is free when nobody references it; a free block may still hold a cached prefix (its
+    hash), which is evicted only when the block is taken for something else.
     """
 
-    grows_on_demand = True
-
-    def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_seq_len: int | None = None, enable_prefix_caching: bool = False,
-                 reserve_blocks: int = 0) -> None:
-        _check_block_size(block_size)
-        check_int("num_blocks", num_blocks,
-                  hint=f"the KV budget must hold at least one block of {block_size} tokens")
-        check_int("max_seq_len", max_seq_len, allow_none=True)
-        check_bool("enable_prefix_caching", enable_prefix_caching)
-        if not is_int(reserve_blocks) or not 0 <= reserve_blocks < num_blocks:
-            raise ValueError(f"reserve_blocks={reserve_blocks!r}; must be an int in 0..{num_blocks - 1} "
-                             "(free blocks kept back from admission for running sequences to grow)")
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.max_seq_len = max_seq_len
         self.enable_prefix_caching = enable_prefix_caching
-        self.reserve_blocks = reserve_blocks
         self.ref_count = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # checks a hash hit
         self.hash_to_block: dict[int, int] = {}
         # Blocks nobody references, least recently freed first (the next to be overwritten).
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.tables: dict[str, list[int]] = {}
-        self.num_tokens_of: dict[str, int] = {}       # token positions each sequence has room for
-        # Prefix caching: each sequence's prompt ids, and (blocks hashed so far, the last hash).
-        self._prompt_of: dict[str, Sequence[int]] = {}
-        self._hashed: dict[str, tuple[int, int | None]] = {}
-        self.num_hit_tokens = 0                       # prompt tokens served from cache, over the run
         self.num_evictions = 0
-
-    @classmethod
-    def from_tokens(cls, capacity_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                    max_seq_len: int | None = None, enable_prefix_caching: bool = False,
-                    reserve_blocks: int = 0) -> "BlockManager":
-        """As many whole blocks as ``capacity_tokens`` token positions hold."""
-        _check_block_size(block_size)
-        if not is_int(capacity_tokens) or capacity_tokens < block_size:
-            raise ValueError(f"capacity_tokens={capacity_tokens!r} is below one block of "
-                             f"block_size={block_size} tokens; give more tokens or smaller blocks")
-        return cls(capacity_tokens // block_size, block_size, max_seq_len, enable_prefix_caching,
-                   reserve_blocks)
-
-    # --- sizes (the KVSpace interface) -------------------------------------------------------------
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_blocks * self.block_size
 
     @property
     def num_free_blocks(self) -> int:
@@ -129,36 +91,10 @@ class BlockManager:
         return self.num_blocks - len(self.free_queue)
 
     @property
-    def used_tokens(self) -> int:
-        """Token positions in blocks that some sequence holds (whole blocks; shared ones once)."""
-        return self.used_blocks * self.block_size
-
-    @property
-    def held_tokens(self) -> int:
-        """Token positions sequences hold room for, summed per sequence (shared blocks count for
-        each sharer); against ``used_tokens`` it shows the part of last blocks left empty."""
-        return sum(self.num_tokens_of.values())
-
-    @property
     def num_cached_blocks(self) -> int:
         return len(self.hash_to_block)
 
-    def fits_ever(self, num_tokens: int) -> bool:
-        if self.max_seq_len is not None and num_tokens > self.max_seq_len:
-            return False
-        # Alone in the cache it must be admissible (reserve kept) and able to grow to its end.
-        blocks = blocks_for(num_tokens, self.block_size)
-        return 1 <= num_tokens and blocks + self.reserve_blocks <= self.num_blocks
-
-    def block_table(self, request_id: str) -> list[int]:
-        try:
-            return self.tables[request_id]
-        except KeyError:
-            raise KeyError(f"request {request_id!r} holds no KV blocks; a scheduler must allocate "
-                           "them before the request runs") from None
-
-    # --- prefix lookup -----------------------------------------------------------------------------
-    def _hits(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> list[int]:
+    def prefix_hits(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> list[int]:
         """The cached blocks that start ``prompt_ids``: full blocks only, at most ``max_tokens``."""
         if not self.enable_prefix_caching or prompt_ids is None:
             return []
@@ -174,10 +110,114 @@ class BlockManager:
             hits.append(block)
         return hits
 
+    def _take_free_block(self) -> int:
+        """The least recently freed block; if it still holds a cached prefix, that entry is evicted."""
+        block, _ = self.free_queue.popitem(last=False)
+        h = self.block_hash[block]
+        if h is not None:
+            del self.hash_to_block[h]
+            self.block_hash[block] = self.block_tokens[block] = None
+            self.num_evictions += 1
+        self.ref_count[block] = 1
+        return block
+
+    def _reference(self, block: int) -> None:
+        """One more sequence holds ``block`` (a prefix hit); a free one leaves the free queue."""
+        if self.ref_count[block] == 0:
+            del self.free_queue[block]
+        self.ref_count[block] += 1
+
+    def _unreference(self, block: int) -> None:
+        """One sequence fewer holds ``block``; when nobody does, it joins the free queue: at the
+        front when it caches nothing (reuse it first), at the back when it caches a prefix."""
+        self.ref_count[block] -= 1
+        if self.ref_count[block] == 0:
+            self.free_queue[block] = None
+            if self.block_hash[block] is None:
+                self.free_queue.move_to_end(block, last=False)
+
+    def _cache(self, block: int, h: int, tokens: tuple[int, ...]) -> None:
+        """Register ``block`` as holding the full prompt block whose chained hash is ``h``."""
+        if h not in self.hash_to_block and self.block_hash[block] is None:
+            self.hash_to_block[h] = block
+            self.block_hash[block], self.block_tokens[block] = h, tokens
+
+
+class BlockManager(BlockPool):
+    """Per-sequence block tables over a ``BlockPool``: admission, growth, release, prefix sharing.
+
+    ``num_blocks``: blocks in the pool. ``max_seq_len``: the longest sequence allowed (``None``:
+    the whole pool). ``enable_prefix_caching``: share full prompt blocks by hash.
+    ``reserve_blocks``: free blocks admission must leave untouched (growth may use them).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 max_seq_len: int | None = None, enable_prefix_caching: bool = False,
+                 reserve_blocks: int = 0) -> None:
+        check_block_size(block_size)
+        check_int("num_blocks", num_blocks,
+                  hint=f"the KV budget must hold at least one block of {block_size} tokens")
+        check_int("max_seq_len", max_seq_len, allow_none=True)
+        check_bool("enable_prefix_caching", enable_prefix_caching)
+        if not is_int(reserve_blocks) or not 0 <= reserve_blocks < num_blocks:
+            raise ValueError(f"reserve_blocks={reserve_blocks!r}; must be an int in 0..{num_blocks - 1} "
+                             "(free blocks kept back from admission for running sequences to grow)")
+        super().__init__(num_blocks, block_size, enable_prefix_caching)
+        self.max_seq_len = max_seq_len
+        self.reserve_blocks = reserve_blocks
+        self.tables: dict[str, list[int]] = {}
+        self.num_tokens_of: dict[str, int] = {}       # token positions each sequence has room for
+        # Prefix caching: each sequence's prompt ids, and (blocks hashed so far, the last hash).
+        self._prompt_of: dict[str, Sequence[int]] = {}
+        self._hashed: dict[str, tuple[int, int | None]] = {}
+        self.num_hit_tokens = 0                       # prompt tokens served from cache, over the run
+
+    @classmethod
+    def from_tokens(cls, capacity_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                    max_seq_len: int | None = None, enable_prefix_caching: bool = False,
+                    reserve_blocks: int = 0) -> "BlockManager":
+        """As many whole blocks as ``capacity_tokens`` token positions hold."""
+        check_block_size(block_size)
+        if not is_int(capacity_tokens) or capacity_tokens < block_size:
+            raise ValueError(f"capacity_tokens={capacity_tokens!r} is below one block of "
+                             f"block_size={block_size} tokens; give more tokens or smaller blocks")
+        return cls(capacity_tokens // block_size, block_size, max_seq_len, enable_prefix_caching,
+                   reserve_blocks)
+
+    # --- sizes (the KVSpace interface) -------------------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def used_tokens(self) -> int:
+        """Token positions in blocks that some sequence holds (whole blocks; shared ones once)."""
+        return self.used_blocks * self.block_size
+
+    @property
+    def held_tokens(self) -> int:
+        """Token positions sequences hold room for, summed per sequence (shared blocks count for
+        each sharer); against ``used_tokens`` it shows the part of last blocks left empty."""
+        return sum(self.num_tokens_of.values())
+
+    def fits_ever(self, num_tokens: int) -> bool:
+        if self.max_seq_len is not None and num_tokens > self.max_seq_len:
+            return False
+        # Alone in the cache it must be admissible (reserve kept) and able to grow to its end.
+        blocks = blocks_for(num_tokens, self.block_size)
+        return 1 <= num_tokens and blocks + self.reserve_blocks <= self.num_blocks
+
+    def block_table(self, request_id: str) -> list[int]:
+        try:
+            return self.tables[request_id]
+        except KeyError:
+            raise KeyError(f"request {request_id!r} holds no KV blocks; a scheduler must allocate "
+                           "them before the request runs") from None
+
     def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
         """Leading tokens of ``prompt_ids`` already in cached blocks (a multiple of ``block_size``,
         at most ``max_tokens``); 0 without prefix caching."""
-        return len(self._hits(prompt_ids, max_tokens)) * self.block_size
+        return len(self.prefix_hits(prompt_ids, max_tokens)) * self.block_size
 
     # --- admission ---------------------------------------------------------------------------------
     def _blocks_to_take(self, num_tokens: int, hits: list[int]) -> int:
@@ -186,28 +226,28 @@ class BlockManager:
         revived = sum(1 for b in hits if self.ref_count[b] == 0)
         return blocks_for(num_tokens, self.block_size) - len(hits) + revived
 
-    def can_allocate(self, num_tokens: int, prompt_ids: Sequence[int] | None = None) -> bool:
+    def can_admit(self, num_tokens: int, max_tokens: int | None = None,
+                  prompt_ids: Sequence[int] | None = None) -> bool:
         """Could a new sequence get room for its first ``num_tokens`` tokens now, leaving
-        ``reserve_blocks`` free?"""
+        ``reserve_blocks`` free? (``max_tokens``: paged admission does not reserve it.)"""
         if not self.fits_ever(num_tokens):
             return False
-        hits = self._hits(prompt_ids, num_tokens - 1)
+        hits = self.prefix_hits(prompt_ids, num_tokens - 1)
         return self._blocks_to_take(num_tokens, hits) + self.reserve_blocks <= len(self.free_queue)
 
-    def allocate(self, request_id: str, num_tokens: int, prompt_ids: Sequence[int] | None = None) -> int:
+    def admit(self, request_id: str, num_tokens: int, max_tokens: int | None = None,
+              prompt_ids: Sequence[int] | None = None) -> int:
         """Give ``request_id`` blocks for its first ``num_tokens`` tokens; return how many of them
         were already cached (prefix hits, which the sequence need not compute)."""
         if request_id in self.tables:
             raise ValueError(f"request {request_id!r} already holds {len(self.tables[request_id])} KV blocks")
-        if not self.can_allocate(num_tokens, prompt_ids):
+        if not self.can_admit(num_tokens, max_tokens, prompt_ids):
             raise KVCacheFullError(
                 f"request {request_id!r} needs blocks for {num_tokens} tokens; {len(self.free_queue)} of "
                 f"{self.num_blocks} blocks of {self.block_size} are free ({self.reserve_blocks} reserved)")
-        hits = self._hits(prompt_ids, num_tokens - 1)
+        hits = self.prefix_hits(prompt_ids, num_tokens - 1)
         for b in hits:
-            if self.ref_count[b] == 0:
-                del self.free_queue[b]
-            self.ref_count[b] += 1
+            self._reference(b)
         self.tables[request_id] = list(hits)
         self.num_tokens_of[request_id] = len(hits) * self.block_size
         if self.enable_prefix_caching and prompt_ids is not None:
@@ -245,17 +285,6 @@ class BlockManager:
         if request_id in self._prompt_of:
             self._hash_full_prompt_blocks(request_id)
 
-    def _take_free_block(self) -> int:
-        """The least recently freed block; if it still holds a cached prefix, that entry is evicted."""
-        block, _ = self.free_queue.popitem(last=False)
-        h = self.block_hash[block]
-        if h is not None:
-            del self.hash_to_block[h]
-            self.block_hash[block] = self.block_tokens[block] = None
-            self.num_evictions += 1
-        self.ref_count[block] = 1
-        return block
-
     def _hash_full_prompt_blocks(self, request_id: str) -> None:
         """Register the sequence's prompt blocks that are now full (their tokens are computed in the
         step being planned) so later sequences can hit them."""
@@ -266,10 +295,7 @@ class BlockManager:
         while b < done:
             tokens = tuple(prompt[b * bs:(b + 1) * bs])
             parent = chain_hash(parent, tokens)
-            block = table[b]
-            if parent not in self.hash_to_block and self.block_hash[block] is None:
-                self.hash_to_block[parent] = block
-                self.block_hash[block], self.block_tokens[block] = parent, tokens
+            self._cache(table[b], parent, tokens)
             b += 1
         self._hashed[request_id] = (b, parent)
 
@@ -285,13 +311,7 @@ class BlockManager:
         self._prompt_of.pop(request_id, None)
         self._hashed.pop(request_id, None)
         for block in reversed(table):
-            self.ref_count[block] -= 1
-            if self.ref_count[block] == 0:
-                if self.block_hash[block] is None:
-                    self.free_queue[block] = None
-                    self.free_queue.move_to_end(block, last=False)  # uncached: reuse it first
-                else:
-                    self.free_queue[block] = None
+            self._unreference(block)
 
     def check(self) -> None:
         """Raise if the books do not balance: every reference is a table entry, every block is free

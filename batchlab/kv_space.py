@@ -1,17 +1,26 @@
-"""The KV-space accounting a scheduler plans against: sizes and reservations, never tensors.
+"""The KV contract a scheduler plans against: sizes, admission, growth and release, never tensors.
 
-Two kinds behind one interface (``KVSpace``):
+Every KV space, the slot cache and the paged cache alike, answers the same calls with the same
+return types, so a scheduler never asks which kind it has:
 
-- **Reserving** (``grows_on_demand = False``: the slot cache ``batchlab.model.kv_cache.KVCache``
-  and the simulator's ``TokenKVSpace`` below): a request is admitted only when the cache can
-  hold everything it may ever need (``prompt_len + max_new_tokens``), reserved up front, so a
-  running request never runs out of cache and no preemption is needed. Simple to reason about,
-  at the price of admitting fewer requests when ``max_new_tokens`` is generous.
-- **Paged** (``grows_on_demand = True``: ``batchlab.kv_blocks.BlockManager``, and
-  ``batchlab.model.paged_kv_cache.PagedKVCache`` on the real model): admission takes blocks for
-  the first step only; before each step the scheduler asks ``can_grow`` / ``grow`` for the
-  step's new tokens, and preempts a request when memory runs out (as vLLM does). It may also
-  find a prompt's first blocks already cached (``cached_prefix_tokens``).
+- ``can_admit(num_tokens, max_tokens, prompt_ids)`` / ``admit(...) -> cached``: admit a new
+  sequence whose first step computes ``num_tokens`` tokens and which may grow to ``max_tokens``.
+  The return value is how many leading prompt tokens were already cached (a prefix hit), so the
+  sequence need not compute them; ``cached_prefix_tokens`` asks the same before admitting.
+- ``can_grow(id, n)`` / ``grow(id, n)``: room for ``n`` more tokens before a step computes them.
+- ``free(id)``: the sequence ended (or was preempted); its room is reusable at the next step.
+- ``fits_ever(n)``: could a sequence of ``n`` tokens ever fit an empty cache? (False: reject it.)
+
+The two kinds differ in what admission takes, not in the calls:
+
+- **Reserving** (``ReservingKVSpace``: the slot cache ``batchlab.model.kv_cache.KVCache`` and the
+  simulator's ``TokenKVSpace`` below): admission reserves everything the sequence may ever need
+  (``max_tokens``), so growth is always granted within the reservation (a slot holds the whole
+  sequence), no request is ever preempted and nothing is shared (``cached`` is always 0).
+- **Paged** (``batchlab.kv_blocks.BlockManager``, and ``PagedKVCache`` on the real model):
+  admission takes blocks for the first step only, growth takes a block whenever a sequence
+  spills over its last one and can fail when none is free (a scheduler then preempts someone),
+  and full prompt blocks may be shared between sequences (prefix caching).
 """
 
 from __future__ import annotations
@@ -24,19 +33,7 @@ from batchlab.checks import check_int
 
 @runtime_checkable
 class KVSpace(Protocol):
-    """The KV-cache accounting a scheduler may see: sizes and reservations, never tensors."""
-
-    def can_allocate(self, num_tokens: int) -> bool:
-        """Could a new sequence needing ``num_tokens`` cache slots be admitted now?"""
-
-    def allocate(self, request_id: str, num_tokens: int) -> None:
-        """Reserve space for a sequence; raises ``KVCacheFullError`` when it does not fit."""
-
-    def free(self, request_id: str) -> None:
-        """Release a sequence's space; it can be reused at the very next step."""
-
-    def fits_ever(self, num_tokens: int) -> bool:
-        """Could a sequence of ``num_tokens`` fit in an empty cache? (False → reject it.)"""
+    """The KV-cache accounting a scheduler sees (see the module docstring)."""
 
     @property
     def capacity_tokens(self) -> int: ...
@@ -44,8 +41,19 @@ class KVSpace(Protocol):
     @property
     def used_tokens(self) -> int: ...
 
-    # Paged growth (see the module docstring). Reserving spaces get these from ``ReservingKVSpace``.
-    grows_on_demand: bool
+    def fits_ever(self, num_tokens: int) -> bool:
+        """Could a sequence of ``num_tokens`` fit in an empty cache? (False: reject it.)"""
+
+    def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
+        """Leading prompt tokens whose KV is already cached (at most ``max_tokens``); 0 if none."""
+
+    def can_admit(self, num_tokens: int, max_tokens: int, prompt_ids: Sequence[int] | None = None) -> bool:
+        """Could a new sequence start now, computing ``num_tokens`` (cached prefix included) in
+        its first step and growing to at most ``max_tokens``?"""
+
+    def admit(self, request_id: str, num_tokens: int, max_tokens: int,
+              prompt_ids: Sequence[int] | None = None) -> int:
+        """Admit the sequence; return its cached prefix tokens. ``KVCacheFullError`` if it does not fit."""
 
     def can_grow(self, request_id: str, num_tokens: int) -> bool:
         """Could the sequence hold ``num_tokens`` more tokens than it has room for now?"""
@@ -53,28 +61,68 @@ class KVSpace(Protocol):
     def grow(self, request_id: str, num_tokens: int) -> None:
         """Give the sequence room for ``num_tokens`` more tokens; ``KVCacheFullError`` if none."""
 
-    def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
-        """Leading prompt tokens whose KV is already cached (at most ``max_tokens``); 0 if none."""
+    def free(self, request_id: str) -> None:
+        """Release a sequence's space; it can be reused at the very next step."""
 
 
 class ReservingKVSpace:
-    """The paged-growth part of ``KVSpace`` for a space that reserves whole lengths at admission.
+    """The contract for a space that reserves a sequence's whole length when it is admitted.
 
-    Such a space already holds room for every token a sequence may need, so growing within the
-    reservation always succeeds and changes nothing, and nothing is shared between sequences.
-    Schedulers only call these on a space whose ``grows_on_demand`` is True.
+    A subclass says how much room it has (``fits_ever``, ``has_room_for``) and where a sequence's
+    reservation goes (``_reserve``, ``_unreserve``); admission, growth within the reservation,
+    and release are the same for all of them. Nothing is shared between sequences.
     """
 
-    grows_on_demand = False
+    def __init__(self) -> None:
+        self._reserved: dict[str, int] = {}    # the tokens each sequence may use (its max_tokens)
+        self._held: dict[str, int] = {}        # the tokens it has grown to so far
 
-    def can_grow(self, request_id: str, num_tokens: int) -> bool:
-        return True
+    def has_room_for(self, num_tokens: int) -> bool:
+        """Is there room now to reserve ``num_tokens`` more tokens?"""
+        raise NotImplementedError
 
-    def grow(self, request_id: str, num_tokens: int) -> None:
-        return None
+    def _reserve(self, request_id: str, num_tokens: int) -> None:
+        """Set aside room for ``num_tokens`` tokens of a new sequence."""
+
+    def _unreserve(self, request_id: str, num_tokens: int) -> None:
+        """Give back what ``_reserve`` set aside."""
+
+    def fits_ever(self, num_tokens: int) -> bool:
+        raise NotImplementedError
 
     def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
         return 0
+
+    def can_admit(self, num_tokens: int, max_tokens: int, prompt_ids: Sequence[int] | None = None) -> bool:
+        return self.fits_ever(max_tokens) and self.has_room_for(max_tokens)
+
+    def admit(self, request_id: str, num_tokens: int, max_tokens: int,
+              prompt_ids: Sequence[int] | None = None) -> int:
+        if request_id in self._reserved:
+            raise ValueError(f"request {request_id!r} already holds KV space")
+        if num_tokens > max_tokens or not self.can_admit(num_tokens, max_tokens):
+            raise KVCacheFullError(f"request {request_id!r} needs {max_tokens} KV tokens; {self!r}")
+        self._reserve(request_id, max_tokens)
+        self._reserved[request_id] = max_tokens
+        self._held[request_id] = num_tokens
+        return 0
+
+    def can_grow(self, request_id: str, num_tokens: int) -> bool:
+        return self._held[request_id] + num_tokens <= self._reserved[request_id]
+
+    def grow(self, request_id: str, num_tokens: int) -> None:
+        if not self.can_grow(request_id, num_tokens):
+            raise KVCacheFullError(f"request {request_id!r} grows past the {self._reserved[request_id]} "
+                                   "tokens it reserved")
+        self._held[request_id] += num_tokens
+
+    def free(self, request_id: str) -> None:
+        try:
+            num_tokens = self._reserved.pop(request_id)
+        except KeyError:
+            raise KeyError(f"request {request_id!r} holds no KV space (freed twice?)") from None
+        del self._held[request_id]
+        self._unreserve(request_id, num_tokens)
 
 
 class KVCacheFullError(RuntimeError):
@@ -82,14 +130,14 @@ class KVCacheFullError(RuntimeError):
 
 
 class TokenKVSpace(ReservingKVSpace):
-    """Accounting-only KV space of ``capacity_tokens`` tokens (the simulator's cache)."""
+    """Accounting-only KV space of ``capacity_tokens`` tokens (the simulator's reserving cache)."""
 
     def __init__(self, capacity_tokens: int, max_seq_len: int | None = None) -> None:
         check_int("capacity_tokens", capacity_tokens)
         check_int("max_seq_len", max_seq_len, allow_none=True)
+        super().__init__()
         self._capacity = capacity_tokens
         self.max_seq_len = max_seq_len
-        self._reserved: dict[str, int] = {}
         self._used = 0
 
     @property
@@ -105,21 +153,14 @@ class TokenKVSpace(ReservingKVSpace):
             return False
         return num_tokens <= self._capacity
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.fits_ever(num_tokens) and self._used + num_tokens <= self._capacity
+    def has_room_for(self, num_tokens: int) -> bool:
+        return self._used + num_tokens <= self._capacity
 
-    def allocate(self, request_id: str, num_tokens: int) -> None:
-        if request_id in self._reserved:
-            raise ValueError(f"request {request_id!r} already holds KV space")
-        if not self.can_allocate(num_tokens):
-            raise KVCacheFullError(
-                f"request {request_id!r} needs {num_tokens} KV tokens; {self._capacity - self._used} "
-                f"of {self._capacity} are free")
-        self._reserved[request_id] = num_tokens
+    def _reserve(self, request_id: str, num_tokens: int) -> None:
         self._used += num_tokens
 
-    def free(self, request_id: str) -> None:
-        self._used -= self._reserved.pop(request_id)
+    def _unreserve(self, request_id: str, num_tokens: int) -> None:
+        self._used -= num_tokens
 
     def __repr__(self) -> str:
         return f"TokenKVSpace(used={self._used}/{self._capacity} tokens, seqs={len(self._reserved)})"

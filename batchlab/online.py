@@ -1,27 +1,24 @@
-"""The engine's online mode: requests added and aborted while the loop runs on the wall clock.
+"""The online driver: a server's loop, with requests added and aborted while it runs.
 
 Offline, ``Engine.run(workload)`` knows every request and its arrival time in advance. A server
 does not: requests come in from other threads (HTTP handlers) while the loop is running, clients
-go away, and the server is stopped at some point. ``Engine.run_online(inbox, listener)`` runs the
-*same* loop with two differences:
+go away, and the server is stopped at some point. ``Engine.run_online(inbox, listener)`` drives
+the same ``Engine.step`` on the wall clock (``serve_online`` below), with two differences:
 
-- At the top of every loop pass it reads an ``EngineInbox``: a thread-safe list of commands
-  (``add`` a request, ``abort`` one, ``stop``). An added request arrives at the moment ``add`` was
-  called (its ``arrival_time`` is set then, on the engine's clock). When there is nothing to run,
-  the loop waits on the inbox (until a command comes, or the scheduler's timer is due) instead of
+- At the top of every pass it reads an ``EngineInbox``: a thread-safe list of commands (``add``
+  a request, ``abort`` one, ``stop``). An added request arrives at the moment ``add`` was called
+  (its ``arrival_time`` is set then, on the engine's clock). When there is nothing to run, the
+  loop waits on the inbox (until a command comes, or the scheduler's timer is due) instead of
   ending.
-- It tells a listener what happens as it happens: ``on_token`` for every token the moment its
-  step ends, ``on_end`` when a request's response is complete (finished and released, rejected,
-  or aborted). A server streams from these.
+- It tells a listener (``listener.py``) what happens as it happens: ``on_token`` for every token
+  the moment its step ends, ``on_end`` when a request's response is complete (finished and
+  released, rejected, or aborted). A server streams from these.
 
-Aborts. An aborted request ends with status ABORTED and ``finish_reason`` "aborted: <why>". A
-waiting one leaves the queue at once; a running one leaves at the top of the next loop pass
-(before the next step is planned), and the scheduler frees its KV space then. Its tokens so far
-stay in the trace. ``stop(reason)`` stops admission (later ``add``s are rejected with the
-reason) and aborts everything still in flight with that reason, then the loop returns its trace.
-
-The listener's methods run on the engine's thread, between steps: they must be quick (hand the
-token to another thread, e.g. with ``loop.call_soon_threadsafe``) and must not raise.
+Aborts. An aborted request ends with status ABORTED, ``finish_reason`` ABORT and the reason in
+``finish_detail``. A waiting one leaves the queue at once; a running one leaves the scheduler,
+which frees its KV space, before the next step is planned. Its tokens so far stay in the trace.
+``stop(reason)`` stops admission (later ``add``s are rejected with the reason) and aborts
+everything still in flight with that reason, then the loop returns its trace.
 """
 
 from __future__ import annotations
@@ -29,20 +26,17 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from batchlab.listener import EngineListener
+from batchlab.plan import Idle
 from batchlab.requests import Request
 
-ABORTED_PREFIX = "aborted: "
+if TYPE_CHECKING:   # the engine imports this driver, not the other way round
+    from batchlab.engine import Engine
+    from batchlab.trace import Trace
 
-
-class EngineListener:
-    """What an online engine reports. Subclass and override; the defaults do nothing."""
-
-    def on_token(self, req: Request, token: int, t: float) -> None:
-        """``req`` got ``token`` (already appended to ``req.output_ids``) at time ``t``."""
-
-    def on_end(self, req: Request, t: float) -> None:
-        """``req``'s response is complete at ``t``: its ``status`` and ``finish_reason`` say how."""
+__all__ = ["EngineInbox", "EngineListener", "InboxCommands", "serve_online"]
 
 
 @dataclass
@@ -113,3 +107,38 @@ class EngineInbox:
             if p.adds or p.aborts or p.stop_reason is not None:
                 return
             self._cond.wait(timeout)
+
+
+# --- the driver ------------------------------------------------------------------------------------
+def serve_online(engine: "Engine", inbox: EngineInbox, listener: EngineListener) -> "Trace":
+    """Run ``engine`` on what ``inbox`` is given until it is stopped and nothing is in flight."""
+    now = engine.start(listener)
+    while True:
+        now = engine.clock.now(now)
+        if not _read_inbox(engine, inbox, now):
+            return engine.finish()
+        out = engine.step(now)
+        if isinstance(out, Idle):        # idle: wait for a command, or the scheduler's timer
+            inbox.wait(None if out.wake_at is None else out.wake_at - now)
+        else:
+            now = out.end
+
+
+def _read_inbox(engine: "Engine", inbox: EngineInbox, now: float) -> bool:
+    """Admit added requests, apply aborts and a stop. False when the loop should end (stopped
+    and nothing left in flight)."""
+    commands = inbox.take()
+    perf_now = time.perf_counter()
+    requests = engine.requests
+    for req, added_at in commands.adds:
+        # It arrived when it was added (on this clock), never before the previous arrival.
+        previous = next(reversed(requests.values())).arrival_time if requests else 0.0
+        req.arrival_time = max(now - (perf_now - added_at), previous, 0.0)
+        engine.add_request(req, now)
+    aborts = commands.aborts
+    if commands.stop_reason is not None:
+        aborts = aborts + [(rid, commands.stop_reason) for rid, r in requests.items() if not r.is_done]
+    if aborts and any([engine.abort(rid, why, now) for rid, why in aborts]):
+        # Aborted running requests leave the scheduler (and free their KV) now, as after a step.
+        engine.release(engine.scheduler.remove_ended(), now)
+    return not (inbox.stopping and not engine.scheduler.has_pending())

@@ -45,8 +45,8 @@ class DecodeChunks(Sequence):
 
     Sequence ``j`` decodes position ``starts[j] + offset``. It behaves like the list of
     ``ScheduledChunk`` a scheduler would return (same items, same order; compares equal to it)
-    but builds chunk objects only when they are read. The simulator's decode runs
-    (``batchlab.backends.decode_runs``) record millions of such steps.
+    but builds chunk objects only when they are read. The simulator's fast path
+    (``batchlab.fast_path``) records millions of such steps.
     """
 
     __slots__ = ("request_ids", "starts", "offset")
@@ -79,8 +79,20 @@ class DecodeChunks(Sequence):
         return f"DecodeChunks({n} decode{'' if n == 1 else 's'} at offset {self.offset})"
 
 
+def chunk_counts(chunks: Iterable[ScheduledChunk]) -> tuple[int, int, int]:
+    """``(num_tokens, num_prefill_tokens, num_decode_seqs)`` of one step's chunks."""
+    num_tokens = num_prefill = num_decode = 0
+    for c in chunks:
+        num_tokens += c.num_tokens
+        if c.is_decode:
+            num_decode += 1
+        else:
+            num_prefill += c.num_tokens
+    return num_tokens, num_prefill, num_decode
+
+
 class ChunkCounts:
-    """Sizes of a step, counted from its ``chunks`` (shared by ``StepPlan`` and ``StepRecord``)."""
+    """Sizes of a step, counted from its ``chunks``."""
 
     chunks: Sequence[ScheduledChunk]
 
@@ -90,24 +102,15 @@ class ChunkCounts:
 
     @property
     def num_tokens(self) -> int:
-        chunks = self.chunks
-        if type(chunks) is DecodeChunks:      # one token each, without building the chunks
-            return len(chunks)
-        return sum(c.num_tokens for c in chunks)
+        return chunk_counts(self.chunks)[0]
 
     @property
     def num_prefill_tokens(self) -> int:
-        chunks = self.chunks
-        if type(chunks) is DecodeChunks:
-            return 0
-        return sum(c.num_tokens for c in chunks if not c.is_decode)
+        return chunk_counts(self.chunks)[1]
 
     @property
     def num_decode_seqs(self) -> int:
-        chunks = self.chunks
-        if type(chunks) is DecodeChunks:
-            return len(chunks)
-        return sum(1 for c in chunks if c.is_decode)
+        return chunk_counts(self.chunks)[2]
 
 
 @dataclass
@@ -130,6 +133,14 @@ class StepPlan(ChunkCounts):
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+
+@dataclass(frozen=True)
+class Idle:
+    """What ``Engine.step`` returns when the scheduler planned nothing: when it may have work
+    again without a new arrival (a dynamic batcher's timer), or None."""
+
+    wake_at: float | None
 
 
 # --- features of one step ----------------------------------------------------------------------

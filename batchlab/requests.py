@@ -27,6 +27,43 @@ class RequestStatus(str, enum.Enum):
     ABORTED = "aborted"      # ended early by the server (client gone, stop string, shutdown); ``finish_reason`` says why
 
 
+class FinishReason(enum.StrEnum):
+    """Why a request ended (vLLM's ``FinishReason``, plus REJECTED); the words are in ``finish_detail``.
+
+    A string enum: ``FinishReason.LENGTH == "length"`` and ``str(FinishReason.LENGTH) == "length"``,
+    so it compares, prints and serializes as its value.
+    """
+
+    LENGTH = "length"        # produced max_new_tokens
+    STOP = "stop"            # produced a stop token
+    ABORT = "abort"          # ended early (client gone, shutdown): FinishReason.ABORT, status ABORTED
+    REJECTED = "rejected"    # could never be served: status REJECTED
+
+    @property
+    def status(self) -> RequestStatus:
+        """The status a request ends with for this reason."""
+        return _STATUS_OF[self]
+
+
+def parse_finish_reason(text: str | None) -> tuple[FinishReason | None, str | None]:
+    """A stored finish reason as ``(FinishReason, detail)``. Also reads the older one-string form,
+    ``"aborted: <why>"`` and ``"rejected: <why>"``."""
+    if text is None:
+        return None, None
+    for old, reason in (("aborted: ", FinishReason.ABORT), ("rejected: ", FinishReason.REJECTED)):
+        if text.startswith(old):
+            return reason, text[len(old):]
+    try:
+        return FinishReason(text), None
+    except ValueError:
+        raise ValueError(f"finish_reason={text!r}; must be one of {[r.value for r in FinishReason]} "
+                         "(or 'aborted: <why>', 'rejected: <why>')") from None
+
+
+_STATUS_OF = {FinishReason.LENGTH: RequestStatus.FINISHED, FinishReason.STOP: RequestStatus.FINISHED,
+              FinishReason.ABORT: RequestStatus.ABORTED, FinishReason.REJECTED: RequestStatus.REJECTED}
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. ``temperature == 0`` means greedy (argmax).
@@ -64,7 +101,8 @@ class Request:
 
     State, written by the engine only: ``status``, ``num_computed_tokens``, ``output_ids``,
     ``token_times`` (when each output token was computed), ``first_scheduled_time``,
-    ``finish_reason``.
+    ``finish_reason`` (a ``FinishReason``) and ``finish_detail`` (why, in words, when it was
+    aborted or rejected).
     """
 
     request_id: str
@@ -80,7 +118,8 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
     first_scheduled_time: float | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
+    finish_detail: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:

@@ -16,13 +16,17 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from batchlab.plan import ChunkCounts, ScheduledChunk
-from batchlab.requests import RequestStatus
+from batchlab.plan import ScheduledChunk, chunk_counts
+from batchlab.requests import FinishReason, RequestStatus
 
 
-@dataclass
-class StepRecord(ChunkCounts):
-    """One engine step: when it ran, what it computed, and for whom."""
+@dataclass(slots=True)
+class StepRecord:
+    """One engine step: when it ran, what it computed, and for whom.
+
+    Its sizes are counted once, from ``chunks``, unless given (the simulator's fast path knows
+    them: a decode run's step is ``num_seqs`` decodes).
+    """
 
     index: int
     start: float
@@ -30,6 +34,17 @@ class StepRecord(ChunkCounts):
     chunks: Sequence[ScheduledChunk]     # a list, or DecodeChunks for a simulator decode run
     held_slots: int = 0
     batch_id: int | None = None
+    num_tokens: int = -1
+    num_prefill_tokens: int = -1
+    num_decode_seqs: int = -1
+
+    def __post_init__(self) -> None:
+        if self.num_tokens < 0:
+            self.num_tokens, self.num_prefill_tokens, self.num_decode_seqs = chunk_counts(self.chunks)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.chunks)
 
     @property
     def end(self) -> float:
@@ -45,12 +60,13 @@ class RequestRecord:
     prompt_len: int
     max_new_tokens: int
     status: RequestStatus
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     first_scheduled_time: float | None
     token_times: list[float]          # when each output token was computed
     release_time: float | None        # when the full response reached the client
     streamed: bool                    # True: tokens were visible as computed
     output_ids: list[int] = field(default_factory=list)
+    finish_detail: str | None = None  # why it was aborted or rejected, in words
 
     @property
     def num_output_tokens(self) -> int:
@@ -103,14 +119,15 @@ class Trace:
                 "request_id": r.request_id, "arrival_time": r.arrival_time,
                 "prompt_len": r.prompt_len, "max_new_tokens": r.max_new_tokens,
                 "num_output_tokens": r.num_output_tokens, "status": r.status.value,
-                "finish_reason": r.finish_reason, "streamed": r.streamed,
+                "finish_reason": r.finish_reason, "finish_detail": r.finish_detail,
+                "streamed": r.streamed,
                 "first_scheduled_time": r.first_scheduled_time,
                 "first_token_time": vis[0] if vis else None,
                 "finish_time": r.finish_time, "release_time": r.release_time,
             })
         return pd.DataFrame(rows, columns=[
             "request_id", "arrival_time", "prompt_len", "max_new_tokens", "num_output_tokens",
-            "status", "finish_reason", "streamed", "first_scheduled_time", "first_token_time",
+            "status", "finish_reason", "finish_detail", "streamed", "first_scheduled_time", "first_token_time",
             "finish_time", "release_time"]).astype({"first_scheduled_time": float,
                                                      "first_token_time": float,
                                                      "finish_time": float, "release_time": float})

@@ -42,7 +42,7 @@ import pandas as pd
 
 from batchlab.analysis.metrics import summarize
 from batchlab.backends import CostModel, ModelBackend, SimBackend
-from batchlab.backends.calibration import calibration_steps, fit_calibration
+from batchlab.experiments.calibration import calibration_steps, fit_calibration
 from batchlab.backends.cost_model import features_df
 from batchlab.engine import Engine
 from batchlab.experiments.sweeps import capacity

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from batchlab.backends import ModelBackend
-from batchlab.backends.calibration import calibration_steps
+from batchlab.experiments.calibration import calibration_steps
 from batchlab.backends.cost_model import features_df
 from batchlab.backends.roofline import MODEL_SHAPES, DTYPE_BYTES, RooflineCostModel, compare_cost_models, \
     profile_features

@@ -232,7 +232,7 @@ def calibrate(out_dir: Path, force: bool = False) -> CostModel:
     error exceeds ``MAX_MEDIAN_FIT_ERROR`` is refused (rerun on a quiet machine, or ``force``).
     """
     from batchlab.backends import ModelBackend
-    from batchlab.backends.calibration import calibrate_cost_model
+    from batchlab.experiments.calibration import calibrate_cost_model
     from batchlab.model import load_model
 
     cost = calibrate_cost_model(ModelBackend(load_model(), max_num_seqs=16, max_seq_len=512))

@@ -209,7 +209,7 @@ def test_repr_reads_in_milliseconds_per_term():
 
 
 def test_calibration_warns_on_a_poor_fit():
-    from batchlab.backends.calibration import POOR_FIT_ERROR, warn_if_poor_fit
+    from batchlab.experiments.calibration import POOR_FIT_ERROR, warn_if_poor_fit
 
     good = CostModel(0.02, 0.001, 0.001, 1e-7, fit_stats={"median_rel_error": POOR_FIT_ERROR / 2})
     bad = CostModel(0.02, 0.001, 0.001, 1e-7, fit_stats={"median_rel_error": 2 * POOR_FIT_ERROR})

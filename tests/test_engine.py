@@ -17,7 +17,7 @@ import pytest
 from batchlab.backends import Backend, CostModel, SimBackend, StepResult
 from batchlab.engine import Engine, EngineError
 from batchlab.plan import DecodeChunks, ScheduledChunk, StepPlan
-from batchlab.requests import Request, RequestStatus
+from batchlab.requests import FinishReason, Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
 from batchlab.trace import StepRecord
@@ -114,7 +114,7 @@ def test_a_request_that_can_never_fit_is_rejected_with_its_reason():
         trace = Engine(scheduler, sim(capacity=100)).run(requests)
         rejected = trace.requests[1]
         assert rejected.status is RequestStatus.REJECTED
-        assert rejected.finish_reason.startswith("rejected: ") and "110 KV tokens" in rejected.finish_reason
+        assert rejected.finish_reason is FinishReason.REJECTED and "110 KV tokens" in rejected.finish_detail
         assert rejected.num_output_tokens == 0 and rejected.first_scheduled_time is None
         assert rejected.release_time is not None           # the client was told, at that time
         assert all(c.request_id != "r1" for s in trace.steps for c in s.chunks)
@@ -125,7 +125,7 @@ def test_a_request_that_can_never_fit_is_rejected_with_its_reason():
 def test_a_prompt_over_the_token_budget_without_chunking_is_rejected():
     trace = Engine(ContinuousBatcher(4, 32, chunked_prefill=False), sim()).run([req(0, 0.0, prompt=40)])
     assert trace.requests[0].status is RequestStatus.REJECTED
-    assert "max_num_batched_tokens=32" in trace.requests[0].finish_reason
+    assert "max_num_batched_tokens=32" in trace.requests[0].finish_detail
 
 
 def test_a_stop_token_ends_a_request_early():
@@ -239,6 +239,45 @@ def test_fast_path_makes_the_same_trace_as_calling_the_scheduler_every_step(poli
     check_served_exactly(requests, fast)
 
 
+def shared_prefix_workload(n: int, seed: int, rate: float) -> list[Request]:
+    """Requests with token ids, half of them opening with one of two 40-token system prompts."""
+    import random
+    rng = random.Random(seed)
+    systems = [[rng.randrange(1000) for _ in range(40)] for _ in range(2)]
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        own = [rng.randrange(1000) for _ in range(rng.randint(1, 40))]
+        prompt = (systems[i % 2] + own) if i % 4 < 2 else own
+        out.append(Request(f"r{i}", prompt, rng.randint(1, 40), arrival_time=t))
+    return out
+
+
+@pytest.mark.parametrize("capacity, block_size, prefix", [(4000, 16, False), (4000, 16, True),
+                                                          (480, 16, True), (480, 8, False), (300, 4, True)])
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_fast_path_on_a_paged_cache_makes_the_same_trace(capacity, block_size, prefix, noise):
+    """Continuous batching on blocks, with prefix caching and preemptions: the fast path grows the
+    blocks in bulk and stops before they run out; the trace and the books are the same."""
+    requests = shared_prefix_workload(120, seed=11, rate=30.0)
+    traces, backends = {}, {}
+    for fast in (False, True):
+        backends[fast] = sim(cost=RULER_KV, capacity=capacity, noise=noise, seed=3, block_size=block_size,
+                             enable_prefix_caching=prefix)
+        traces[fast] = Engine(ContinuousBatcher(max_num_seqs=12, max_num_batched_tokens=96), backends[fast],
+                              fast_decode_runs=fast).run(requests)
+    slow, fast = traces[False], traces[True]
+    assert fast.meta["num_fast_steps"] > len(fast.steps) / 4, "the fast path was hardly used"
+    assert trace_facts(fast) == trace_facts(slow)
+    assert [p for p in fast.preemptions] == [p for p in slow.preemptions]
+    if capacity < 1000:
+        assert slow.preemptions, "the small cache should preempt"
+    for backend in backends.values():
+        backend.kv.check()
+    assert backends[True].kv.num_hit_tokens == backends[False].kv.num_hit_tokens
+    assert backends[True].kv.num_evictions == backends[False].kv.num_evictions
+
+
 def test_fast_path_steps_read_like_ordinary_steps():
     trace = Engine(ContinuousBatcher(4, 64), sim(cost=RULER_KV)).run([req(0, 0.0, out=6), req(1, 0.0, out=6)])
     fast_steps = [s for s in trace.steps if isinstance(s.chunks, DecodeChunks)]
@@ -327,7 +366,7 @@ class NeverPlans(Scheduler):
     def schedule(self, now):
         return StepPlan()
 
-    def on_step_end(self, plan, now):
+    def remove_ended(self):
         return []
 
     def has_pending(self):
@@ -340,8 +379,8 @@ def test_a_scheduler_that_holds_work_but_plans_nothing_is_a_deadlock():
 
 
 class NeverReleases(ContinuousBatcher):
-    def on_step_end(self, plan, now):
-        super().on_step_end(plan, now)
+    def remove_ended(self):
+        super().remove_ended()
         return []
 
 

@@ -37,7 +37,8 @@ class Recorder(EngineListener):
 
     def on_end(self, req, t):
         with self.cond:
-            self.ends.setdefault(req.request_id, []).append((req.status.value, req.finish_reason, t))
+            why = f"{req.finish_reason}: {req.finish_detail}" if req.finish_detail else req.finish_reason
+            self.ends.setdefault(req.request_id, []).append((req.status.value, why, t))
             self.cond.notify_all()
 
     def wait_for(self, predicate, what: str) -> None:
@@ -106,7 +107,7 @@ def test_abort_running_frees_kv_at_the_next_pass_and_states_why():
     online.inbox.abort("r0", "client disconnected")
     online.rec.wait_for(lambda: "r0" in online.rec.ends, "r0's end")
     status, reason, _ = online.rec.ends["r0"][0]
-    assert (status, reason) == ("aborted", "aborted: client disconnected")
+    assert (status, reason) == ("aborted", "abort: client disconnected")
     online.rec.wait_for(lambda: "r1" in online.rec.ends, "r1's end")
     assert online.backend.kv.used_tokens == 0      # the aborted request's space is free
     online.inbox.abort("r0", "again")              # already ended: nothing happens
@@ -144,7 +145,7 @@ def test_non_streaming_batch_releases_members_together_and_aborted_member_keeps_
     assert "r0" not in online.rec.ends             # finished, but its batch has not ended
     online.inbox.abort("r1", "client disconnected")
     online.rec.wait_for(lambda: "r0" in online.rec.ends, "the batch's end")
-    assert online.rec.ends["r1"][0][:2] == ("aborted", "aborted: client disconnected")
+    assert online.rec.ends["r1"][0][:2] == ("aborted", "abort: client disconnected")
     assert online.backend.kv.used_tokens == 0      # the batch ended, its space is free
     online.stop()
 
@@ -165,7 +166,7 @@ def test_stop_ends_in_flight_with_the_reason_and_refuses_later_adds():
     online.rec.wait_for(lambda: len(online.rec.tokens) == 2, "two running requests")
     trace = online.stop("server shutting down")
     assert {r.status for r in trace.requests} == {RequestStatus.ABORTED}
-    assert {r.finish_reason for r in trace.requests} == {"aborted: server shutting down"}
+    assert {(r.finish_reason, r.finish_detail) for r in trace.requests} == {("abort", "server shutting down")}
     assert all(len(online.rec.ends[r.request_id]) == 1 for r in trace.requests)
     assert online.backend.kv.used_tokens == 0
     with pytest.raises(RuntimeError, match="stopping"):

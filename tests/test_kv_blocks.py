@@ -27,8 +27,8 @@ def req(rid: str, prompt: int, out: int, arrival: float = 0.0, ids: list[int] | 
 # --- the block manager on its own ---------------------------------------------------------------------
 def test_blocks_are_handed_out_as_a_sequence_grows_and_all_come_back():
     kv = BlockManager(num_blocks=4, block_size=4)
-    assert isinstance(kv, KVSpace) and kv.grows_on_demand and not TokenKVSpace(8).grows_on_demand
-    assert kv.allocate("a", 5) == 0                      # 5 tokens: 2 blocks
+    assert isinstance(kv, KVSpace) and isinstance(TokenKVSpace(8), KVSpace)
+    assert kv.admit("a", 5, 5) == 0                      # 5 tokens: 2 blocks
     assert kv.block_table("a") == [0, 1] and kv.used_blocks == 2 and kv.used_tokens == 8
     kv.grow("a", 3)                                      # 8 tokens: still 2 blocks
     assert kv.used_blocks == 2 and kv.held_tokens == 8
@@ -48,9 +48,9 @@ def test_blocks_are_handed_out_as_a_sequence_grows_and_all_come_back():
 def test_admission_leaves_the_reserve_and_fits_ever_counts_it():
     kv = BlockManager(num_blocks=4, block_size=4, reserve_blocks=1)
     assert kv.fits_ever(12) and not kv.fits_ever(13)     # 3 blocks + 1 reserved = the pool
-    kv.allocate("a", 8)
-    assert not kv.can_allocate(5) and kv.can_allocate(4)  # 2 free, 1 of them kept back
-    kv.allocate("b", 4)
+    kv.admit("a", 8, 8)
+    assert not kv.can_admit(5, 5) and kv.can_admit(4, 4)  # 2 free, 1 of them kept back
+    kv.admit("b", 4, 4)
     assert kv.num_free_blocks == 1 and kv.can_grow("a", 4)  # growth may use the reserve
 
 
@@ -80,10 +80,10 @@ def test_prefix_blocks_are_shared_by_chained_hash_and_evicted_least_recently_fre
     kv = BlockManager(num_blocks=6, block_size=4, enable_prefix_caching=True)
     system = [7, 7, 7, 7, 8, 8, 8, 8]                    # two full blocks
     a, b = system + [1, 2], system + [3]
-    assert kv.allocate("a", len(a), a) == 0              # computes everything: 3 blocks
+    assert kv.admit("a", len(a), len(a), a) == 0              # computes everything: 3 blocks
     assert kv.num_cached_blocks == 2                     # the two full prompt blocks
     assert kv.cached_prefix_tokens(b, len(b) - 1) == 8
-    assert kv.allocate("b", len(b), b) == 8              # shares 2 blocks, adds 1
+    assert kv.admit("b", len(b), len(b), b) == 8              # shares 2 blocks, adds 1
     assert kv.block_table("b")[:2] == kv.block_table("a")[:2] and kv.used_blocks == 4
     # The same second block after a different first block is not a hit: the hash is chained.
     other = [9, 9, 9, 9, 8, 8, 8, 8, 1]
@@ -94,12 +94,12 @@ def test_prefix_blocks_are_shared_by_chained_hash_and_evicted_least_recently_fre
     kv.free("b")
     kv.check()
     assert kv.used_blocks == 0 and kv.num_cached_blocks == 2   # free, but still cached
-    assert kv.allocate("c", len(b), b) == 8                    # a hit on free cached blocks
+    assert kv.admit("c", len(b), len(b), b) == 8                    # a hit on free cached blocks
     kv.free("c")
     # Filling the pool evicts: first the uncached free blocks, then the least recently freed.
-    kv.allocate("d", 16)                                  # 4 blocks: 4 uncached free ones
+    kv.admit("d", 16, 16)                                  # 4 blocks: 4 uncached free ones
     assert kv.num_cached_blocks == 2 and kv.num_evictions == 0
-    kv.allocate("e", 4)                                   # one more: evicts the tail block
+    kv.admit("e", 4, 4)                                   # one more: evicts the tail block
     assert kv.num_evictions == 1 and kv.cached_prefix_tokens(b, 8) == 4
     kv.check()
 
@@ -129,7 +129,9 @@ def test_hand_computed_preemption_scenario():
     """
     backend = RecordingSim(ONE_SECOND, kv_capacity_tokens=16, block_size=4)
     requests = [req("A", 4, 8), req("B", 4, 8)]
-    trace = Engine(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64), backend).run(requests)
+    # Every step through backend.run (no fast path), so the recorder sees each one.
+    trace = Engine(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64), backend,
+                   fast_decode_runs=False).run(requests)
     assert [(p.request_id, p.time, p.num_computed_tokens, p.num_output_tokens)
             for p in trace.preemptions] == [("B", 5.0, 8, 5)]
     a, b = trace.requests
@@ -240,7 +242,7 @@ def test_a_request_that_can_never_fit_the_block_pool_is_rejected_with_the_reason
     backend = SimBackend(ONE_SECOND, kv_capacity_tokens=64, block_size=16)   # 4 blocks
     trace = Engine(ContinuousBatcher(8, 256), backend).run([req("big", 60, 10), req("ok", 10, 5)])
     big, ok = trace.requests
-    assert big.status is RequestStatus.REJECTED and "needs 70 KV tokens" in big.finish_reason
+    assert big.status is RequestStatus.REJECTED and "needs 70 KV tokens" in big.finish_detail
     assert ok.status is RequestStatus.FINISHED and not trace.preemptions
 
 

@@ -1,7 +1,7 @@
 """Tests for the three batching policies, driven by hand.
 
 ``EngineStandIn`` below is a test driver only: it plays the engine's part in the smallest way
-(queue arrivals, apply a plan to the requests, call ``on_step_end``) and checks the plan contract
+(queue arrivals, apply a plan to the requests, call ``remove_ended``) and checks the plan contract
 on every step. The real engine lives in ``batchlab/engine.py``.
 """
 
@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from batchlab.fast_path import steady
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
@@ -25,8 +26,13 @@ def make_request(rid: str, prompt_len: int = 4, max_new_tokens: int = 3, arrival
                    stop_token_ids=stop_token_ids)
 
 
+def promises(scheduler: Scheduler, plan: StepPlan) -> bool:
+    """The simulator's fast-path promise (``batchlab.fast_path.steady``) after ``plan``."""
+    return steady(scheduler, tuple(c.request_id for c in plan.chunks), plan.held_slots, plan.batch_id)
+
+
 class EngineStandIn:
-    """Test driver: arrivals → schedule → apply the plan → on_step_end, with contract checks.
+    """Test driver: arrivals → schedule → apply the plan → remove_ended, with contract checks.
 
     The "model" samples token ``k`` as a request's k-th output (0, 1, 2, ...), so a request with
     ``stop_token_ids=(2,)`` stops after 3 tokens. Every step takes ``step_time`` seconds.
@@ -41,7 +47,7 @@ class EngineStandIn:
         self.requests: dict[str, Request] = {}
         self.released_at: dict[str, float] = {}
         self.plans: list[StepPlan] = []
-        # The simulator's fast-path promise (Scheduler.continues_decoding), checked on every step:
+        # The simulator's fast-path promise (batchlab.fast_path.steady), checked on every step:
         # the last plan if every chunk sampled and nobody finished, whether the promise was made,
         # and whether a request arrived since.
         self.decoding_plan: StepPlan | None = None
@@ -54,14 +60,14 @@ class EngineStandIn:
             self.requests[req.request_id] = req
             reason = self.scheduler.why_unschedulable(req)
             if reason is not None:
-                req.status, req.finish_reason = RequestStatus.REJECTED, reason
+                req.status, req.finish_reason, req.finish_detail = RequestStatus.REJECTED, "rejected", reason
             else:
                 self.scheduler.add_request(req)
                 self.arrived_since_step = True
 
     def step(self) -> StepPlan:
         last, promised_before = self.decoding_plan, self.promised
-        self.promised = last is not None and self.scheduler.continues_decoding(last)
+        self.promised = last is not None and promises(self.scheduler, last)
         if promised_before and last is not None and not self.arrived_since_step:
             assert self.promised, "a fast-path promise was withdrawn with no arrival and no finish"
         self.arrived_since_step = False
@@ -100,7 +106,7 @@ class EngineStandIn:
                     req.finish_reason = "stop" if token in req.stop_token_ids else "length"
                     num_finished += 1
         self.now = end
-        released = self.scheduler.on_step_end(plan, self.now)
+        released = self.scheduler.remove_ended()
         if self.promised and not num_finished:
             assert released == [], "a promised decode step released someone"
         for req in released:
@@ -489,7 +495,7 @@ def test_continuous_rejected_request_is_reported_not_lost():
     eng.arrive(make_request("too_long", prompt_len=9), make_request("fine", prompt_len=8))
     eng.run_until_idle()
     assert eng.requests["too_long"].status is RequestStatus.REJECTED
-    assert "max_num_batched_tokens=8" in eng.requests["too_long"].finish_reason
+    assert "max_num_batched_tokens=8" in eng.requests["too_long"].finish_detail
     assert eng.requests["fine"].status is RequestStatus.FINISHED
 
 
@@ -502,12 +508,12 @@ def test_continuous_fast_path_promise_waits_until_the_plan_is_in_running_order()
     third = eng.step()                           # b decodes, a's last 5: everyone sampled
     assert [(c.request_id, c.samples) for c in third.chunks] == [("b", True), ("a", True)]
     # the next step lists a before b (running order), not as the last plan did: no promise
-    assert not sched.continues_decoding(third)
+    assert not promises(sched, third)
     fourth = eng.step()
     assert ids(fourth) == ["a", "b"]
-    assert sched.continues_decoding(fourth)      # now pure decodes in the same order
+    assert promises(sched, fourth)      # now pure decodes in the same order
     eng.arrive(make_request("c", prompt_len=3))
-    assert not sched.continues_decoding(fourth)  # c can be admitted: the next plan differs
+    assert not promises(sched, fourth)  # c can be admitted: the next plan differs
 
 
 def test_continuous_fast_path_promise_holds_while_the_head_cannot_be_admitted():
@@ -515,12 +521,12 @@ def test_continuous_fast_path_promise_holds_while_the_head_cannot_be_admitted():
     eng = EngineStandIn(sched)
     eng.arrive(*[make_request(f"r{i}", max_new_tokens=5) for i in range(3)])
     plan = eng.step()
-    assert sched.continues_decoding(plan)        # r2 waits for a free seat
+    assert promises(sched, plan)        # r2 waits for a free seat
     tight = ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64)
     eng = EngineStandIn(tight, kv_tokens=16)
     eng.arrive(*[make_request(f"r{i}", max_new_tokens=4) for i in range(3)])   # 8 KV tokens each
     plan = eng.step()
-    assert ids(plan) == ["r0", "r1"] and tight.continues_decoding(plan)        # r2 waits for KV
+    assert ids(plan) == ["r0", "r1"] and promises(tight, plan)        # r2 waits for KV
 
 
 def test_request_level_fast_path_promise_ends_with_a_finish():
@@ -528,13 +534,13 @@ def test_request_level_fast_path_promise_ends_with_a_finish():
     eng = EngineStandIn(sched)
     eng.arrive(make_request("a", max_new_tokens=2), make_request("b", max_new_tokens=4))
     first = eng.step()
-    assert sched.continues_decoding(first)
+    assert promises(sched, first)
     eng.step()                                   # a finishes
-    assert not sched.continues_decoding(first)   # a stale plan (two members) is not continued
+    assert not promises(sched, first)   # a stale plan (two members) is not continued
     third = eng.step()
-    assert third.held_slots == 1 and sched.continues_decoding(third)
+    assert third.held_slots == 1 and promises(sched, third)
     eng.run_until_idle()
-    assert not sched.continues_decoding(third)   # no batch is running
+    assert not promises(sched, third)   # no batch is running
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -618,7 +624,7 @@ E2E_POLICIES = [
 
 @pytest.mark.parametrize("name, kwargs", E2E_POLICIES)
 def test_engine_fast_path_gives_the_same_trace_as_scheduling_every_step(name, kwargs):
-    """The simulator may skip ``schedule`` while ``continues_decoding`` promises pure decodes; the
+    """The simulator may skip ``schedule`` while ``fast_path.steady`` promises pure decodes; the
     trace must be exactly the one made by calling the scheduler every step."""
     engine_module = pytest.importorskip("batchlab.engine")
     from batchlab.backends import CostModel, SimBackend

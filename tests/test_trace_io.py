@@ -13,7 +13,7 @@ from batchlab.analysis.trace_io import load_trace, save_trace, trace_from_dict, 
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.requests import RequestStatus
+from batchlab.requests import FinishReason, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.trace import RequestRecord, Trace
 from batchlab.workloads import make_workload
@@ -81,8 +81,24 @@ def test_loaded_trace_measures_the_same(name, tmp_path):
 def test_rejected_request_keeps_its_reason(tmp_path):
     loaded = load_trace(save_trace(TRACES["rejected"], tmp_path / "t.json"))
     rejected = [r for r in loaded.requests if r.status == RequestStatus.REJECTED]
-    assert len(rejected) == 1 and rejected[0].finish_reason.startswith("rejected: ")
+    assert len(rejected) == 1 and rejected[0].finish_reason == "rejected" and "KV tokens" in rejected[0].finish_detail
     assert rejected[0].token_times == [] and rejected[0].release_time is not None
+
+
+def test_a_trace_saved_in_the_older_one_string_form_still_loads(tmp_path):
+    path = save_trace(TRACES["rejected"], tmp_path / "t.json")
+    data = json.loads(path.read_text())
+    reqs = data["requests"]
+    reqs["finish_reason"] = [f"{r}: {d}" if d else r for r, d in zip(reqs["finish_reason"], reqs["finish_detail"])]
+    del reqs["finish_detail"]
+    path.write_text(json.dumps(data))
+    loaded = load_trace(path)
+    rejected = [r for r in loaded.requests if r.status == RequestStatus.REJECTED][0]
+    assert rejected.finish_reason is FinishReason.REJECTED and "KV tokens" in rejected.finish_detail
+    data["requests"]["finish_reason"][0] = "exploded"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="finish_reason='exploded'; must be one of"):
+        load_trace(path)
 
 
 def test_saving_is_deterministic_and_meta_can_be_replaced(tmp_path):

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from batchlab.plan import ScheduledChunk
-from batchlab.requests import RequestStatus
+from batchlab.requests import RequestStatus, parse_finish_reason
 from batchlab.trace import RequestRecord, StepRecord, Trace
 
 TRACE_FILE_FORMAT = "batchlab-trace"
@@ -159,7 +159,8 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
         "prompt_len": [r.prompt_len for r in reqs],
         "max_new_tokens": max_new,
         "status": [RequestStatus(r.status).value for r in reqs],
-        "finish_reason": [r.finish_reason for r in reqs],
+        "finish_reason": [None if r.finish_reason is None else str(r.finish_reason) for r in reqs],
+        "finish_detail": [getattr(r, "finish_detail", None) for r in reqs],
         "first_scheduled": [_to_us(r.first_scheduled_time) for r in reqs],
         "release": [_to_us(r.release_time) for r in reqs],
         "streamed": [bool(r.streamed) for r in reqs],
@@ -239,6 +240,7 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
     else:
         token_us = replay.token_times_us
     output_ids = _column(req_table, "output_ids", n, where) if "output_ids" in req_table else None
+    details = _column(req_table, "finish_detail", n, where) if "finish_detail" in req_table else [None] * n
 
     records = []
     for i, rid in enumerate(ids):
@@ -251,10 +253,14 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
         except ValueError:
             raise ValueError(f"{where}: request {rid!r}: status={req['status'][i]!r}; allowed: "
                              f"{[s.value for s in RequestStatus]}") from None
+        try:   # (files from before finish_detail existed say "aborted: <why>" in one string)
+            reason, detail = parse_finish_reason(req["finish_reason"][i])
+        except ValueError as e:
+            raise ValueError(f"{where}: request {rid!r}: {e}") from None
         records.append(RequestRecord(
             request_id=rid, arrival_time=req["arrival"][i] / _US, prompt_len=req["prompt_len"][i],
             max_new_tokens=req["max_new_tokens"][i], status=status,
-            finish_reason=req["finish_reason"][i],
+            finish_reason=reason, finish_detail=details[i] if details[i] is not None else detail,
             first_scheduled_time=_from_us(req["first_scheduled"][i]),
             token_times=[t / _US for t in token_us[i]], release_time=_from_us(req["release"][i]),
             streamed=bool(req["streamed"][i]), output_ids=outs))

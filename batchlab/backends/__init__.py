@@ -5,11 +5,11 @@
 - ``model_backend``  the real SmolLM2 model, through ``batchlab.model``'s batched step
 - ``simulator``      steps take the time a cost model predicts; nothing is computed
 - ``cost_model``     the step-time formula and its fit to measured steps
-- ``calibration``    measure real steps, fit the cost model, check it on other traces
-- ``decode_runs``    the simulator's fast path: runs of plain decode steps predicted in bulk
 
 Why a folder: the engine sees only ``Backend``; everything that decides *how long a step takes*
-(measured or predicted) lives here, and what only the simulator needs stays out of the engine.
+(measured or predicted) lives here. Calibration (measuring the real model to fit a cost model)
+runs the engine, so it lives above it, in ``batchlab.experiments.calibration``; the simulator's
+fast path lives with the offline driver (``batchlab.fast_path``).
 ``ModelBackend`` is imported on first use (``from batchlab.backends import ModelBackend`` works),
 so importing this package, or running the simulator, never loads torch.
 """

@@ -26,16 +26,9 @@ class StepResult:
 
 
 class Backend(ABC):
-    """Runs step plans. ``kv`` is the KV space schedulers admit against.
-
-    ``predicts_decode_runs``: a backend that can predict a step's duration from its size alone
-    declares it (the simulator), and then provides ``step_duration(num_seqs, num_tokens,
-    attention_pairs)`` and ``placeholder_token``; the engine may then compute runs of plain
-    decode steps in bulk (``batchlab.backends.decode_runs``).
-    """
+    """Runs step plans. ``kv`` is the KV space schedulers admit against."""
 
     kv: KVSpace
-    predicts_decode_runs: bool = False
 
     @abstractmethod
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:

@@ -2,10 +2,10 @@
 
 ``ModelBackend.run`` turns the plan's chunks into one mixed forward pass (``llama.forward_step``),
 samples the next token of every request that needs one, and reports the step's measured
-duration. Its ``kv`` is the real ``KVCache``: schedulers reserve slots in it through the
-``KVSpace`` interface, and the backend reads which slot each request holds. With
-``paged=True`` it is a ``PagedKVCache`` instead: schedulers grow each request's blocks, and the
-backend passes each request's block table to the step.
+duration. Its ``kv`` is the real cache: a slot cache (``KVCache``) or, with ``paged=True``, a
+``PagedKVCache``. Schedulers admit and grow requests in it through the ``KVSpace`` contract; the
+backend asks it for each request's part of the step (``kv.seq_chunk``: its slot, or its block
+table) and never needs to know which kind it is.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from collections.abc import Mapping
 
 
 from batchlab.backends.base import Backend, StepResult
+from batchlab.checks import check_bool, check_int
+from batchlab.kv_blocks import check_block_size
 from batchlab.model import LoadedModel, load_model
 from batchlab.model.environment import synchronize
 from batchlab.model.kv_cache import KVCache
-from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
-from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk
+from batchlab.model.llama import LlamaWeights, forward_step
+from batchlab.model.paged_kv_cache import PagedKVCache
 from batchlab.model.sampling import RequestSampler
 from batchlab.plan import StepPlan
 from batchlab.requests import Request
@@ -28,7 +30,8 @@ from batchlab.requests import Request
 class ModelBackend(Backend):
     """Run plans on the real model.
 
-    max_num_seqs: KV slots, i.e. how many sequences can be admitted at once.
+    max_num_seqs: KV slots, i.e. how many sequences the slot cache can hold at once (the KV
+    space's size; how many a scheduler runs at once is its own ``max_num_seqs``).
     max_seq_len: tokens per slot (prompt + output of one request must fit).
     kv_memory_bytes: alternatively, a memory budget; the slot count is what it holds.
     paged: a paged KV cache of ``block_size``-token blocks instead of slots (off by default). Its
@@ -44,11 +47,11 @@ class ModelBackend(Backend):
         self.lm = lm if lm is not None else load_model()
         self.weights = LlamaWeights.from_hf(self.lm.model)
         cfg = self.weights.config
-        if not isinstance(max_seq_len, int) or not 1 <= max_seq_len <= cfg.max_position:
+        check_int("max_seq_len", max_seq_len, hint=f"at most {cfg.max_position}, the model's context length")
+        if max_seq_len > cfg.max_position:
             raise ValueError(f"max_seq_len={max_seq_len!r}; must be an int in 1..{cfg.max_position} "
                              "(the model's context length)")
-        if not isinstance(paged, bool):
-            raise ValueError(f"paged={paged!r}; must be True or False")
+        check_bool("paged", paged)
         if not paged and (enable_prefix_caching or reserve_blocks or num_kv_blocks is not None):
             raise ValueError("enable_prefix_caching, reserve_blocks and num_kv_blocks need paged=True")
         self.kv: KVCache | PagedKVCache
@@ -60,8 +63,7 @@ class ModelBackend(Backend):
                                           cfg.num_kv_heads, cfg.head_dim, self.weights.dtype,
                                           str(self.weights.device), max_slots=max_num_seqs)
         else:
-            if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-                raise ValueError(f"max_num_seqs={max_num_seqs!r}; must be an int >= 1")
+            check_int("max_num_seqs", max_num_seqs)
             self.kv = self.weights.new_kv_cache(max_num_seqs, max_seq_len)
         self.sampler = RequestSampler()
 
@@ -74,10 +76,8 @@ class ModelBackend(Backend):
                                             cfg.head_dim, block_size, max_seq_len, w.dtype,
                                             str(w.device), enable_prefix_caching, reserve_blocks)
         if num_kv_blocks is None:
-            if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-                raise ValueError(f"max_num_seqs={max_num_seqs!r}; must be an int >= 1")
-            if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-                raise ValueError(f"block_size={block_size!r}; must be an int >= 1 (tokens per block)")
+            check_int("max_num_seqs", max_num_seqs)
+            check_block_size(block_size)
             num_kv_blocks = max_num_seqs * -(-max_seq_len // block_size)   # the slot cache's memory
         return w.new_paged_kv_cache(num_kv_blocks, block_size, max_seq_len, enable_prefix_caching,
                                     reserve_blocks)
@@ -94,11 +94,7 @@ class ModelBackend(Backend):
         chunks, sampled = [], []
         for c in plan.chunks:
             req = requests[c.request_id]
-            ids = req.token_ids(c.start, c.num_tokens)
-            if self.kv.grows_on_demand:   # paged: the step reads the request's block table
-                chunks.append(PagedSeqChunk(self.kv.block_table(c.request_id), c.start, ids, c.samples))
-            else:
-                chunks.append(SeqChunk(self.kv.slot_of(c.request_id), c.start, ids, c.samples))
+            chunks.append(self.kv.seq_chunk(c.request_id, c.start, req.token_ids(c.start, c.num_tokens), c.samples))
             if c.samples:
                 sampled.append(req)
         synchronize(self.weights.device)

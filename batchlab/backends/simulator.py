@@ -20,13 +20,13 @@ seeded stream, one draw per step in step order, so a run is reproducible.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from batchlab.backends.base import Backend, StepResult
 from batchlab.backends.cost_model import CostModel, StepTimeModel
+from batchlab.checks import check_int, check_number
 from batchlab.kv_blocks import BlockManager
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import StepPlan, step_features
@@ -39,21 +39,14 @@ _NOISE_BLOCK = 4096  # noise factors drawn at a time (numpy is fast per block, s
 class SimBackend(Backend):
     """Predicts step durations with ``cost_model``; see the module docstring for the rules."""
 
-    placeholder_token: int = PLACEHOLDER_TOKEN
-    predicts_decode_runs = True
-
     def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
                  noise: float = 0.0, seed: int = 0, block_size: int | None = None,
                  enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
         if not isinstance(cost_model, StepTimeModel):
             raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
                              "reads a saved fit) or a RooflineCostModel (backends.roofline)")
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) \
-                or noise < 0:
-            raise ValueError(f"noise={noise!r}; must be a finite number >= 0 (the lognormal sigma, "
-                             "0 = no noise)")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed={seed!r}; must be an int")
+        check_number("noise", noise, hint="the lognormal sigma, 0 = no noise")
+        check_int("seed", seed, minimum=-2**63)
         self.cost_model = cost_model
         if block_size is None:
             if enable_prefix_caching or reserve_blocks:
@@ -96,12 +89,12 @@ class SimBackend(Backend):
         self._noise_factors = []
         self._noise_next = 0
 
-    # --- used by run() and by the engine's fast path -----------------------------------------
+    # --- used by run() and by the offline driver's fast path (batchlab.fast_path) -----------------
     def step_duration(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
         """The duration of the next step with these features; consumes one noise draw.
 
-        The engine's fast path calls this directly for steps it does not build a plan for; the
-        result is exactly what ``run`` would return for the same step.
+        The fast path (``batchlab.fast_path``) calls this directly for steps it does not build a
+        plan for; the result is exactly what ``run`` would return for the same step.
         """
         if self._coefficients is None:
             duration = self._cost_model.predict_features(num_seqs, num_tokens, attention_pairs)
@@ -127,7 +120,7 @@ class SimBackend(Backend):
 
     def __repr__(self) -> str:
         seq = f", max_seq_len={self.kv.max_seq_len}" if self.kv.max_seq_len is not None else ""
-        if self.kv.grows_on_demand:
+        if isinstance(self.kv, BlockManager):
             seq += (f", block_size={self.kv.block_size}, enable_prefix_caching="
                     f"{self.kv.enable_prefix_caching}")
         return (f"SimBackend(kv_capacity_tokens={self.kv.capacity_tokens}{seq}, noise={self.noise}, "

@@ -254,8 +254,8 @@ def budget_sweep(backend: Backend, requests: Sequence[Request], budgets: Iterabl
                                           chunked_prefill=True)
         trace = Engine(scheduler, backend).run(list(requests), progress=progress)
         traces[budget] = trace
-        rows.append({"max_num_batched_tokens": scheduler.max_num_batched_tokens,
-                     "chunked_prefill": scheduler.chunked_prefill,
+        rows.append({"max_num_batched_tokens": scheduler.config.max_num_batched_tokens,
+                     "chunked_prefill": scheduler.config.chunked_prefill,
                      **stall_summary(trace, long_id).to_dict()})
     df = pd.DataFrame(rows, columns=["max_num_batched_tokens", "chunked_prefill", *SUMMARY_COLUMNS])
     df = df.astype({c: float for c in SUMMARY_COLUMNS if c != "long_prefill_steps"})

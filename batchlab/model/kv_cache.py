@@ -12,40 +12,49 @@ contiguous, attention reads a sequence's past as a plain view (no gather, no cop
 decode step can attend for many slots in one call.
 
 The price of slots is memory: a sequence that ends after 50 tokens still held room for
-``max_seq_len``. ``reserved_tokens`` (what admitted sequences may really use) against
-``used_tokens`` (what their slots hold) measures that waste. Paged caches (vLLM's
-PagedAttention) hand out small blocks instead; the scheduler-facing ``KVSpace`` interface
-(can_allocate / allocate / free) is the same, so one could replace this class without touching
-any scheduler.
+``max_seq_len``. Paged caches (vLLM's PagedAttention, ``paged_kv_cache.py``) hand out small blocks
+instead. Schedulers see both through the same ``KVSpace`` contract (``batchlab.kv_space``): to
+them a slot is a reservation of the whole sequence, so growth within it is always granted. To
+the step, a slot is a block table of one block of ``max_seq_len`` consecutive positions.
 """
 
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass
+
 import torch
 
 from batchlab.checks import check_int
-from batchlab.kv_space import KVCacheFullError, ReservingKVSpace
+from batchlab.kv_space import ReservingKVSpace
+from batchlab.model.step_layout import StepLayout, chunk_attention, decode_attention, place_decodes
 
 DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
 
+def check_cache_shape(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    """The checks every KV cache's tensors share."""
+    for name, value in [("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)]:
+        check_int(name, value)
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype={dtype!r}; must be one of {list(DTYPE_BYTES)}")
+
+
 class KVCache(ReservingKVSpace):
-    """A slot-per-sequence KV cache that implements the schedulers' ``KVSpace`` accounting."""
+    """A slot-per-sequence KV cache that implements the schedulers' ``KVSpace`` contract."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int,
                  max_seq_len: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
-        for name, value in [("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
-                            ("head_dim", head_dim), ("num_slots", num_slots), ("max_seq_len", max_seq_len)]:
-            check_int(name, value)
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype={dtype!r}; allowed: {list(DTYPE_BYTES)}")
+        check_cache_shape(num_layers, num_kv_heads, head_dim, dtype)
+        check_int("num_slots", num_slots)
+        check_int("max_seq_len", max_seq_len)
+        super().__init__()
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.num_slots, self.max_seq_len = num_slots, max_seq_len
         self.kv = torch.zeros((num_layers, num_slots, 2, num_kv_heads, max_seq_len, head_dim),
                               dtype=dtype, device=device)
         self._free_slots = list(range(num_slots))        # kept sorted: lowest slot first
         self._slot_of: dict[str, int] = {}
-        self._reserved_of: dict[str, int] = {}
 
     @classmethod
     def from_budget(cls, memory_bytes: int, max_seq_len: int, num_layers: int, num_kv_heads: int,
@@ -85,40 +94,39 @@ class KVCache(ReservingKVSpace):
         """Tokens held by admitted sequences' slots (whole slots)."""
         return len(self._slot_of) * self.max_seq_len
 
+    # --- the KVSpace contract (admission, growth and release: ReservingKVSpace) -----------------
     @property
-    def reserved_tokens(self) -> int:
-        """Tokens admitted sequences may actually use (prompt + max_new_tokens each)."""
-        return sum(self._reserved_of.values())
+    def block_size(self) -> int:
+        """A slot is one block of ``max_seq_len`` consecutive positions."""
+        return self.max_seq_len
 
-    # --- the KVSpace interface -------------------------------------------------------------------
     def fits_ever(self, num_tokens: int) -> bool:
         return 1 <= num_tokens <= self.max_seq_len
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.fits_ever(num_tokens) and bool(self._free_slots)
+    def has_room_for(self, num_tokens: int) -> bool:
+        return bool(self._free_slots)
 
-    def allocate(self, request_id: str, num_tokens: int) -> int:
+    def _reserve(self, request_id: str, num_tokens: int) -> None:
         """Give ``request_id`` the lowest free slot (keeps busy slots packed at the front)."""
-        if request_id in self._slot_of:
-            raise ValueError(f"request {request_id!r} already holds slot {self._slot_of[request_id]}")
-        if not self.fits_ever(num_tokens):
-            raise KVCacheFullError(f"request {request_id!r} needs {num_tokens} tokens; a slot holds "
-                                   f"1 to {self.max_seq_len}")
-        if not self._free_slots:
-            raise KVCacheFullError(f"request {request_id!r}: all {self.num_slots} KV slots are in use")
-        slot = self._free_slots.pop(0)
-        self._slot_of[request_id] = slot
-        self._reserved_of[request_id] = num_tokens
-        return slot
+        self._slot_of[request_id] = self._free_slots.pop(0)
 
-    def free(self, request_id: str) -> None:
-        slot = self._slot_of.pop(request_id)
-        del self._reserved_of[request_id]
-        # Keep the free list sorted so allocation always takes the lowest slot.
-        i = 0
-        while i < len(self._free_slots) and self._free_slots[i] < slot:
-            i += 1
-        self._free_slots.insert(i, slot)
+    def _unreserve(self, request_id: str, num_tokens: int) -> None:
+        bisect.insort(self._free_slots, self._slot_of.pop(request_id))  # kept sorted
+
+    def block_table(self, request_id: str) -> list[int]:
+        """The sequence's one block: its slot."""
+        return [self.slot_of(request_id)]
+
+    # --- what a step needs ----------------------------------------------------------------------
+    def seq_chunk(self, request_id: str, start: int, token_ids: list[int], want_logits: bool) -> "SeqChunk":
+        """The step's view of one request's chunk: its slot."""
+        return SeqChunk(self.slot_of(request_id), start, token_ids, want_logits)
+
+    def step_layout(self, chunks: list["SeqChunk"], config, device) -> "SlotStepLayout":
+        return SlotStepLayout(chunks, self, config, device)
+
+    def attention(self, q: torch.Tensor, kv_new: torch.Tensor, layer: int, lay: "SlotStepLayout") -> torch.Tensor:
+        return slot_attention(q, kv_new, self.kv[layer], lay)
 
     def slot_of(self, request_id: str) -> int:
         try:
@@ -131,3 +139,77 @@ class KVCache(ReservingKVSpace):
         return (f"KVCache({self.num_slots} slots x {self.max_seq_len} tokens, "
                 f"{self.bytes_per_token:,} B/token, {self.total_bytes / 2**20:,.0f} MiB, "
                 f"{len(self._slot_of)} in use)")
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One sequence's part of a step: ``token_ids`` go to positions ``start, start+1, ...``
+    in KV slot ``slot``; ``want_logits`` asks for the next-token logits after its last token."""
+
+    slot: int
+    start: int
+    token_ids: list[int]
+    want_logits: bool
+
+
+class SlotStepLayout(StepLayout):
+    """A step's index tensors on the slot cache: each token's slot, and for the single-token chunks
+    a mask over slots ``[0, span)`` that keeps each one to its own past (positions <= start)."""
+
+    def __init__(self, chunks: list[SeqChunk], cache: KVCache, config, device) -> None:
+        self.cache, self._seen_slots = cache, set()
+        super().__init__(chunks, config, device)
+        self.slots = torch.tensor([c.slot for c in chunks for _ in c.token_ids], dtype=torch.long,
+                                  device=device)                                    # (T,)
+        if self.single:
+            single_slots = [c.slot for _, c in self.single]
+            self.span = max(single_slots) + 1
+            self.max_ctx = max(c.start for _, c in self.single) + 1
+            self.single_slots = torch.tensor(single_slots, dtype=torch.long, device=device)
+            lengths = torch.ones(self.span, dtype=torch.long, device=device)  # unused slots see 1 key
+            lengths[self.single_slots] = torch.tensor([c.start + 1 for _, c in self.single], device=device)
+            ctx = torch.arange(self.max_ctx, device=device)
+            self.single_mask = (ctx[None, :] < lengths[:, None])[:, None, None, :]  # (span, 1, 1, ctx)
+            # Common case: decodes first, in slot order 0, 1, 2, ...: no scatter into slot order.
+            self.dense = self.singles_first and single_slots == list(range(len(single_slots)))
+
+    def describe(self, chunk: SeqChunk) -> str:
+        return f"slot {chunk.slot}"
+
+    def position_limit(self, chunk: SeqChunk) -> tuple[int, str]:
+        return self.cache.max_seq_len, f"KV slot length {self.cache.max_seq_len}"
+
+    def check(self, chunk: SeqChunk) -> None:
+        if chunk.slot in self._seen_slots:
+            raise ValueError(f"slot {chunk.slot} appears twice in one step")
+        if not 0 <= chunk.slot < self.cache.num_slots:
+            raise ValueError(f"slot={chunk.slot} is outside the cache's slots 0..{self.cache.num_slots - 1}")
+        self._seen_slots.add(chunk.slot)
+
+
+def slot_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_cache: torch.Tensor,
+                   lay: SlotStepLayout) -> torch.Tensor:
+    """One layer's attention on the slot cache: write the step's keys/values into each sequence's
+    slot, then attend each token to its slot's past, read as a plain view (no copy).
+
+    ``q``: (T, H, hd); ``kv_new``: (T, 2, KV, hd); ``kv_cache``: (slots, 2, KV, max_len, hd).
+    Returns (T, H, hd).
+    """
+    T, H, hd = q.shape
+    kv_cache[lay.slots, :, :, lay.positions] = kv_new          # write this step's keys/values
+    k_cache, v_cache = kv_cache[:, 0], kv_cache[:, 1]          # (slots, KV, max_len, hd) views
+    attn = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
+    if lay.single:   # one query per slot: (span, H, 1, hd) against each slot's past (span, KV, ctx, hd)
+        if lay.dense:
+            qs = q[:lay.span].unsqueeze(2)
+        else:
+            qs = q.new_zeros(lay.span, H, 1, hd)
+            qs[lay.single_slots] = q[lay.single_rows].unsqueeze(2)
+        out = decode_attention(qs, k_cache[:lay.span, :, :lay.max_ctx], v_cache[:lay.span, :, :lay.max_ctx],
+                               lay.single_mask)                # (span, H, hd)
+        place_decodes(attn, out if lay.dense else out[lay.single_slots], lay)
+    for row, c in lay.multi:
+        n, end = len(c.token_ids), c.start + len(c.token_ids)
+        attn[row:row + n] = chunk_attention(q[row:row + n], k_cache[c.slot:c.slot + 1, :, :end],
+                                            v_cache[c.slot:c.slot + 1, :, :end])
+    return attn

@@ -22,8 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from batchlab.model.cpu_dtype import cpu_bf16_flags
-from batchlab.model.kv_cache import KVCache
-from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk, PagedStepLayout, paged_attention
+from batchlab.model.kv_cache import KVCache, SeqChunk
+from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk
+
+__all__ = ["LlamaConfig", "LayerWeights", "LlamaWeights", "SeqChunk", "PagedSeqChunk", "forward_step",
+           "rms_norm", "apply_rope", "project"]
 
 
 @dataclass(frozen=True)
@@ -184,17 +187,6 @@ class LlamaWeights:
                             self.dtype, str(self.device), enable_prefix_caching, reserve_blocks)
 
 
-@dataclass(frozen=True)
-class SeqChunk:
-    """One sequence's part of a step: ``token_ids`` go to positions ``start, start+1, ...``
-    in KV slot ``slot``; ``want_logits`` asks for the next-token logits after its last token."""
-
-    slot: int
-    start: int
-    token_ids: list[int]
-    want_logits: bool
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) · weight, over the last dimension (one fused op)."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
@@ -215,108 +207,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-class _StepLayout:
-    """Index tensors for one step, computed once and shared by all layers."""
-
-    def __init__(self, chunks: list[SeqChunk], cache: KVCache, config: LlamaConfig, device) -> None:
-        if not chunks:
-            raise ValueError("a step needs at least one sequence chunk; got none")
-        ids, positions, slots = [], [], []
-        self.single: list[tuple[int, SeqChunk]] = []   # (row, chunk): chunks of exactly 1 token
-        self.multi: list[tuple[int, SeqChunk]] = []    # (first row, chunk): prompt chunks of > 1 token
-        logit_rows, seen_slots = [], set()
-        row = 0
-        for c in chunks:
-            n = len(c.token_ids)
-            if n == 0:
-                raise ValueError(f"chunk for slot {c.slot} has no tokens; each chunk needs at least 1")
-            if c.slot in seen_slots:
-                raise ValueError(f"slot {c.slot} appears twice in one step")
-            if not 0 <= c.slot < cache.num_slots:
-                raise ValueError(f"slot={c.slot} is outside the cache's slots 0..{cache.num_slots - 1}")
-            seen_slots.add(c.slot)
-            end = c.start + n
-            if c.start < 0 or end > cache.max_seq_len or end > config.max_position:
-                raise ValueError(
-                    f"slot {c.slot}: positions {c.start}..{end - 1} go past the limit of "
-                    f"{min(cache.max_seq_len, config.max_position)} tokens (KV slot length "
-                    f"{cache.max_seq_len}, model context {config.max_position})")
-            bad = [t for t in c.token_ids if not 0 <= t < config.vocab_size]
-            if bad:
-                raise ValueError(f"slot {c.slot}: token id {bad[0]} is outside the vocabulary "
-                                 f"0..{config.vocab_size - 1}")
-            ids += c.token_ids
-            positions += range(c.start, end)
-            slots += [c.slot] * n
-            (self.single if n == 1 else self.multi).append((row, c))
-            if c.want_logits:
-                logit_rows.append(row + n - 1)
-            row += n
-        self.num_tokens = row
-        self.ids = torch.tensor(ids, dtype=torch.long, device=device)            # (T,)
-        self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # (T,)
-        self.slots = torch.tensor(slots, dtype=torch.long, device=device)          # (T,)
-        self.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
-        # Single-token chunks attend together in one call over slots [0, span): their queries are
-        # scattered into slot order, and a mask keeps each one to its own past (positions ≤ start).
-        if self.single:
-            single_slots = [c.slot for _, c in self.single]
-            self.span = max(single_slots) + 1
-            self.max_ctx = max(c.start for _, c in self.single) + 1
-            self.single_rows = torch.tensor([r for r, _ in self.single], dtype=torch.long, device=device)
-            self.single_slots = torch.tensor(single_slots, dtype=torch.long, device=device)
-            lengths = torch.ones(self.span, dtype=torch.long, device=device)  # unused slots see 1 key
-            lengths[self.single_slots] = torch.tensor([c.start + 1 for _, c in self.single], device=device)
-            ctx = torch.arange(self.max_ctx, device=device)
-            self.single_mask = (ctx[None, :] < lengths[:, None])[:, None, None, :]  # (span, 1, 1, ctx)
-            # Common case: single-token chunks come first, in slot order 0, 1, 2, ... → no scatter.
-            n = len(self.single)
-            self.single_dense = ([r for r, _ in self.single] == list(range(n))
-                                 and single_slots == list(range(n)))
-
-
-def _slot_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_cache: torch.Tensor,
-                    lay: _StepLayout) -> torch.Tensor:
-    """One layer's attention on the slot cache: write the step's keys/values into each sequence's
-    slot, then attend each token to its slot's past, read as a plain view.
-
-    ``q``: (T, H, hd); ``kv_new``: (T, 2, KV, hd); ``kv_cache``: (slots, 2, KV, max_len, hd).
-    Returns (T, H, hd).
-    """
-    T, H, hd = q.shape
-    kv_cache[lay.slots, :, :, lay.positions] = kv_new          # write this step's keys/values
-    k_cache, v_cache = kv_cache[:, 0], kv_cache[:, 1]          # (slots, KV, max_len, hd) views
-
-    attn = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
-    if lay.single:
-        # One query per slot: (span, H, 1, hd) against each slot's past (span, KV, ctx, hd).
-        if lay.single_dense:
-            qs = q[:lay.span].unsqueeze(2)
-        else:
-            qs = q.new_zeros(lay.span, H, 1, hd)
-            qs[lay.single_slots] = q[lay.single_rows].unsqueeze(2)
-        out = F.scaled_dot_product_attention(
-            qs, k_cache[:lay.span, :, :lay.max_ctx], v_cache[:lay.span, :, :lay.max_ctx],
-            attn_mask=lay.single_mask, enable_gqa=True)
-        if lay.single_dense:
-            attn[:lay.span] = out[:, :, 0]
-        else:
-            attn[lay.single_rows] = out[lay.single_slots, :, 0]
-    for row, c in lay.multi:
-        n, end = len(c.token_ids), c.start + len(c.token_ids)
-        qc = q[row:row + n].transpose(0, 1).unsqueeze(0)       # (1, H, n, hd)
-        kc = k_cache[c.slot:c.slot + 1, :, :end]               # (1, KV, end, hd): cached + new
-        vc = v_cache[c.slot:c.slot + 1, :, :end]
-        if c.start == 0:
-            out = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=True)
-        else:  # a later prompt chunk: query i sees keys 0 .. start + i
-            mask = (torch.arange(end, device=q.device)[None, :]
-                    <= torch.arange(c.start, end, device=q.device)[:, None])
-            out = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True)
-        attn[row:row + n] = out[0].transpose(0, 1)
-    return attn
-
-
 @torch.inference_mode()
 def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
                  chunks: list[SeqChunk] | list[PagedSeqChunk]) -> torch.Tensor:
@@ -325,13 +215,12 @@ def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
 
     On the slot cache (``KVCache``) the chunks are ``SeqChunk``s and each sequence's past is its
     slot; on a ``PagedKVCache`` they are ``PagedSeqChunk``s and each sequence's past is read
-    through its block table (``paged_kv_cache.paged_attention``). Everything else is the same.
+    through its block table. The cache builds the step's layout and reads its own past
+    (``cache.step_layout``, ``cache.attention``); everything else is the same.
     """
     cfg = weights.config
     H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    paged = isinstance(cache, PagedKVCache)
-    lay = (PagedStepLayout if paged else _StepLayout)(chunks, cache, cfg, weights.device)
-    attention = paged_attention if paged else _slot_attention
+    lay = cache.step_layout(chunks, cfg, weights.device)
     T = lay.num_tokens
     cos = weights.cos[lay.positions][:, None, :]                  # (T, 1, hd)
     sin = weights.sin[lay.positions][:, None, :]
@@ -344,7 +233,7 @@ def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
         qk = apply_rope(qkv[:, :H + KV], cos, sin)                 # rotate q and k heads at once
         q = qk[:, :H]                                              # (T, H, hd)
         kv_new = torch.stack([qk[:, H:], qkv[:, H + KV:]], dim=1)  # (T, 2, KV, hd): keys, values
-        attn = attention(q, kv_new, cache.kv[li], lay)             # (T, H, hd)
+        attn = cache.attention(q, kv_new, li, lay)                 # (T, H, hd)
         x = x + mm(attn.view(T, H * hd), lw.w_o)
 
         h = rms_norm(x, lw.mlp_norm, cfg.rms_eps)

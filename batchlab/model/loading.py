@@ -194,9 +194,6 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
         downloaded by transformers. The default embedded model never touches the network.
     rebuild_cache: convert the GGUF again even if a good cached copy exists.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     device = resolve_device(from_environment(device, DEVICE_ENV, ALLOWED_DEVICES))
     if device == "cpu":
         set_cpu_threads(threads)          # first: the dtype probe measures with these threads
@@ -205,16 +202,10 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
     if hub_model is not None:
         source, name, from_cache = hub_model, hub_model, False
     else:
-        gguf = gguf_path()
-        source, name = converted_dir(gguf), "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)"
-        from_cache = not rebuild_cache and _cache_is_complete(source)
-        if not from_cache:
-            if verbose:
-                print(f"Converting {gguf.name} once into {source} (about 20 s)...")
-            convert_gguf(gguf, source)
+        source, from_cache = _embedded_source(rebuild_cache, verbose)
+        name = "SmolLM2-135M-Instruct (embedded GGUF, Q4_1 dequantized)"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+        tokenizer, model = _read_model(source, dtype)
     except Exception as err:  # any failure to read a cached copy (safetensors, JSON, ...) → rebuild
         if hub_model is not None or not from_cache:
             raise
@@ -222,10 +213,30 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
             print(f"Cached model at {source} is damaged ({type(err).__name__}); converting again.")
         convert_gguf(gguf_path(), source)
         from_cache = False
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+        tokenizer, model = _read_model(source, dtype)
     model.to(device).eval()
     return LoadedModel(tokenizer, model, device, dtype, name, time.perf_counter() - t0, from_cache)
+
+
+def _embedded_source(rebuild_cache: bool, verbose: bool) -> tuple[Path, bool]:
+    """The converted copy of the embedded model (converting it first if needed), and whether it
+    was already in the cache."""
+    gguf = gguf_path()
+    source = converted_dir(gguf)
+    from_cache = not rebuild_cache and _cache_is_complete(source)
+    if not from_cache:
+        if verbose:
+            print(f"Converting {gguf.name} once into {source} (about 20 s)...")
+        convert_gguf(gguf, source)
+    return source, from_cache
+
+
+def _read_model(source, dtype: str):
+    """The tokenizer and model at ``source`` (a folder or a hub name), in ``dtype``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
 
 
 def chat_prompt_ids(tokenizer, question: str, system: str | None = None) -> list[int]:

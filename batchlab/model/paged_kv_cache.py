@@ -18,7 +18,9 @@ context's keys and values once per layer (GPU kernels such as vLLM's read the bl
 
 The accounting (which blocks a sequence holds, prefix hashes, reference counts) is
 ``kv_blocks.BlockManager``, which ``PagedKVCache`` extends with the tensors; schedulers see
-only the accounting (``plan.KVSpace``). ``llama.forward_step`` takes either cache.
+only the accounting (the ``kv_space.KVSpace`` contract). ``llama.forward_step`` takes either
+cache: each builds its own ``step_layout`` and reads its own past in ``attention``, and both share
+``step_layout.py``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from batchlab.kv_blocks import DEFAULT_BLOCK_SIZE, BlockManager
-from batchlab.model.kv_cache import DTYPE_BYTES, KVCache
+from batchlab.kv_blocks import DEFAULT_BLOCK_SIZE, BlockManager, check_block_size
+from batchlab.model.kv_cache import KVCache, check_cache_shape
+from batchlab.model.step_layout import StepLayout, chunk_attention, decode_attention, place_decodes
 
 
 class PagedKVCache(BlockManager):
@@ -41,12 +43,7 @@ class PagedKVCache(BlockManager):
                  dtype: torch.dtype = torch.float32, device: str = "cpu",
                  enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
         super().__init__(num_blocks, block_size, max_seq_len, enable_prefix_caching, reserve_blocks)
-        for name, value in [("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
-                            ("head_dim", head_dim)]:
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}; must be an int >= 1")
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype={dtype!r}; allowed: {list(DTYPE_BYTES)}")
+        check_cache_shape(num_layers, num_kv_heads, head_dim, dtype)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.kv = torch.zeros((num_layers, num_blocks * block_size, 2, num_kv_heads, head_dim),
                               dtype=dtype, device=device)
@@ -57,8 +54,7 @@ class PagedKVCache(BlockManager):
                     dtype: torch.dtype = torch.float32, device: str = "cpu",
                     enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> "PagedKVCache":
         """As many blocks as ``memory_bytes`` holds."""
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ValueError(f"block_size={block_size!r}; must be an int >= 1 (tokens per block)")
+        check_block_size(block_size)
         block_bytes = KVCache.token_bytes(num_layers, num_kv_heads, head_dim, dtype) * block_size
         num_blocks = int(memory_bytes // block_bytes)
         if num_blocks < 1:
@@ -72,12 +68,19 @@ class PagedKVCache(BlockManager):
         return KVCache.token_bytes(self.num_layers, self.num_kv_heads, self.head_dim, self.kv.dtype)
 
     @property
-    def bytes_per_block(self) -> int:
-        return self.bytes_per_token * self.block_size
-
-    @property
     def total_bytes(self) -> int:
         return self.bytes_per_token * self.capacity_tokens
+
+    # --- what a step needs ----------------------------------------------------------------------
+    def seq_chunk(self, request_id: str, start: int, token_ids: list[int], want_logits: bool) -> "PagedSeqChunk":
+        """The step's view of one request's chunk: its block table."""
+        return PagedSeqChunk(self.block_table(request_id), start, token_ids, want_logits)
+
+    def step_layout(self, chunks: list["PagedSeqChunk"], config, device) -> "PagedStepLayout":
+        return PagedStepLayout(chunks, self, config, device)
+
+    def attention(self, q: torch.Tensor, kv_new: torch.Tensor, layer: int, lay: "PagedStepLayout") -> torch.Tensor:
+        return paged_attention(q, kv_new, self.kv[layer], lay)
 
     def __repr__(self) -> str:
         return (f"PagedKVCache({self.num_blocks} blocks x {self.block_size} tokens, "
@@ -98,63 +101,43 @@ class PagedSeqChunk:
     want_logits: bool
 
 
-class PagedStepLayout:
-    """Index tensors for one paged step, computed once and shared by all layers."""
+class PagedStepLayout(StepLayout):
+    """A step's index tensors on a paged cache: each token's pool row (its slot mapping), each
+    prompt chunk's past rows, and for the single-token chunks their pasts' rows on an (S, ctx)
+    grid, padded with row 0 and masked past each one's own length."""
 
     def __init__(self, chunks: list[PagedSeqChunk], cache: PagedKVCache, config, device) -> None:
-        if not chunks:
-            raise ValueError("a step needs at least one sequence chunk; got none")
-        bs = cache.block_size
-        ids, positions, rows_of_tokens, logit_rows = [], [], [], []
-        single: list[tuple[int, PagedSeqChunk]] = []   # (row, chunk): chunks of exactly 1 token
-        self.multi: list[tuple[int, int, torch.Tensor]] = []   # (first row, tokens, past rows)
-        row = 0
-        for c in chunks:
-            n, end = len(c.token_ids), c.start + len(c.token_ids)
-            if n == 0:
-                raise ValueError("a chunk has no tokens; each chunk needs at least 1")
-            if c.start < 0 or end > len(c.block_table) * bs or end > config.max_position:
-                raise ValueError(f"positions {c.start}..{end - 1} go past the chunk's {len(c.block_table)} "
-                                 f"blocks of {bs} tokens (or the model context {config.max_position})")
-            bad = [t for t in c.token_ids if not 0 <= t < config.vocab_size]
-            if bad:
-                raise ValueError(f"token id {bad[0]} is outside the vocabulary 0..{config.vocab_size - 1}")
-            ids += c.token_ids
-            table = torch.tensor(c.block_table, dtype=torch.long)
-            pos = torch.arange(end)
-            past_rows = table[pos // bs] * bs + pos % bs                  # (end,) pool rows of 0..end-1
-            rows_of_tokens.append(past_rows[c.start:])
-            positions += range(c.start, end)
-            if n == 1:
-                single.append((row, c))
-            else:
-                self.multi.append((row, n, past_rows.to(device)))
-            if c.want_logits:
-                logit_rows.append(row + n - 1)
-            row += n
-        self.num_tokens = row
-        self.ids = torch.tensor(ids, dtype=torch.long, device=device)              # (T,)
-        self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # (T,)
-        self.slot_mapping = torch.cat(rows_of_tokens).to(device)                   # (T,) pool rows
-        self.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
-        self.single = bool(single)
-        if single:
-            # Single-token chunks attend together: each one's past gathered into a (S, ctx) grid of
-            # pool rows, padded with row 0 and masked past its own length.
-            S, ctx = len(single), max(c.start for _, c in single) + 1
+        self.block_size = bs = cache.block_size
+        super().__init__(chunks, config, device)
+        past_rows = [self._rows(c.block_table, c.start + len(c.token_ids)) for c in chunks]
+        self.slot_mapping = torch.cat([rows[c.start:] for c, rows in zip(chunks, past_rows)]).to(device)  # (T,)
+        self.multi_past_rows = [rows.to(device) for c, rows in zip(chunks, past_rows) if len(c.token_ids) > 1]
+        if self.single:
+            S, ctx = len(self.single), max(c.start for _, c in self.single) + 1
             max_blocks = -(-ctx // bs)
             tables = torch.zeros(S, max_blocks, dtype=torch.long)
-            for i, (_, c) in enumerate(single):
+            for i, (_, c) in enumerate(self.single):
                 used = c.block_table[:max_blocks]
                 tables[i, :len(used)] = torch.tensor(used, dtype=torch.long)
-            pos = torch.arange(ctx)
             self.single_shape = (S, ctx)
-            self.single_index = (tables[:, pos // bs] * bs + pos % bs).reshape(-1).to(device)  # (S·ctx,)
-            lengths = torch.tensor([c.start + 1 for _, c in single])
+            self.single_index = self._rows_of(tables, ctx).reshape(-1).to(device)             # (S·ctx,)
+            lengths = torch.tensor([c.start + 1 for _, c in self.single])
+            pos = torch.arange(ctx)
             self.single_mask = (pos[None, :] < lengths[:, None])[:, None, None, :].to(device)  # (S,1,1,ctx)
-            rows = [r for r, _ in single]
-            self.single_rows = torch.tensor(rows, dtype=torch.long, device=device)
-            self.single_dense = rows == list(range(S))    # decodes first, as schedulers plan them
+
+    def _rows_of(self, tables: torch.Tensor, end: int) -> torch.Tensor:
+        """Pool rows of positions ``0..end-1`` through block tables (last dimension: blocks)."""
+        pos = torch.arange(end)
+        return tables[..., pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _rows(self, block_table: list[int], end: int) -> torch.Tensor:
+        return self._rows_of(torch.tensor(block_table, dtype=torch.long), end)     # (end,)
+
+    def describe(self, chunk: PagedSeqChunk) -> str:
+        return f"the chunk at {chunk.start} with {len(chunk.block_table)} blocks"
+
+    def position_limit(self, chunk: PagedSeqChunk) -> tuple[int, str]:
+        return len(chunk.block_table) * self.block_size, f"{len(chunk.block_table)} blocks of {self.block_size}"
 
 
 def paged_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_layer: torch.Tensor,
@@ -173,26 +156,12 @@ def paged_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_layer: torch.Tenso
     if lay.single:
         S, ctx = lay.single_shape
         past = kv_layer.index_select(0, lay.single_index).view(S, ctx, *kv_layer.shape[1:])  # gathered
-        k = past[:, :, 0].transpose(1, 2)                    # (S, KV, ctx, hd)
-        v = past[:, :, 1].transpose(1, 2)
-        qs = (q[:S] if lay.single_dense else q[lay.single_rows]).unsqueeze(2)   # (S, H, 1, hd)
-        out = F.scaled_dot_product_attention(qs, k, v, attn_mask=lay.single_mask, enable_gqa=True)
-        if lay.single_dense:
-            attn[:S] = out[:, :, 0]
-        else:
-            attn[lay.single_rows] = out[:, :, 0]
-    for row, n, past_rows in lay.multi:
-        end = past_rows.shape[0]
+        qs = (q[:S] if lay.singles_first else q[lay.single_rows]).unsqueeze(2)   # (S, H, 1, hd)
+        place_decodes(attn, decode_attention(qs, past[:, :, 0].transpose(1, 2), past[:, :, 1].transpose(1, 2),
+                                             lay.single_mask), lay)
+    for (row, c), past_rows in zip(lay.multi, lay.multi_past_rows):
+        n = len(c.token_ids)
         past = kv_layer.index_select(0, past_rows)           # (end, 2, KV, hd): cached + new
-        k = past[:, 0].transpose(0, 1).unsqueeze(0)          # (1, KV, end, hd)
-        v = past[:, 1].transpose(0, 1).unsqueeze(0)
-        qc = q[row:row + n].transpose(0, 1).unsqueeze(0)     # (1, H, n, hd)
-        start = end - n
-        if start == 0:
-            out = F.scaled_dot_product_attention(qc, k, v, is_causal=True, enable_gqa=True)
-        else:  # a later chunk (or one after a prefix hit): query i sees keys 0 .. start + i
-            mask = (torch.arange(end, device=q.device)[None, :]
-                    <= torch.arange(start, end, device=q.device)[:, None])
-            out = F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, enable_gqa=True)
-        attn[row:row + n] = out[0].transpose(0, 1)
+        attn[row:row + n] = chunk_attention(q[row:row + n], past[:, 0].transpose(0, 1).unsqueeze(0),
+                                            past[:, 1].transpose(0, 1).unsqueeze(0))
     return attn

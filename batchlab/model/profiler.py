@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import pandas as pd
 import torch
 
+from batchlab.checks import check_int
 from batchlab.model.environment import synchronize
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 
@@ -78,6 +79,30 @@ def _random_ids(n: int, vocab: int, gen: torch.Generator) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=gen).tolist()
 
 
+def _time_jobs(weights: LlamaWeights, cache, jobs: list[tuple[str, int, int]], repeats: int,
+               floor_ms: float, progress: bool) -> list[dict]:
+    """Time each (kind, size, context) step shape; one row each (``profile_steps``'s columns)."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = weights.config.vocab_size
+    if progress:
+        from tqdm.auto import tqdm
+        jobs = tqdm(jobs, desc="profiling steps")
+    rows = []
+    for kind, size, ctx in jobs:
+        if kind == "prefill":
+            chunks = [SeqChunk(0, 0, _random_ids(size, vocab, gen), True)]
+            batch, tokens = 1, size
+        else:
+            chunks = [SeqChunk(s, ctx, _random_ids(1, vocab, gen), True) for s in range(size)]
+            batch, tokens = size, size
+        seconds = time_step(weights, cache, chunks, repeats)
+        rows.append({"kind": kind, "batch_size": batch, "num_tokens": tokens, "context_len": ctx,
+                     "ms_per_step": seconds * 1e3, "ms_per_token": seconds * 1e3 / tokens,
+                     "tokens_per_s": tokens / seconds, "floor_ms": floor_ms,
+                     "x_floor": seconds * 1e3 / floor_ms})
+    return rows
+
+
 def profile_steps(weights: LlamaWeights,
                   batch_sizes: Iterable[int] = (1, 2, 4, 8, 16, 32, 64),
                   context_len: int = 64,
@@ -99,39 +124,17 @@ def profile_steps(weights: LlamaWeights,
     batch_sizes, prefill_sizes, context_lens = list(batch_sizes), list(prefill_sizes), list(context_lens)
     for name, values in [("batch_sizes", batch_sizes), ("prefill_sizes", prefill_sizes),
                          ("context_lens", context_lens)]:
-        bad = [v for v in values if not isinstance(v, int) or v < 1]
-        if bad:
-            raise ValueError(f"{name} contains {bad[0]!r}; every entry must be an int >= 1")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r}; must be an int >= 1")
-    cfg = weights.config
+        for i, v in enumerate(values):
+            check_int(f"{name}[{i}]", v)
+    check_int("repeats", repeats)
     bandwidth = bandwidth or measure_bandwidth(device=weights.device)
-    floor_ms = weights.num_bytes() / bandwidth * 1e3
-    max_len = max([context_len + 1] + [n for n in prefill_sizes] + [c + 1 for c in context_lens])
-    slots = max(batch_sizes + [context_batch if context_lens else 1])
-    cache = weights.new_kv_cache(slots, max_len)   # scratch cache; its contents are irrelevant
-    gen = torch.Generator().manual_seed(0)
-
     jobs = [("decode", b, context_len) for b in batch_sizes]
     jobs += [("prefill", n, 0) for n in prefill_sizes]
     jobs += [("context", context_batch, c) for c in context_lens]
-    rows = []
-    iterator = jobs
-    if progress:
-        from tqdm.auto import tqdm
-        iterator = tqdm(jobs, desc="profiling steps")
-    for kind, size, ctx in iterator:
-        if kind == "prefill":
-            chunks = [SeqChunk(0, 0, _random_ids(size, cfg.vocab_size, gen), True)]
-            batch, tokens = 1, size
-        else:
-            chunks = [SeqChunk(s, ctx, _random_ids(1, cfg.vocab_size, gen), True) for s in range(size)]
-            batch, tokens = size, size
-        seconds = time_step(weights, cache, chunks, repeats)
-        rows.append({"kind": kind, "batch_size": batch, "num_tokens": tokens, "context_len": ctx,
-                     "ms_per_step": seconds * 1e3, "ms_per_token": seconds * 1e3 / tokens,
-                     "tokens_per_s": tokens / seconds, "floor_ms": floor_ms,
-                     "x_floor": seconds * 1e3 / floor_ms})
+    max_len = max([context_len + 1] + [n for n in prefill_sizes] + [c + 1 for c in context_lens])
+    slots = max(batch_sizes + [context_batch if context_lens else 1])
+    cache = weights.new_kv_cache(slots, max_len)   # scratch cache; its contents are irrelevant
+    rows = _time_jobs(weights, cache, jobs, repeats, weights.num_bytes() / bandwidth * 1e3, progress)
     df = pd.DataFrame(rows)
     df.attrs.update(bandwidth_GBps=bandwidth / 1e9, weight_MB=weights.num_bytes() / 1e6,
                     device=str(weights.device), dtype=str(weights.dtype).replace("torch.", ""))

@@ -3,17 +3,18 @@
 A scheduler is a pure policy: it holds the waiting and running queues and decides what the next
 step computes. It never touches tensors or the clock's source; it is told the time.
 
-The engine drives it like this, once per step::
+The engine drives it like this (``Engine.step``)::
 
     scheduler.add_request(req)           # for each request that has arrived by `now`
     plan = scheduler.schedule(now)       # what to compute next (may be empty)
     result = backend.run(plan, ...)      # the engine runs it and updates the requests
-    released = scheduler.on_step_end(plan, now_after)   # drop finished work, free KV
+    released = scheduler.remove_ended()  # drop ended work, free its KV, hand back responses
 
-A scheduler may set ``req.status`` to RUNNING when it admits a request (and allocates its KV
-space), and on a paged KV space it may preempt one: status back to WAITING and
-``num_computed_tokens`` to 0 (or, on admission, to its cached prefix). Everything else on a
-request is written by the engine.
+A scheduler may set ``req.status`` to RUNNING when it admits a request (``kv.admit``), and when
+the KV space cannot grow it may preempt one: status back to WAITING and ``num_computed_tokens``
+to 0 (or, on admission, to its cached prefix). Everything else on a request is written by the
+engine. It talks to the KV space only through the contract in ``batchlab.kv_space``, the same
+calls whatever the cache.
 """
 
 from __future__ import annotations
@@ -53,12 +54,9 @@ class Scheduler(ABC):
     ``draining``: True once the engine has said no more requests will arrive
     (``start_draining``), so a policy that waits for a full batch may run a final partial one
     instead of waiting forever.
-    ``may_continue_decoding``: a policy that overrides ``continues_decoding`` declares it here, so
-    the engine knows whether to ask.
     """
 
     streams_tokens: bool = True
-    may_continue_decoding: bool = False
 
     def __init__(self) -> None:
         self.kv: KVSpace | None = None
@@ -86,7 +84,7 @@ class Scheduler(ABC):
     def remove_waiting(self, req: Request) -> bool:
         """Take ``req`` out of the waiting queue (an abort before admission); False if it is not
         there. Every batchlab policy keeps its queue in ``self.waiting``. (A running request that
-        is aborted leaves at the next ``on_step_end``, like a finished one.)"""
+        is aborted leaves at the next ``remove_ended``, like a finished one.)"""
         waiting = getattr(self, "waiting", None)
         for i, queued in enumerate(waiting or ()):
             if queued is req:
@@ -104,27 +102,11 @@ class Scheduler(ABC):
         when there is nothing to run."""
 
     @abstractmethod
-    def on_step_end(self, plan: StepPlan, now: float) -> list[Request]:
-        """The engine has applied ``plan``'s results. Remove finished requests from the queues,
-        free their KV space, and return the requests whose responses are released to clients
-        at ``now`` (continuous: those that just finished; request-level, non-streaming: the
-        whole batch, when it ends)."""
+    def remove_ended(self) -> list[Request]:
+        """After a step (or an abort): remove the requests that ended from the queues, free their
+        KV space, and return those whose responses are released to clients now (continuous:
+        those that just finished; request-level, non-streaming: the whole batch, when it ends)."""
 
     @abstractmethod
     def has_pending(self) -> bool:
         """True while any request is waiting or running."""
-
-    def continues_decoding(self, plan: StepPlan) -> bool:
-        """Optional promise that lets the simulator skip ahead; the default, False, is always safe.
-
-        The engine asks this only after a step in which every chunk of ``plan`` sampled a token
-        (decodes, and prompts that were completed) and no request finished; and again after each
-        new arrival is added. Answer True only if, from now until a request arrives or finishes,
-        every ``schedule(now)`` (whatever ``now``) would return one decode chunk for each request
-        of ``plan``, in ``plan``'s order, with ``plan``'s ``held_slots`` and ``batch_id``, and
-        ``on_step_end`` for those steps would change nothing and release nobody. The engine then
-        computes such runs of steps itself, without calling ``schedule``; the trace is the same.
-        (After such a run, ``plan`` is the engine's record of its last step: its ``chunks`` is a
-        read-only sequence, and ``on_step_end`` receives the same kind of plan.)
-        """
-        return False

@@ -14,8 +14,8 @@ Everything else is the same and lives here:
    becomes RUNNING. If the cache cannot hold them all, the batch runs with the members that fit
    and the rest stay at the front of the queue for the next batch. (Between batches the cache is
    empty, and the engine rejects any request that cannot fit an empty cache, so the first member
-   always fits.) On a paged KV cache too, these batchers reserve each member's whole length at
-   admission (its blocks, all at once), so they never grow, preempt or share prefix blocks.
+   always fits.) On a paged KV cache too, these batchers admit each member with its whole length
+   (its blocks, all at once), so they never grow, preempt or share prefix blocks.
 2. **The first step** of a batch computes every member's whole prompt, one chunk per member and no
    chunking, and samples each member's first token.
 3. **Decode steps** follow: one token for each member that has not finished. Nobody joins a running
@@ -94,8 +94,8 @@ class RequestLevelBatcher(Scheduler):
         return StepPlan(chunks=chunks, held_slots=len(self.batch) - len(self._unfinished),
                         batch_id=self.current_batch_id)
 
-    def on_step_end(self, plan: StepPlan, now: float) -> list[Request]:
-        """Note which members finished; when the last one has, free the batch's KV and end it.
+    def remove_ended(self) -> list[Request]:
+        """Note which members ended; when the last one has, free the batch's KV and end it.
 
         Returns the members finishing now when streaming, else the whole batch at its end.
         """
@@ -114,14 +114,10 @@ class RequestLevelBatcher(Scheduler):
             self.current_batch_id = None
         return released
 
-    may_continue_decoding = True
-
-    def continues_decoding(self, plan: StepPlan) -> bool:
-        """True while a batch runs and ``plan`` was its latest step: until a member finishes, each
-        next step is one decode per unfinished member, in the same order, with the same held slots
-        and batch id; arrivals only queue. This lets the simulator skip ahead (see ``Scheduler``)."""
-        return (bool(self._unfinished) and plan.batch_id == self.current_batch_id
-                and len(plan.chunks) == len(self._unfinished))
+    @property
+    def unfinished(self) -> list[Request]:
+        """The running batch's members that have not finished yet, in admission order."""
+        return self._unfinished
 
     # --- the policy's one rule -----------------------------------------------------------------
     @abstractmethod
@@ -137,10 +133,10 @@ class RequestLevelBatcher(Scheduler):
         members: list[Request] = []
         while self.waiting and len(members) < num_leaving:
             req = self.waiting[0]
-            if not self.kv.can_allocate(req.max_total_tokens):
+            if not self.kv.can_admit(req.max_total_tokens, req.max_total_tokens):
                 break  # the rest wait for the next batch, in arrival order
             self.waiting.popleft()
-            self.kv.allocate(req.request_id, req.max_total_tokens)
+            self.kv.admit(req.request_id, req.max_total_tokens, req.max_total_tokens)
             req.status = RequestStatus.RUNNING
             members.append(req)
         if not members:

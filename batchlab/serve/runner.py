@@ -266,6 +266,7 @@ class EngineRunner:
             "token_times": list(req.token_times),
             "token_ids": list(req.output_ids),
             "engine_finish_reason": req.finish_reason,
+            "engine_finish_detail": req.finish_detail,
             "policy": self.config.policy,
         }
 

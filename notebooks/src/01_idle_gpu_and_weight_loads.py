@@ -40,7 +40,7 @@ from batchlab.analysis.device_profiles import load_device_profiles
 from batchlab.analysis.plots import plot_occupancy, plot_step_profile, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.backends.calibration import calibrate_cost_model
+from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model, profiler

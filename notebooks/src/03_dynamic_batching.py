@@ -37,7 +37,7 @@ from batchlab.analysis.batches import batches_df
 from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.backends.calibration import calibrate_cost_model
+from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check

@@ -49,6 +49,7 @@
 # rearranged for the batched step, and the sizes of the experiments, larger on a GPU.
 
 # %%
+import inspect
 from collections import deque
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ from tqdm.auto import tqdm
 # The course's package: the modules this notebook's sections use.
 from batchlab.analysis import metrics
 from batchlab.analysis.batches import delivered_at_batch_end
+from batchlab.analysis.claims import expect
 from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
@@ -199,6 +201,20 @@ for name in "AD":   # the first line: requests run to max_new_tokens, past the e
 # - **Time.** Requests arrive at times in seconds, not at step numbers; the `Engine` runs the
 #   steps on a `ModelBackend` and records when every token was made.
 #
+# The engine's whole job is one short method, `Engine.step`, which a driver calls again and
+# again (the offline driver jumps the clock to the next arrival when the scheduler plans
+# nothing; a server's driver waits for requests instead). Read it beside the loop above: the
+# scheduler's plan is our "who joins, who decodes", `backend.run` is our `forward_step`, each
+# sampled token is appended (and a request that reached its length ends), and
+# `scheduler.remove_ended()` is our "finished ones leave", which also frees their KV space.
+
+# %%
+step_source = inspect.getsource(Engine.step)
+print(step_source)
+step_lines = [line for line in step_source.splitlines() if line.strip()]
+expect("Engine.step reads in one screen (non-blank lines)", len(step_lines), below=21)
+
+# %% [markdown]
 # The workload: requests with a 32-token prompt and answers of mixed lengths, arriving as a
 # Poisson process. To give the experiment the same meaning on any machine, the rate is a share
 # of what this device can do: we time one decode step of a full batch, and from the mean answer

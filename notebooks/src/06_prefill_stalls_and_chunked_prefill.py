@@ -41,7 +41,7 @@ import pandas as pd
 from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.backends.calibration import calibrate_cost_model
+from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.backends.roofline import RooflineCostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check

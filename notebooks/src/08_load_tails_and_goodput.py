@@ -46,7 +46,7 @@ from batchlab.analysis.claims import expect, expect_close, expect_true
 from batchlab.analysis.plots import plot_load_curve
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.backends.calibration import calibrate_cost_model
+from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check

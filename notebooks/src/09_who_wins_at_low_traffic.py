@@ -46,7 +46,7 @@ from batchlab.exercises import check
 
 # %%
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.backends.calibration import calibrate_cost_model
+from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.backends.cost_model import CostModel, features_df
 from batchlab.backends.roofline import RooflineCostModel
 from batchlab.engine import Engine

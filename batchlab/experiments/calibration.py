@@ -49,8 +49,9 @@ def calibration_trace(backend: ModelBackend, num_requests: int = 24, max_num_seq
                       max_num_batched_tokens: int = 96, seed: int = 0, progress: bool = False) -> Trace:
     """Serve the calibration workload on the real model and return its trace (measured steps)."""
     requests = calibration_workload(backend.lm.tokenizer, num_requests, seed)
-    scheduler = ContinuousBatcher(max_num_seqs=min(max_num_seqs, backend.kv.num_slots),
-                                  max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=True)
+    # The KV space limits admission by itself (a slot cache: its slots), whatever its kind.
+    scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                  chunked_prefill=True)
     return Engine(scheduler, backend).run(requests, progress=progress)
 
 

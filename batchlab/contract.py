@@ -1,0 +1,102 @@
+"""What the engine checks, so that a broken policy or backend fails loudly instead of losing work.
+
+- ``fresh_workload``: a workload is a list of requests, sorted by arrival, with unique ids; the
+  engine serves fresh copies of them.
+- ``check_chunk``: each chunk of a plan continues its request's cache exactly, stays within its
+  known tokens, and samples exactly when it reaches the last known token.
+- ``check_ended``: at the end of a run every request finished with exactly its tokens and was
+  released once, or was rejected (no tokens) or aborted (at most its tokens), with a reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from batchlab.plan import ScheduledChunk
+from batchlab.requests import FinishReason, Request, RequestStatus
+
+
+class EngineError(RuntimeError):
+    """The scheduler or backend broke the contract (a lost request, a deadlock, a bad plan)."""
+
+
+def fresh_workload(requests: Sequence[Request]) -> list[Request]:
+    """Check the workload (requests, sorted by arrival, unique ids) and copy it without run state."""
+    if isinstance(requests, Request) or not isinstance(requests, (list, tuple)):
+        raise ValueError(f"requests must be a list of Request, got {type(requests).__name__}")
+    seen: set[str] = set()
+    duplicates: list[str] = []
+    previous: Request | None = None
+    for i, req in enumerate(requests):
+        if not isinstance(req, Request):
+            raise ValueError(f"requests[{i}] is a {type(req).__name__}, not a Request")
+        if req.request_id in seen:
+            duplicates.append(req.request_id)
+        seen.add(req.request_id)
+        if previous is not None and req.arrival_time < previous.arrival_time:
+            raise ValueError(f"requests are not sorted by arrival_time: {req.request_id!r} arrives at "
+                             f"{req.arrival_time} after {previous.request_id!r} at {previous.arrival_time}; "
+                             "sort them (sorted(reqs, key=lambda r: r.arrival_time))")
+        previous = req
+    if duplicates:
+        raise ValueError(f"request ids must be unique; repeated: {sorted(set(duplicates))[:10]}")
+    return [req.fresh_copy() for req in requests]
+
+
+def check_chunk(c: ScheduledChunk, req: Request | None) -> Request:
+    """The request a planned chunk computes for, after checking that the chunk may run."""
+    rid = c.request_id
+    if req is None:
+        raise EngineError(f"the plan has a chunk for {rid!r}, which is not in this workload")
+    if req.is_done:
+        raise EngineError(f"the plan computes tokens for {rid!r}, which has already ended ({req.status.value})")
+    first, computed = c.start, c.start + c.num_tokens
+    if first != req.num_computed_tokens:
+        raise EngineError(f"the plan computes tokens of {rid!r} from {first}, but {req.num_computed_tokens} "
+                          "are computed (a chunk must continue exactly where the cache ends, and a "
+                          "request may appear only once per step)")
+    known = req.num_known_tokens
+    if computed > known:
+        raise EngineError(f"the plan computes tokens [{first}, {computed}) of {rid!r}, which has only "
+                          f"{known} known tokens")
+    if c.samples and computed != known:
+        raise EngineError(f"the chunk of {rid!r} samples but stops at token {computed} of {known}; "
+                          "only the chunk that reaches the last known token samples")
+    if not c.samples and computed == known:
+        raise EngineError(f"the chunk of {rid!r} reaches its last known token ({known}) but does not "
+                          "sample; the request would never get its next token")
+    return req
+
+
+def check_ended(workload: Sequence[Request], release_times: Mapping[str, float | None], scheduler) -> None:
+    """Every request FINISHED with exactly its tokens and released once, REJECTED with none, or
+    ABORTED with at most its tokens; rejected and aborted ones say why."""
+    for req in workload:
+        rid, num_out = req.request_id, len(req.output_ids)
+        if len(req.token_times) != num_out:
+            raise EngineError(f"request {rid!r} has {num_out} tokens but {len(req.token_times)} token times")
+        if req.status is RequestStatus.ABORTED or req.status is RequestStatus.REJECTED:
+            limit = req.max_new_tokens if req.status is RequestStatus.ABORTED else 0
+            if num_out > limit or not req.finish_detail:
+                raise EngineError(f"{req.status.value} request {rid!r} has {num_out} tokens and "
+                                  f"finish_detail {req.finish_detail!r}")
+            continue
+        if req.status is not RequestStatus.FINISHED:
+            raise EngineError(f"request {rid!r} ended the run {req.status.value}, with {num_out} of "
+                              f"{req.max_new_tokens} tokens: it was lost")
+        if req.finish_reason is FinishReason.LENGTH and num_out != req.max_new_tokens:
+            raise EngineError(f"request {rid!r} finished by length with {num_out} of {req.max_new_tokens} tokens")
+        if req.finish_reason is FinishReason.STOP and (num_out > req.max_new_tokens
+                                                       or req.output_ids[-1] not in req.stop_token_ids):
+            raise EngineError(f"request {rid!r} finished by a stop token it does not end with")
+        if release_times[rid] is None:
+            raise EngineError(f"request {rid!r} finished but {scheduler!r} never released it")
+
+
+def policy_params(scheduler) -> dict:
+    """The policy's settings, from its config dataclass when it has one."""
+    config = getattr(scheduler, "config", None)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return {}

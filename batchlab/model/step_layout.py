@@ -1,0 +1,100 @@
+"""What one step's index tensors and attention share, whatever the KV cache keeps its past in.
+
+A step packs every sequence's chunk into one (T, D) matrix. ``StepLayout`` checks the chunks and
+computes, once for all layers, each token's id and position, which rows want logits, and which
+chunks are single tokens (decodes, attended together in one call) or longer (prompt chunks,
+attended one by one). A cache adds where its rows live: the slot cache (``kv_cache.py``) by
+slot, the paged cache (``paged_kv_cache.py``) by block table. Both attend with the two functions
+below, and differ only in how a sequence's past keys and values are read: a view of its slot, or
+a gather through its block table.
+
+Shapes: T tokens in the step, H query heads, KV key/value heads, hd head size, S single-token
+chunks, ctx the longest past among them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class StepLayout:
+    """Index tensors for one step, computed once and shared by all layers.
+
+    A subclass names a chunk in errors (``describe``), says how far its positions may go
+    (``position_limit``) and checks anything else about it (``check``).
+    """
+
+    def __init__(self, chunks: list, config, device) -> None:
+        if not chunks:
+            raise ValueError("a step needs at least one sequence chunk; got none")
+        ids, positions, logit_rows = [], [], []
+        self.single: list[tuple[int, object]] = []   # (row, chunk): chunks of exactly 1 token
+        self.multi: list[tuple[int, object]] = []    # (first row, chunk): prompt chunks of > 1 token
+        row = 0
+        for c in chunks:
+            n, end = len(c.token_ids), c.start + len(c.token_ids)
+            if n == 0:
+                raise ValueError(f"{self.describe(c)} has no tokens; each chunk needs at least 1")
+            self.check(c)
+            limit, why = self.position_limit(c)
+            if c.start < 0 or end > min(limit, config.max_position):
+                raise ValueError(f"{self.describe(c)}: positions {c.start}..{end - 1} go past the limit of "
+                                 f"{min(limit, config.max_position)} tokens ({why}, model context "
+                                 f"{config.max_position})")
+            bad = [t for t in c.token_ids if not 0 <= t < config.vocab_size]
+            if bad:
+                raise ValueError(f"{self.describe(c)}: token id {bad[0]} is outside the vocabulary "
+                                 f"0..{config.vocab_size - 1}")
+            ids += c.token_ids
+            positions += range(c.start, end)
+            (self.single if n == 1 else self.multi).append((row, c))
+            if c.want_logits:
+                logit_rows.append(row + n - 1)
+            row += n
+        self.num_tokens = row
+        self.ids = torch.tensor(ids, dtype=torch.long, device=device)              # (T,)
+        self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # (T,)
+        self.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
+        rows = [r for r, _ in self.single]
+        self.single_rows = torch.tensor(rows, dtype=torch.long, device=device)
+        self.singles_first = rows == list(range(len(rows)))   # decodes first, as schedulers plan them
+
+    def describe(self, chunk) -> str:
+        raise NotImplementedError
+
+    def position_limit(self, chunk) -> tuple[int, str]:
+        """The positions a chunk may reach in the cache, and why."""
+        raise NotImplementedError
+
+    def check(self, chunk) -> None:
+        """Anything else a cache requires of a chunk."""
+
+
+def decode_attention(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Single-token chunks attend together: ``qs`` (S, H, 1, hd) against each one's past ``k``,
+    ``v`` (S, KV, ctx, hd), ``mask`` (S, 1, 1, ctx) keeping each to its own length. (S, H, hd)."""
+    return F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=True)[:, :, 0]
+
+
+def chunk_attention(qc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One chunk of ``n`` tokens attends causally to its sequence's past and itself: ``qc``
+    (n, H, hd), ``k``/``v`` (1, KV, end, hd) with the chunk's own keys last. Returns (n, H, hd)."""
+    n, end = qc.shape[0], k.shape[2]
+    q = qc.transpose(0, 1).unsqueeze(0)                    # (1, H, n, hd)
+    start = end - n
+    if start == 0:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    else:  # a later chunk (or one after a prefix hit): query i sees keys 0 .. start + i
+        mask = (torch.arange(end, device=q.device)[None, :]
+                <= torch.arange(start, end, device=q.device)[:, None])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def place_decodes(attn: torch.Tensor, out: torch.Tensor, lay: StepLayout) -> None:
+    """Write the single-token chunks' attention ``out`` (S, H, hd) into their rows of ``attn``."""
+    if lay.singles_first:
+        attn[:out.shape[0]] = out
+    else:
+        attn[lay.single_rows] = out

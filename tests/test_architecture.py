@@ -1,0 +1,109 @@
+"""The package's shape: imports only run downward, and the serving core stays readable.
+
+The layers, lowest first. A module may import from its own layer's unit (its folder, or itself)
+and from any lower layer, never from a higher one. Imports under ``if TYPE_CHECKING:`` are for
+type hints only and are not counted (the drivers name ``Engine`` in hints; the engine imports
+them).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "batchlab"
+
+LAYERS = [
+    ["batchlab"],                      # the package root: its version
+    ["checks"],
+    ["requests"],
+    ["plan"],
+    ["trace", "listener"],
+    ["kv_space"],
+    ["kv_blocks"],
+    ["model"],                         # tensors: the model, its step, the KV caches' storage
+    ["schedulers"],                    # policies: plan against the KV contract, never tensors
+    ["backends"],                      # what computes a step: the model, or the simulator
+    ["clock", "contract"],
+    ["fast_path"],                     # the simulator's bulk decode runs (offline driver only)
+    ["offline", "online"],             # the drivers around Engine.step
+    ["engine"],
+    ["workloads"],
+    ["analysis"],                      # reads traces only
+    ["experiments"],                   # the lessons' measurements, calibration among them
+    ["loadgen"],
+    ["serve"],
+    ["bench", "exercises"],
+]
+LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+# The serving core: no function longer than this, no class longer than that (docstrings count).
+CORE = ["engine.py", "offline.py", "online.py", "fast_path.py", "contract.py", "kv_space.py",
+        "kv_blocks.py", "schedulers", "backends", "model"]
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 40, 200
+
+
+def unit_of(module: str) -> str:
+    """``batchlab.schedulers.continuous`` -> ``schedulers``; ``batchlab`` -> ``batchlab``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, module)`` for every batchlab import outside ``if TYPE_CHECKING:`` blocks."""
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            hidden |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in hidden:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "batchlab":
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "batchlab"]
+    return found
+
+
+def test_every_unit_has_a_layer():
+    units = {unit_of(module_name(p)) for p in PACKAGE.rglob("*.py")}
+    assert units <= set(LAYER_OF), f"place these in LAYERS: {sorted(units - set(LAYER_OF))}"
+
+
+def test_imports_only_run_downward():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = unit_of(module_name(path))
+        for line, module in runtime_imports(ast.parse(path.read_text())):
+            imported = unit_of(module)
+            if imported != importer and LAYER_OF[imported] > LAYER_OF[importer]:
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({importer}) imports {module}")
+    assert not upward, "imports that run upward:\n" + "\n".join(upward)
+
+
+def core_files() -> list[Path]:
+    files = []
+    for name in CORE:
+        path = PACKAGE / name
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return files
+
+
+@pytest.mark.parametrize("path", core_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_serving_core_reads_in_small_pieces(path):
+    too_long = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        size = node.end_lineno - node.lineno + 1 if hasattr(node, "end_lineno") else 0
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > MAX_FUNCTION_LINES:
+            too_long.append(f"def {node.name}: {size} lines (at most {MAX_FUNCTION_LINES})")
+        elif isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
+            too_long.append(f"class {node.name}: {size} lines (at most {MAX_CLASS_LINES})")
+    assert not too_long, f"{path.relative_to(PACKAGE)}: " + "; ".join(too_long)
