@@ -211,8 +211,8 @@ class BlockManager(BlockPool):
         try:
             return self.tables[request_id]
         except KeyError:
-            raise KeyError(f"request {request_id!r} holds no KV blocks; a scheduler must allocate "
-                           "them before the request runs") from None
+            raise KeyError(f"request {request_id!r} holds no KV blocks; a scheduler must admit it "
+                           "before it runs") from None
 
     def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
         """Leading tokens of ``prompt_ids`` already in cached blocks (a multiple of ``block_size``,

@@ -126,7 +126,8 @@ class ReservingKVSpace:
 
 
 class KVCacheFullError(RuntimeError):
-    """Raised when a sequence is allocated without room; schedulers check ``can_allocate`` first."""
+    """Raised when a sequence is admitted or grown without room; schedulers ask ``can_admit`` and
+    ``can_grow`` first."""
 
 
 class TokenKVSpace(ReservingKVSpace):

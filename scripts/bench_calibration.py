@@ -79,7 +79,7 @@ def main() -> None:
         parser.error(f"--real-runs={args.real_runs}; must be at least 1")
 
     lm = load_model()
-    backend = ModelBackend(lm, max_num_seqs=MAX_NUM_SEQS, max_seq_len=MAX_SEQ_LEN)
+    backend = ModelBackend(lm, num_slots=MAX_NUM_SEQS, max_seq_len=MAX_SEQ_LEN)
     t0 = time.perf_counter()
     rounds = [calibration_steps(backend)]   # one round before every trace, and one after each
     print(f"calibration round: {time.perf_counter() - t0:.0f} s")

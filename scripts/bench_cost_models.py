@@ -50,7 +50,7 @@ def main() -> None:
 
     profile = profile_steps(weights, batch_sizes=(1, 2, 4, 8, 16, 32, 64), prefill_sizes=(16, 64, 128, 256),
                             context_lens=(32, 128, 256, 480), bandwidth=bandwidth, repeats=3)
-    backend = ModelBackend(lm, max_num_seqs=16, max_seq_len=1024)
+    backend = ModelBackend(lm, num_slots=16, max_seq_len=1024)
     steps = []
     for r in range(args.rounds):
         steps += calibration_steps(backend, seed=r)

@@ -62,7 +62,7 @@ def shared_prompt_ttft(lm, prefix_caching: bool, system: list[int], question: li
     request with the same system prompt (which fills the prefix cache when it is on)."""
     ttfts = []
     for i in range(repeats):
-        backend = ModelBackend(lm, max_num_seqs=4, max_seq_len=512, paged=True,
+        backend = ModelBackend(lm, num_slots=4, max_seq_len=512, paged=True,
                                enable_prefix_caching=prefix_caching)
         warm = Request("warm", system + [question[0] ^ 1] + question[1:], 1, arrival_time=0.0)
         probe = Request("probe", system + question, 1, arrival_time=10.0)

@@ -44,7 +44,7 @@ SLOTS, MAX_MODEL_LEN, MAX_BATCHED_TOKENS = 32, 256, 512
 
 def in_process(lm, workload) -> dict:
     engine = Engine(ContinuousBatcher(max_num_seqs=SLOTS, max_num_batched_tokens=MAX_BATCHED_TOKENS),
-                    ModelBackend(lm, max_num_seqs=SLOTS, max_seq_len=MAX_MODEL_LEN), clock="wall")
+                    ModelBackend(lm, num_slots=SLOTS, max_seq_len=MAX_MODEL_LEN), clock="wall")
     trace = engine.run(workload)
     row = metrics.summary_row(trace, percentiles=(50,))
     return {"ttft_p50": row["ttft_p50"], "output_throughput": row["output_throughput"],

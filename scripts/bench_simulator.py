@@ -3,6 +3,11 @@
     python scripts/bench_simulator.py                         # 100k requests, max_num_seqs=16
     python scripts/bench_simulator.py --max-num-seqs 64 --requests 20000
     python scripts/bench_simulator.py --cost-model data/cost_model_cpu.json --slow
+    python scripts/bench_simulator.py --table                 # slots vs paged at 16 and 256 seqs
+
+``--cache paged`` serves on a paged cache (``--block-size`` tokens a block, prefix caching on)
+instead of reserving slots; ``--table`` runs both caches at 16 and 256 sequences, alternating,
+and prints requests simulated per second for each and the paged/slot wall-time ratio.
 
 The workload: prompts of 100-300 tokens, answers of 100-200 tokens (uniform), Poisson arrivals
 at ``--load`` times the server's capacity. The capacity is measured first, by serving a short
@@ -16,7 +21,8 @@ sequences share a step.
 
 What costs time: every step is a Python object in the trace, and every step in which a request
 joins or leaves asks the scheduler for a full plan (one chunk per running sequence). Steps in
-between are computed by the engine's fast path (see ``batchlab/engine.py``). So wall time grows
+between are computed by the offline driver's fast path (``batchlab/fast_path.py``), on both caches
+(a paged run stops short of each step that needs more blocks than are free). So wall time grows
 with the number of steps (smaller batches: more steps) and with ``max_num_seqs`` times the
 number of requests (each join rebuilds a plan of the whole batch).
 """
@@ -42,7 +48,9 @@ OUTPUT_LEN = Range(100, 200)
 
 def make_engine(cost: CostModel, args: argparse.Namespace, fast: bool) -> Engine:
     scheduler = ContinuousBatcher(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    backend = SimBackend(cost, kv_capacity_tokens=args.kv_capacity_tokens, noise=args.noise, seed=args.seed)
+    paged = {"block_size": args.block_size, "enable_prefix_caching": True} if args.cache == "paged" else {}
+    backend = SimBackend(cost, kv_capacity_tokens=args.kv_capacity_tokens, noise=args.noise, seed=args.seed,
+                         **paged)
     return Engine(scheduler, backend, fast_decode_runs=fast)
 
 
@@ -55,46 +63,71 @@ def measure_capacity(cost: CostModel, args: argparse.Namespace, num_requests: in
     return num_requests / last_release
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--max-num-seqs", type=int, default=16)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-capacity-tokens", type=int, default=1_000_000)
+    parser.add_argument("--cache", choices=("slot", "paged"), default="slot",
+                        help="reserving slots, or paged blocks with prefix caching")
+    parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--load", type=float, default=0.9, help="arrival rate / measured capacity")
     parser.add_argument("--noise", type=float, default=0.0, help="lognormal sigma of step times")
     parser.add_argument("--cost-model", type=Path, default=None, help="a saved CostModel JSON")
-    parser.add_argument("--slow", action="store_true", help="turn the engine's fast path off")
+    parser.add_argument("--slow", action="store_true", help="turn the fast path off")
+    parser.add_argument("--table", action="store_true",
+                        help="slot and paged caches at 16 and 256 sequences, side by side")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    cost = CostModel.load(args.cost_model) if args.cost_model else ILLUSTRATIVE
-    print(f"cost model: {cost!r}\n  source: {cost.source or '(none given)'}")
+
+def run_once(cost: CostModel, args: argparse.Namespace, verbose: bool = True) -> tuple[float, float]:
+    """Serve ``args.requests`` Poisson arrivals at ``args.load`` of capacity; (wall s, CPU s)."""
     capacity = measure_capacity(cost, args)
     rate = args.load * capacity
-    print(f"policy: ContinuousBatcher(max_num_seqs={args.max_num_seqs}, "
-          f"max_num_batched_tokens={args.max_num_batched_tokens}); capacity {capacity:.3f} req/s (simulated); "
-          f"arrivals: Poisson at {rate:.3f} req/s ({args.load:.0%} of capacity)")
-
-    t0 = time.perf_counter()
     requests = make_workload(args.requests, prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN, arrival="poisson",
                              rate=rate, seed=args.seed)
-    made = time.perf_counter() - t0
     engine = make_engine(cost, args, fast=not args.slow)
     t0, cpu0 = time.perf_counter(), time.process_time()
     trace = engine.run(requests)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    if verbose:
+        tokens = sum(r.num_output_tokens for r in trace.requests)
+        steps = len(trace.steps)
+        fast = trace.meta["num_fast_steps"]
+        print(f"{args.cache} cache, max_num_seqs={args.max_num_seqs}: capacity {capacity:.3f} req/s "
+              f"(simulated), arrivals at {rate:.3f} req/s ({args.load:.0%})")
+        print(f"  simulated {trace.duration / 3600:.1f} h of serving, {steps:,} steps ({fast / max(steps, 1):.0%} "
+              f"on the fast path), {tokens:,} tokens, {trace.meta['num_preemptions']} preemptions")
+        print(f"  wall {wall:.2f} s -> {args.requests / wall:,.0f} requests/s (CPU {cpu:.2f} s)")
+    return wall, cpu
 
-    tokens = sum(r.num_output_tokens for r in trace.requests)
-    steps = len(trace.steps)
-    fast = trace.meta["num_fast_steps"]
-    print(f"workload: {args.requests:,} requests, {tokens:,} output tokens (made in {made:.1f} s)")
-    print(f"simulated: {trace.duration / 3600:.1f} h of serving, {steps:,} steps "
-          f"({fast / max(steps, 1):.0%} on the fast path), {tokens / max(steps, 1):.1f} tokens sampled per step")
-    print(f"wall time for {args.requests:,} requests: {wall:.2f} s  ->  {args.requests / wall:,.0f} requests/s, "
-          f"{tokens / wall / 1e6:.2f} M tokens/s")
-    # On a busy machine wall time includes waiting for a core; CPU time is the work itself.
-    print(f"CPU time of the run: {cpu:.2f} s")
+
+def table(cost: CostModel, args: argparse.Namespace, rounds: int = 2) -> None:
+    """Both caches at 16 and 256 sequences, alternating, ``rounds`` times; best wall time of each."""
+    best: dict[tuple[int, str], float] = {}
+    for _ in range(rounds):
+        for seqs in (16, 256):
+            for cache in ("slot", "paged"):
+                args.max_num_seqs, args.cache = seqs, cache
+                wall, _ = run_once(cost, args, verbose=False)
+                best[seqs, cache] = min(wall, best.get((seqs, cache), float("inf")))
+    print(f"{args.requests:,} requests, best of {rounds} alternating runs:")
+    print(f"{'max_num_seqs':>12} {'slot req/s':>12} {'paged req/s':>12} {'paged/slot wall':>16}")
+    for seqs in (16, 256):
+        slot, paged = best[seqs, "slot"], best[seqs, "paged"]
+        print(f"{seqs:>12} {args.requests / slot:>12,.0f} {args.requests / paged:>12,.0f} {paged / slot:>15.2f}x")
+
+
+def main() -> None:
+    args = parse_args()
+    cost = CostModel.load(args.cost_model) if args.cost_model else ILLUSTRATIVE
+    print(f"cost model: {cost!r}\n  source: {cost.source or '(none given)'}")
+    if args.table:
+        table(cost, args)
+    else:
+        run_once(cost, args)
 
 
 if __name__ == "__main__":

@@ -235,7 +235,7 @@ def calibrate(out_dir: Path, force: bool = False) -> CostModel:
     from batchlab.experiments.calibration import calibrate_cost_model
     from batchlab.model import load_model
 
-    cost = calibrate_cost_model(ModelBackend(load_model(), max_num_seqs=16, max_seq_len=512))
+    cost = calibrate_cost_model(ModelBackend(load_model(), num_slots=16, max_seq_len=512))
     error = cost.fit_stats["median_rel_error"]
     if error > MAX_MEDIAN_FIT_ERROR and not force:
         raise SystemExit(f"the fit's median error is {error:.0%} (over {MAX_MEDIAN_FIT_ERROR:.0%}): "

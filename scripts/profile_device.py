@@ -60,7 +60,7 @@ def main() -> None:
                             repeats=args.repeats, bandwidth=bandwidth)
     print(profile[["kind", "batch_size", "num_tokens", "context_len", "ms_per_step", "x_floor"]]
           .to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    backend = ModelBackend(lm, max_num_seqs=16, max_seq_len=1024)
+    backend = ModelBackend(lm, num_slots=16, max_seq_len=1024)
     steps = calibration_steps(backend)
     table = pd.concat([features_df(steps).drop(columns="step"), profile_features(profile)], ignore_index=True)
     roof = RooflineCostModel(MODEL_SHAPES["SmolLM2-135M"], bandwidth, peak, DTYPE_BYTES[lm.dtype],

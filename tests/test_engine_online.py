@@ -204,8 +204,8 @@ def test_online_greedy_outputs_equal_the_offline_run(lm):
     tok = lm.tokenizer
     prompts = ["The capital of France is", "One, two, three,", "def add(a, b):", "Once upon a time"]
     reqs = [Request(f"p{i}", tok(p)["input_ids"], 6) for i, p in enumerate(prompts)]
-    offline = Engine(ContinuousBatcher(max_num_seqs=4), ModelBackend(lm, max_num_seqs=4, max_seq_len=64)).run(reqs)
-    online = OnlineEngine(ContinuousBatcher(max_num_seqs=4), ModelBackend(lm, max_num_seqs=4, max_seq_len=64))
+    offline = Engine(ContinuousBatcher(max_num_seqs=4), ModelBackend(lm, num_slots=4, max_seq_len=64)).run(reqs)
+    online = OnlineEngine(ContinuousBatcher(max_num_seqs=4), ModelBackend(lm, num_slots=4, max_seq_len=64))
     for r in reqs:
         online.inbox.add(r.fresh_copy())
         time.sleep(0.01)                           # staggered: they join running batches

@@ -31,7 +31,7 @@ def workload(lm) -> list[Request]:
 
 @pytest.fixture(scope="module")
 def slot_outputs(lm, workload) -> dict[str, list[int]]:
-    trace = Engine(ContinuousBatcher(8, 32), ModelBackend(lm, max_num_seqs=8, max_seq_len=128)).run(workload)
+    trace = Engine(ContinuousBatcher(8, 32), ModelBackend(lm, num_slots=8, max_seq_len=128)).run(workload)
     return {r.request_id: r.output_ids for r in trace.requests}
 
 
@@ -66,7 +66,7 @@ def test_paged_cache_validates_its_config(weights):
 
 
 def test_mixed_prompts_chunked_prefill_and_joins_match_the_slot_cache(lm, workload, slot_outputs):
-    backend = ModelBackend(lm, max_num_seqs=8, max_seq_len=128, paged=True)
+    backend = ModelBackend(lm, num_slots=8, max_seq_len=128, paged=True)
     trace = Engine(ContinuousBatcher(8, 32), backend).run(workload)
     assert outputs(trace) == slot_outputs
     assert any(c.start > 0 and c.num_tokens > 1 for s in trace.steps for c in s.chunks)   # chunked
@@ -86,7 +86,7 @@ def test_preemption_and_recompute_give_the_same_tokens(lm, workload, slot_output
 
 def test_prefix_hits_give_the_same_tokens(lm, workload, slot_outputs):
     """Every chat prompt starts with the same system prompt, so later requests hit its blocks."""
-    backend = ModelBackend(lm, max_num_seqs=8, max_seq_len=128, paged=True, enable_prefix_caching=True)
+    backend = ModelBackend(lm, num_slots=8, max_seq_len=128, paged=True, enable_prefix_caching=True)
     trace = Engine(ContinuousBatcher(8, 32), backend).run(workload)
     assert backend.kv.num_hit_tokens >= 16 * (len(workload) - 1)
     assert any(c.start > 0 for s in trace.steps for c in s.chunks
@@ -95,6 +95,6 @@ def test_prefix_hits_give_the_same_tokens(lm, workload, slot_outputs):
 
 
 def test_request_level_batching_reserves_whole_lengths_on_the_paged_cache(lm, workload, slot_outputs):
-    backend = ModelBackend(lm, max_num_seqs=8, max_seq_len=128, paged=True)
+    backend = ModelBackend(lm, num_slots=8, max_seq_len=128, paged=True)
     trace = Engine(DynamicBatcher(4, timeout=0.1), backend).run(workload)
     assert outputs(trace) == slot_outputs and not trace.preemptions

@@ -85,7 +85,7 @@ def test_64_concurrent_streams_equal_the_offline_engine(server, lm):
     lengths = [2 + i % 4 for i in range(64)]            # 2..5 tokens each
     tok = lm.tokenizer
     reqs = [Request(f"r{i}", tok(t)["input_ids"], n) for i, (t, n) in enumerate(zip(texts, lengths))]
-    offline = Engine(ContinuousBatcher(max_num_seqs=64), ModelBackend(lm, max_num_seqs=64, max_seq_len=128)).run(reqs)
+    offline = Engine(ContinuousBatcher(max_num_seqs=64), ModelBackend(lm, num_slots=64, max_seq_len=128)).run(reqs)
     expected = {r.request_id: r.output_ids for r in offline.requests}
 
     async def go():

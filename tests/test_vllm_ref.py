@@ -45,7 +45,7 @@ def test_vllm_greedy_outputs_equal_batchlabs(vllm, lm):
     from batchlab.schedulers import ContinuousBatcher
     tok = lm.tokenizer
     reqs = [Request(f"p{i}", tok(p)["input_ids"], MAX_TOKENS) for i, p in enumerate(PROMPTS)]
-    ours = Engine(ContinuousBatcher(max_num_seqs=8), ModelBackend(lm, max_num_seqs=8, max_seq_len=64)).run(reqs)
+    ours = Engine(ContinuousBatcher(max_num_seqs=8), ModelBackend(lm, num_slots=8, max_seq_len=64)).run(reqs)
     with httpx.Client(base_url=vllm.url, timeout=120) as client:
         for req, mine in zip(reqs, ours.requests):
             r = client.post("/v1/completions", json={"model": SERVED_MODEL_NAME, "prompt": req.prompt_ids,

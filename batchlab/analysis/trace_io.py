@@ -160,11 +160,13 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
         "max_new_tokens": max_new,
         "status": [RequestStatus(r.status).value for r in reqs],
         "finish_reason": [None if r.finish_reason is None else str(r.finish_reason) for r in reqs],
-        "finish_detail": [getattr(r, "finish_detail", None) for r in reqs],
         "first_scheduled": [_to_us(r.first_scheduled_time) for r in reqs],
         "release": [_to_us(r.release_time) for r in reqs],
         "streamed": [bool(r.streamed) for r in reqs],
     }
+    details = [getattr(r, "finish_detail", None) for r in reqs]
+    if any(d is not None for d in details):     # why requests were aborted or rejected, in words
+        requests["finish_detail"] = details
     stored_us = [[_to_us(t) for t in r.token_times] for r in reqs]
     if stored_us != replay.token_times_us:
         # Token times that the steps do not explain: store them (arrival -> first, then gaps).

@@ -30,17 +30,18 @@ from batchlab.requests import Request
 class ModelBackend(Backend):
     """Run plans on the real model.
 
-    max_num_seqs: KV slots, i.e. how many sequences the slot cache can hold at once (the KV
-    space's size; how many a scheduler runs at once is its own ``max_num_seqs``).
+    num_slots: KV slots, i.e. how many sequences the slot cache can hold at once. (That is the
+    cache's size; how many requests a scheduler runs at once is its ``max_num_seqs``, vLLM's
+    meaning. A server usually gives both the same number.)
     max_seq_len: tokens per slot (prompt + output of one request must fit).
     kv_memory_bytes: alternatively, a memory budget; the slot count is what it holds.
     paged: a paged KV cache of ``block_size``-token blocks instead of slots (off by default). Its
     size: ``kv_memory_bytes`` if given, else ``num_kv_blocks``, else the slot cache's memory
-    (``max_num_seqs`` sequences of ``max_seq_len``). ``enable_prefix_caching`` and
+    (``num_slots`` sequences of ``max_seq_len``). ``enable_prefix_caching`` and
     ``reserve_blocks``: see ``kv_blocks.BlockManager``.
     """
 
-    def __init__(self, lm: LoadedModel | None = None, max_num_seqs: int = 32,
+    def __init__(self, lm: LoadedModel | None = None, num_slots: int = 32,
                  max_seq_len: int = 1024, kv_memory_bytes: int | None = None, paged: bool = False,
                  block_size: int = 16, num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
@@ -56,18 +57,18 @@ class ModelBackend(Backend):
             raise ValueError("enable_prefix_caching, reserve_blocks and num_kv_blocks need paged=True")
         self.kv: KVCache | PagedKVCache
         if paged:
-            self.kv = self._paged_cache(max_num_seqs, max_seq_len, kv_memory_bytes, block_size,
+            self.kv = self._paged_cache(num_slots, max_seq_len, kv_memory_bytes, block_size,
                                         num_kv_blocks, enable_prefix_caching, reserve_blocks)
         elif kv_memory_bytes is not None:
             self.kv = KVCache.from_budget(kv_memory_bytes, max_seq_len, cfg.num_layers,
                                           cfg.num_kv_heads, cfg.head_dim, self.weights.dtype,
-                                          str(self.weights.device), max_slots=max_num_seqs)
+                                          str(self.weights.device), max_slots=num_slots)
         else:
-            check_int("max_num_seqs", max_num_seqs)
-            self.kv = self.weights.new_kv_cache(max_num_seqs, max_seq_len)
+            check_int("num_slots", num_slots)
+            self.kv = self.weights.new_kv_cache(num_slots, max_seq_len)
         self.sampler = RequestSampler()
 
-    def _paged_cache(self, max_num_seqs: int, max_seq_len: int, kv_memory_bytes: int | None,
+    def _paged_cache(self, num_slots: int, max_seq_len: int, kv_memory_bytes: int | None,
                      block_size: int, num_kv_blocks: int | None, enable_prefix_caching: bool,
                      reserve_blocks: int) -> PagedKVCache:
         cfg, w = self.weights.config, self.weights
@@ -76,9 +77,9 @@ class ModelBackend(Backend):
                                             cfg.head_dim, block_size, max_seq_len, w.dtype,
                                             str(w.device), enable_prefix_caching, reserve_blocks)
         if num_kv_blocks is None:
-            check_int("max_num_seqs", max_num_seqs)
+            check_int("num_slots", num_slots)
             check_block_size(block_size)
-            num_kv_blocks = max_num_seqs * -(-max_seq_len // block_size)   # the slot cache's memory
+            num_kv_blocks = num_slots * -(-max_seq_len // block_size)   # the slot cache's memory
         return w.new_paged_kv_cache(num_kv_blocks, block_size, max_seq_len, enable_prefix_caching,
                                     reserve_blocks)
 

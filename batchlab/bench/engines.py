@@ -39,7 +39,7 @@ def run_batchlab(lm, requests: Sequence[Request], name: str, config: BenchConfig
 
     num_slots = config.max_num_seqs if name == "batchlab_continuous" else config.batch_size
     max_seq_len = max(r.max_total_tokens for r in list(requests) + list(warmup or []))
-    backend = ModelBackend(lm, max_num_seqs=num_slots, max_seq_len=max_seq_len)
+    backend = ModelBackend(lm, num_slots=num_slots, max_seq_len=max_seq_len)
     clock = "virtual" if config.mode == "offline" else "wall"
     if warmup:
         Engine(_batchlab_scheduler(name, config), backend, clock="virtual").run(list(warmup))

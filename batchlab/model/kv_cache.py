@@ -132,8 +132,8 @@ class KVCache(ReservingKVSpace):
         try:
             return self._slot_of[request_id]
         except KeyError:
-            raise KeyError(f"request {request_id!r} holds no KV slot; a scheduler must allocate "
-                           "one before the request runs") from None
+            raise KeyError(f"request {request_id!r} holds no KV slot; a scheduler must admit it "
+                           "before it runs") from None
 
     def __repr__(self) -> str:
         return (f"KVCache({self.num_slots} slots x {self.max_seq_len} tokens, "

@@ -42,7 +42,8 @@ def _is_int(v: object) -> bool:
 class ServerConfig:
     """What the server runs: the policy and its knobs, the KV cache, admission.
 
-    ``max_num_seqs``: KV slots (sequences held at once); also continuous batching's limit.
+    ``max_num_seqs``: the most requests running at once (vLLM's meaning); the slot KV cache gets
+    that many slots.
     ``max_model_len``: tokens per slot: the context window a request's prompt + output must fit.
     ``max_num_batched_tokens``, ``chunked_prefill``, ``long_prefill_token_threshold``: continuous.
     ``batch_size``: static. ``max_batch_size``, ``batch_timeout``: dynamic.
@@ -152,7 +153,7 @@ class EngineRunner:
         self.config = config
         self.lm = lm if lm is not None else load_model()
         self.tokenizer = self.lm.tokenizer
-        self.backend = ModelBackend(self.lm, max_num_seqs=config.max_num_seqs, max_seq_len=config.max_model_len)
+        self.backend = ModelBackend(self.lm, num_slots=config.max_num_seqs, max_seq_len=config.max_model_len)
         self.scheduler = config.make_scheduler()
         self.streams = self.scheduler.streams_tokens
         self.engine = Engine(self.scheduler, self.backend, clock="wall")

@@ -167,6 +167,7 @@ if lm.dtype == "float32":
 # | **CDF** | the cumulative distribution: for each latency x, the share of requests at or below x; p50 and p99 are where it crosses 0.5 and 0.99 |
 # | **throughput** | finished requests (or tokens) per second |
 # | **SLO**, **goodput** | a latency target (e.g. TTFT ≤ 1 s), and the rate of requests that meet every target (notebooks 07 and 08 give both meanings of goodput) |
+# | **`max_num_seqs`** | the most requests a scheduler runs at once (vLLM's `--max-num-seqs`); how many sequences the KV cache can hold is a separate limit, the cache's size (`ModelBackend(num_slots=...)`, or a memory budget) |
 #
 # The real trace: five requests reach a server that runs at most three at once (continuous
 # batching, notebook 04). Request `r003` arrives with the first three, so it *queues* until
@@ -182,7 +183,7 @@ from batchlab.workloads.scripted import scripted_workload
 
 scene = scripted_workload([0.0] * 5, max_new_tokens=[6, 10, 24, 16, 4],
                           prompt_len=[16, 16, 16, 48, 300], tokenizer=lm.tokenizer)
-life_backend = ModelBackend(lm, max_num_seqs=3, max_seq_len=512)
+life_backend = ModelBackend(lm, num_slots=3, max_seq_len=512)
 life_trace = Engine(ContinuousBatcher(max_num_seqs=3), life_backend).run(scene)
 life = request_life(life_trace, "r003")
 assert life["queue"] > 0, "r003 found all three places taken, so it waited"

@@ -169,7 +169,7 @@ assert (by_hand.queue_time > 0).any(), "with Poisson arrivals some requests shou
 # NBVAL_IGNORE_OUTPUT
 max_seq_len = max(r.max_total_tokens for r in requests)
 one_at_a_time = Engine(StaticBatcher(batch_size=1, stream=True),
-                       ModelBackend(lm, max_num_seqs=1, max_seq_len=max_seq_len))
+                       ModelBackend(lm, num_slots=1, max_seq_len=max_seq_len))
 trace = one_at_a_time.run(requests, progress=True)
 engine_busy = metrics.busy_share(trace)
 print(f"busy share {engine_busy:.0%} (by hand: {hand_busy:.0%}); "
@@ -386,7 +386,7 @@ print(f"{len(stored)} stored profile(s): " + (", ".join(p.label for p in stored)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-cost = calibrate_cost_model(ModelBackend(lm, max_num_seqs=16, max_seq_len=512), progress=True)
+cost = calibrate_cost_model(ModelBackend(lm, num_slots=16, max_seq_len=512), progress=True)
 print(cost)
 
 # %%

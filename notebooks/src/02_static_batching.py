@@ -55,7 +55,7 @@ print(f"{lm.name} on {lm.device} ({lm.dtype})")
 # The offline job grows on a GPU, where the same cells finish in about the same time.
 OFFLINE_REQUESTS = 64 if ON_GPU else 8
 OFFLINE_BATCH = 32 if ON_GPU else 8
-backend = ModelBackend(lm, max_num_seqs=max(8, OFFLINE_BATCH), max_seq_len=256)
+backend = ModelBackend(lm, num_slots=max(8, OFFLINE_BATCH), max_seq_len=256)
 print(backend.describe())
 
 # %% [markdown]

@@ -56,7 +56,7 @@ print(f"{lm.name} on {lm.device} ({lm.dtype})")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-backend = ModelBackend(lm, max_num_seqs=16, max_seq_len=512)
+backend = ModelBackend(lm, num_slots=16, max_seq_len=512)
 cost = calibrate_cost_model(backend, progress=True)
 print(cost)
 

@@ -222,7 +222,7 @@ expect("Engine.step reads in one screen (non-blank lines)", len(step_lines), bel
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-backend = ModelBackend(lm, max_num_seqs=MAX_SEQS, max_seq_len=32 + OUTPUT_LEN.high)
+backend = ModelBackend(lm, num_slots=MAX_SEQS, max_seq_len=32 + OUTPUT_LEN.high)
 probe_cache = weights.new_kv_cache(MAX_SEQS, max_seq_len=64)
 decode_s = time_step(weights, probe_cache, [SeqChunk(s, 48, [42], True) for s in range(MAX_SEQS)])
 full_batch_rate = MAX_SEQS / (decode_s * OUTPUT_LEN.mean)     # requests/s with every step full

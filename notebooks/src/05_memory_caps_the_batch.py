@@ -140,7 +140,7 @@ print("Llama-3-8B, 40 GiB: 327,680 tokens: 640 sequences of 512, 160 of 2,048, 4
 # %%
 workload = make_workload(NUM_REQUESTS, "mixed_output", output_len=OUTPUT_LEN, arrival="at_once",
                          seed=5, tokenizer=lm.tokenizer)
-slot_backend = ModelBackend(lm, max_num_seqs=BUDGET_TOKENS // SLOT_LEN, max_seq_len=SLOT_LEN)
+slot_backend = ModelBackend(lm, num_slots=BUDGET_TOKENS // SLOT_LEN, max_seq_len=SLOT_LEN)
 paged_backend = ModelBackend(lm, max_seq_len=SLOT_LEN, paged=True, block_size=BLOCK_SIZE,
                              num_kv_blocks=BUDGET_TOKENS // BLOCK_SIZE)
 assert slot_backend.kv.total_bytes == paged_backend.kv.total_bytes

@@ -61,7 +61,7 @@ print(f"{lm.name} on {lm.device} ({lm.dtype})")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-cost = calibrate_cost_model(ModelBackend(lm, max_num_seqs=16, max_seq_len=256), progress=True)
+cost = calibrate_cost_model(ModelBackend(lm, num_slots=16, max_seq_len=256), progress=True)
 print(cost)
 
 # %% [markdown]
@@ -94,7 +94,7 @@ scenario = StallScenario(num_running=NUM_RUNNING, running_prompt_len=16,
                          running_output_len=96 if ON_GPU else 48, short_output_len=6,
                          long_prompt_len=prompt_len)
 MAX_NUM_SEQS = scenario.max_num_seqs          # the running requests and the short one
-backend = ModelBackend(lm, max_num_seqs=MAX_NUM_SEQS, max_seq_len=scenario.max_seq_len)
+backend = ModelBackend(lm, num_slots=MAX_NUM_SEQS, max_seq_len=scenario.max_seq_len)
 requests = scenario.requests(tokenizer=lm.tokenizer)
 decode_ms = 1e3 * cost.predict_features(NUM_RUNNING, NUM_RUNNING, NUM_RUNNING * 40)
 print(f"{NUM_RUNNING} running requests ({scenario.running_output_len} tokens each); the newcomer "

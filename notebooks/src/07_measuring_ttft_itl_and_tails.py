@@ -62,7 +62,7 @@ print(f"{lm.name} on {lm.device} ({lm.dtype})")
 CHAT_REQUESTS = 48 if ON_GPU else 16     # real-model chat run
 CHAT_RATE = 8.0 if ON_GPU else 2.0       # its arrival rate (requests/s)
 MAX_NUM_SEQS = 16
-backend = ModelBackend(lm, max_num_seqs=MAX_NUM_SEQS, max_seq_len=512)
+backend = ModelBackend(lm, num_slots=MAX_NUM_SEQS, max_seq_len=512)
 
 
 def serve_real(requests, max_num_batched_tokens=512, progress=False):

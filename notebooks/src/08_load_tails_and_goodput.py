@@ -64,7 +64,7 @@ MAX_NUM_SEQS = 16            # sequences a policy may run at once (KV slots)
 MAX_SEQ_LEN = 512            # tokens per slot: prompt + output of one request
 SWEEP_REQUESTS = 600         # requests per simulated run of the load sweeps
 
-backend = ModelBackend(lm, max_num_seqs=MAX_NUM_SEQS, max_seq_len=MAX_SEQ_LEN)
+backend = ModelBackend(lm, num_slots=MAX_NUM_SEQS, max_seq_len=MAX_SEQ_LEN)
 
 
 def sim(cost_model=None):

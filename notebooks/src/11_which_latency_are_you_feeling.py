@@ -376,7 +376,7 @@ plt.show()
 lm = load_model()
 ON_GPU = lm.device == "cuda"
 NUM = 48 if ON_GPU else 12
-backend = ModelBackend(lm, max_num_seqs=NUM, max_seq_len=256)
+backend = ModelBackend(lm, num_slots=NUM, max_seq_len=256)
 together = make_workload(NUM, prompt_len=32, output_len=24, arrival="at_once", seed=8,
                          tokenizer=lm.tokenizer)
 narrow = Engine(ContinuousBatcher(max_num_seqs=2, max_num_batched_tokens=512), backend).run(together, progress=True)
