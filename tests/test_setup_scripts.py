@@ -7,6 +7,8 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,6 +62,12 @@ def test_the_floor_in_setup_matches_pyproject_and_readme():
     assert f"Python {floor}+ only" in (ROOT / "README.md").read_text()
 
 
+def test_lab_refuses_a_port_that_is_not_a_number():
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "lab.sh"), "--port=eighty"], capture_output=True,
+                         text=True, env={**os.environ, "BATCHLAB_LAB_PYTHON": "python3"})
+    assert out.returncode == 2 and "--port=eighty; must be a port number" in out.stderr
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -67,18 +75,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_course_command_starts_a_jupyterlab_that_answers(tmp_path):
+@pytest.mark.parametrize("port_given_as", ["BATCHLAB_PORT", "--port=N", "--port N"])
+def test_course_command_starts_a_jupyterlab_that_answers(tmp_path, port_given_as):
     """scripts/lab.sh (what `bash scripts/course.sh` runs after setup) starts JupyterLab, as root
-    too, prints the URL with its token in one line, and that URL answers over HTTP."""
+    too, prints the URL with its token in one line, and that URL answers over HTTP. A port the
+    user names (as JupyterLab's own --port option, or the variable) is the one it listens on."""
     import signal
     import sys
     import time
     import urllib.request
 
     port = _free_port()
-    env = {**os.environ, "BATCHLAB_LAB_PYTHON": sys.executable, "BATCHLAB_PORT": str(port),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "lab.sh"), "--no-browser", "--ip=127.0.0.1"],
+    env = {**os.environ, "BATCHLAB_LAB_PYTHON": sys.executable, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    options = {"BATCHLAB_PORT": [], "--port=N": [f"--port={port}"], "--port N": ["--port", str(port)]}
+    if port_given_as == "BATCHLAB_PORT":
+        env["BATCHLAB_PORT"] = str(port)
+    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "lab.sh"), "--no-browser", "--ip=127.0.0.1",
+                             *options[port_given_as]],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     try:
