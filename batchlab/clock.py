@@ -15,12 +15,12 @@ Both put the workload's arrival times and the steps on one axis of seconds since
 
 from __future__ import annotations
 
-import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from batchlab.backends.base import StepResult
+from batchlab.checks import check_choice, check_number
 
 CLOCKS = ("virtual", "wall")
 
@@ -48,11 +48,9 @@ class Clock(ABC):
 
 
 def _checked_duration(result: StepResult) -> float:
-    duration = result.duration
-    if not (isinstance(duration, (int, float)) and math.isfinite(duration) and duration >= 0):
-        raise ValueError(f"the backend reported a step duration of {duration!r}; it must be a finite "
-                         "number of seconds >= 0")
-    return float(duration)
+    """The step's duration as reported by the backend, checked: finite seconds >= 0."""
+    check_number("StepResult.duration", result.duration, hint="seconds the backend reports for a step")
+    return float(result.duration)
 
 
 class VirtualClock(Clock):
@@ -109,8 +107,5 @@ def make_clock(clock: str | Clock) -> Clock:
     """``"virtual"`` or ``"wall"`` (or a ``Clock`` instance) → a clock object."""
     if isinstance(clock, Clock):
         return clock
-    if clock == "virtual":
-        return VirtualClock()
-    if clock == "wall":
-        return WallClock()
-    raise ValueError(f"clock={clock!r}; must be one of {CLOCKS}")
+    check_choice("clock", clock, CLOCKS, hint="or a Clock instance")
+    return VirtualClock() if clock == "virtual" else WallClock()

@@ -13,10 +13,9 @@ Simulated requests (for the simulator at full scale) carry only ``prompt_len``; 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 
-from batchlab.checks import is_int, is_number
+from batchlab.checks import check_fraction, check_int, check_number, is_int, is_number
 
 
 class RequestStatus(str, enum.Enum):
@@ -77,13 +76,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
-            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r}: must be an int or None")
+        check_number("temperature", self.temperature, hint="0 = greedy")
+        check_fraction("top_p", self.top_p)
+        check_int("seed", self.seed, minimum=None, allow_none=True)
 
     @property
     def greedy(self) -> bool:

@@ -56,7 +56,7 @@ def test_continuous_batching_has_no_batches():
 
 
 def test_not_a_trace_is_refused():
-    with pytest.raises(TypeError, match="Trace"):
+    with pytest.raises(ValueError, match=r"trace=\[1, 2, 3\]; must be a batchlab Trace"):
         batches_df([1, 2, 3])
 
 

@@ -117,14 +117,14 @@ def data_table(out: Path) -> list[str]:
 
 
 def test_dtype_flag_names_the_bad_value(capsys):
-    with pytest.raises(ValueError, match="dtype='fp16'; allowed: float32, bfloat16, both"):
+    with pytest.raises(ValueError, match=r"dtype='fp16'; must be one of \['float32', 'bfloat16', 'both'\]"):
         bench.BenchConfig(dtype="fp16")
     assert bench.BenchConfig(dtype="both").dtypes == ("float32", "bfloat16")
     assert bench.BenchConfig(dtype="bfloat16").dtypes == ("bfloat16",)
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--dtype", "half"])
     assert exit_info.value.code == 2
-    assert "dtype='half'; allowed: float32, bfloat16, both" in capsys.readouterr().err
+    assert "dtype='half'; must be one of ['float32', 'bfloat16', 'both']" in capsys.readouterr().err
 
 
 def test_greedy_agreement_reports_the_first_differing_position():
@@ -137,7 +137,7 @@ def test_greedy_agreement_reports_the_first_differing_position():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"mode": "batch"}, "mode='batch'"),
-    ({"only": ("sglang",)}, "unknown ['sglang']"),
+    ({"only": ("sglang",)}, "only=('sglang',); must be one or more of ['hf_sequential'"),
     ({"rate": 0}, "rate=0"),
     ({"hf_batch_tokens": ()}, "hf_batch_tokens=()"),
     ({"threads": 0}, "threads=0"),

@@ -93,9 +93,9 @@ def test_continuous_batching_never_idles_while_someone_waits():
 
 
 def test_bad_inputs_are_refused():
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="cost='not a cost model'; must be a batchlab CostModel"):
         lone_ttft("not a cost model", 5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="prompt_len=0; must be an int >= 1"):
         lone_ttft(COST, 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_output_tokens=0; must be an int >= 1"):
         lone_decode_time(COST, 5, 0)

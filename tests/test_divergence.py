@@ -44,7 +44,8 @@ def test_a_batch_of_one_is_the_lone_run(lm, bf16_weights):
 
 
 @pytest.mark.parametrize("prompts, n, message", [
-    ([], 4, "non-empty"), ([[1, 2], []], 4, "non-empty"), ([[1, 2]], 0, "max_new_tokens=0"),
+    ([], 4, r"prompts=\[\]; must be a non-empty list"),
+    ([[1, 2], []], 4, r"prompts=\[\[1, 2\], \[\]\]; must be a non-empty list"), ([[1, 2]], 0, "max_new_tokens=0"),
     ([[1, 2]], True, "max_new_tokens=True")])
 def test_bad_input_is_named(bf16_weights, prompts, n, message):
     with pytest.raises(ValueError, match=message):

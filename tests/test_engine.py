@@ -395,7 +395,7 @@ class BadDuration(SimBackend):
 
 
 def test_a_backend_reporting_an_impossible_duration_is_an_error():
-    with pytest.raises(ValueError, match="step duration of nan"):
+    with pytest.raises(ValueError, match=r"StepResult.duration=nan; must be a finite number >= 0"):
         Engine(ContinuousBatcher(4, 64), BadDuration(RULER, 1000)).run([req(0, 0.0)])
 
 

@@ -27,7 +27,8 @@ def test_greedy_generate_stops_after_a_stop_token(lm, weights):
 
 
 @pytest.mark.parametrize("prompt, max_new, message", [
-    ([], 4, "prompt_ids is empty"), ([1, 2], 0, "max_new_tokens=0"), ([1, 2], True, "max_new_tokens=True")])
+    ([], 4, r"prompt_ids=\[\]; must be a non-empty list of token ids"),
+    ([1, 2], 0, "max_new_tokens=0; must be an int >= 1"), ([1, 2], True, "max_new_tokens=True")])
 def test_greedy_generate_rejects_bad_arguments(weights, prompt, max_new, message):
     with pytest.raises(ValueError, match=message):
         greedy_generate(weights, prompt, max_new)

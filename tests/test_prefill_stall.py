@@ -55,7 +55,7 @@ def test_scenario_builds_the_requests():
     (dict(num_running=0), "num_running=0"),
     (dict(long_prompt_len=2.5), "long_prompt_len=2.5"),
     (dict(running_output_len=True), "running_output_len=True"),
-    (dict(short_output_len=48), "short_output_len=48 must be smaller"),
+    (dict(short_output_len=48), "short_output_len=48; must be < running_output_len=48"),
 ])
 def test_scenario_rejects_bad_sizes(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -149,7 +149,7 @@ def test_long_prompt_len_for_reaches_the_target_ratio():
     # A device where a step costs only its fixed part can never reach the target: the cap.
     flat = CostModel(fixed_s=0.01, per_seq_s=0.0, per_token_s=0.0, per_attention_pair_s=0.0)
     assert long_prompt_len_for(flat, 4, max_len=512) == 512
-    with pytest.raises(ValueError, match="target_ratio=1"):
+    with pytest.raises(ValueError, match="target_ratio=1; must be a finite number > 1"):
         long_prompt_len_for(cost, 4, target_ratio=1)
 
 
@@ -160,7 +160,7 @@ def test_plot_token_gaps_draws_the_prefill_window():
     labels = ax.get_legend_handles_labels()[1]
     assert labels == ["the other 3 requests (lines overlap)", "long000 prefill (joins → first token)"]
     assert ax.get_ylabel() == "gap since previous token (ms)"
-    with pytest.raises(ValueError, match="unit="):
+    with pytest.raises(ValueError, match=r"unit='us'; must be one of \['ms', 's'\]"):
         plot_token_gaps(trace, scenario.long_id, unit="us")
     plt.close("all")
 

@@ -147,5 +147,5 @@ def test_bad_files_are_rejected_with_a_reason(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_trace(path)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match=r"trace=.*; must be a batchlab Trace \(got DataFrame\)"):
         trace_to_dict(pd.DataFrame())

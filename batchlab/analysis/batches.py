@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import pandas as pd
 
+from batchlab.checks import check_instance
 from batchlab.trace import Trace
 
 BATCH_COLUMNS: list[str] = [
@@ -40,8 +41,7 @@ def batches_df(trace: Trace) -> pd.DataFrame:
     to start); ``num_steps``; ``shortest_output`` / ``longest_output`` (output tokens of its
     members). Times in seconds on the trace's clock.
     """
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     # One pass over the steps: first step (members), start, end and step count per batch.
     first_step, start, end, num_steps, order = {}, {}, {}, {}, []
     for step in trace.steps:

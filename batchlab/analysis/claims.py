@@ -18,14 +18,18 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from batchlab.checks import check_fraction, fail
+
 
 def _values(value) -> np.ndarray:
     try:
         arr = np.asarray(value, dtype=float).ravel()
     except (TypeError, ValueError):
-        raise ValueError(f"expect: value={value!r}; must be a number or numbers") from None
+        arr = None
+    if arr is None:
+        fail("value", value, "a number or numbers", "expect: the measured value(s)")
     if arr.size == 0:
-        raise ValueError("expect: no values to check (an empty table?)")
+        fail("value", value, "one or more numbers", "expect: no values to check; an empty table?")
     return arr
 
 
@@ -41,7 +45,7 @@ def expect(claim: str, value, *, above: float | None = None, below: float | None
     Raises ``AssertionError`` naming the claim, the measured value(s) and the bound when it fails.
     """
     if not isinstance(claim, str) or not claim:
-        raise ValueError(f"expect: claim={claim!r}; say in words what is being checked")
+        fail("claim", claim, "a non-empty string", "expect: say in words what is being checked")
     if above is None and below is None:
         raise ValueError("expect: give a bound, above= and/or below=")
     arr = _values(value)
@@ -61,8 +65,7 @@ def expect(claim: str, value, *, above: float | None = None, below: float | None
 
 def expect_close(claim: str, value, target: float, rel_tol: float) -> None:
     """Check that ``value`` (every one) is within ``rel_tol`` of ``target``; print one line."""
-    if not isinstance(rel_tol, (int, float)) or isinstance(rel_tol, bool) or not 0 <= rel_tol < 1:
-        raise ValueError(f"expect_close: rel_tol={rel_tol!r}; must be a number in [0, 1)")
+    check_fraction("rel_tol", rel_tol, "[0, 1)", hint="expect_close: a share of the target")
     arr = _values(value)
     # Within rel_tol of the target itself (not of the larger of the two, as math.isclose measures).
     ok = bool(np.isfinite(arr).all()) and bool((np.abs(arr - target) <= rel_tol * abs(target)).all())
@@ -76,7 +79,8 @@ def expect_true(claim: str, condition: bool | Iterable[bool], detail: object = "
     """Check a yes/no claim (every one, if several); print one line, with ``detail`` if given."""
     conditions = [condition] if isinstance(condition, (bool, np.bool_)) else list(condition)
     if not conditions:
-        raise ValueError("expect_true: no conditions to check")
+        fail("condition", condition, "a bool or a non-empty list of bools",
+             "expect_true: no conditions to check")
     shown = f" ({detail})" if detail != "" else ""
     if not all(bool(c) for c in conditions):
         raise AssertionError(f"FAILED: {claim}{shown}")

@@ -25,21 +25,20 @@ import pandas as pd
 
 from batchlab.analysis.metrics import per_request_metrics
 from batchlab.backends.cost_model import CostModel
+from batchlab.checks import check_instance, check_int
 from batchlab.plan import chunk_attention_pairs
 from batchlab.trace import Trace
 
 
 def _check_cost(cost: CostModel) -> None:
-    if not isinstance(cost, CostModel):
-        raise TypeError(f"cost={cost!r}; expected a batchlab CostModel (CostModel.load(path))")
+    check_instance("cost", cost, CostModel, "a batchlab CostModel", hint="CostModel.load(path)")
 
 
 def lone_ttft(cost: CostModel, prompt_len: int) -> float:
     """Seconds to the first token of a request alone on an empty server: its whole prompt in one
     step (``prompt_len`` tokens, ``prompt_len * (prompt_len + 1) / 2`` attention pairs)."""
     _check_cost(cost)
-    if not isinstance(prompt_len, (int, np.integer)) or prompt_len < 1:
-        raise ValueError(f"prompt_len={prompt_len!r}; must be an int >= 1")
+    check_int("prompt_len", prompt_len)
     p = int(prompt_len)
     return cost.predict_features(1, p, chunk_attention_pairs(0, p))
 
@@ -52,10 +51,8 @@ def lone_decode_time(cost: CostModel, prompt_len: int, num_output_tokens: int) -
     ``(n - 1) * (fixed + per_seq + per_token)`` plus ``per_attention_pair`` times the keys read.
     """
     _check_cost(cost)
-    if not isinstance(num_output_tokens, (int, np.integer)) or num_output_tokens < 1:
-        raise ValueError(f"num_output_tokens={num_output_tokens!r}; must be an int >= 1")
-    if not isinstance(prompt_len, (int, np.integer)) or prompt_len < 1:
-        raise ValueError(f"prompt_len={prompt_len!r}; must be an int >= 1")
+    check_int("num_output_tokens", num_output_tokens)
+    check_int("prompt_len", prompt_len)
     steps = int(num_output_tokens) - 1
     # Keys read: prompt_len + 1, prompt_len + 2, ..., prompt_len + steps: the same query-key
     # pairs as computing tokens [prompt_len, prompt_len + steps) in one chunk.
@@ -111,8 +108,7 @@ def token_gaps(trace: Trace, request_ids: Iterable[str] | None = None) -> pd.Dat
     a non-streamed one the gaps are 0. A token is produced by the step that ends when it is
     computed (matched within 2 µs, so traces saved to a file and loaded back match too).
     """
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     tokens = trace.tokens_df()
     if request_ids is not None:
         keep = set(request_ids)

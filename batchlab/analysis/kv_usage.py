@@ -18,18 +18,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from batchlab.checks import check_instance, check_int, fail
 from batchlab.trace import Trace
 
 
 def kv_usage(trace: Trace, block_size: int = 16, slot_len: int | None = None) -> pd.DataFrame:
     """One row per step: ``start``, ``duration``, ``num_seqs`` in flight, ``stored_tokens``,
     ``paged_tokens`` (whole blocks of ``block_size``) and, with ``slot_len``, ``slot_tokens``."""
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size={block_size!r}; must be an int >= 1")
-    if slot_len is not None and (not isinstance(slot_len, int) or slot_len < 1):
-        raise ValueError(f"slot_len={slot_len!r}; must be an int >= 1 or None")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
+    check_int("block_size", block_size)
+    check_int("slot_len", slot_len, allow_none=True)
     last_step: dict[str, int] = {}
     for s in trace.steps:
         for c in s.chunks:
@@ -61,8 +59,8 @@ def kv_usage(trace: Trace, block_size: int = 16, slot_len: int | None = None) ->
 def stored_share(usage: pd.DataFrame, held: str = "paged_tokens") -> float:
     """Time-weighted share of held memory (column ``held``) that stored real tokens."""
     if held not in usage:
-        raise ValueError(f"held={held!r} is not a column of the usage table; choose one of "
-                         f"{[c for c in usage.columns if c.endswith('_tokens')]}")
+        fail("held", held, "a column of the usage table",
+             f"one of {[c for c in usage.columns if c.endswith('_tokens')]}")
     weight = usage["duration"].to_numpy(dtype=float)
     held_time = (usage[held].to_numpy(dtype=float) * weight).sum()
     if held_time <= 0:

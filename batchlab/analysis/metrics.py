@@ -55,13 +55,13 @@ on one trace, with the source files they were checked against.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
 
+from batchlab.checks import check_choice, check_fraction, check_instance, check_list, check_number, fail
 from batchlab.requests import RequestStatus
 from batchlab.trace import RequestRecord, Trace
 
@@ -78,8 +78,7 @@ PER_REQUEST_COLUMNS: list[str] = [
 # --- validation helpers ------------------------------------------------------------------------
 def _check_trace(trace: Trace) -> None:
     """A trace must be a ``Trace`` with at least one request to be measured."""
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     if not trace.requests:
         raise ValueError("the trace has no requests, so there is nothing to measure; "
                          "run a workload with at least one request")
@@ -87,33 +86,17 @@ def _check_trace(trace: Trace) -> None:
 
 def check_percentiles(percentiles: Iterable[float]) -> tuple[float, ...]:
     """Validate percentiles: a non-empty collection of numbers in [0, 100]. Returns them as floats."""
-    if isinstance(percentiles, (str, bytes)) or not isinstance(percentiles, Iterable):
-        raise TypeError(f"percentiles={percentiles!r}: give a sequence of numbers in [0, 100], "
-                        "e.g. (50, 90, 99)")
-    values = list(percentiles)
-    if not values:
-        raise ValueError("percentiles is empty: give at least one number in [0, 100], e.g. (50, 99)")
-    out = []
-    for p in values:
-        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-            raise TypeError(f"percentile {p!r} is not a number; percentiles must be numbers in [0, 100]")
-        if not (math.isfinite(p) and 0 <= p <= 100):
-            raise ValueError(f"percentile {p!r} is outside [0, 100]; use e.g. 99 for the 99th "
-                             "percentile, not 0.99 or 990")
-        out.append(float(p))
-    return tuple(out)
+    values = check_list("percentiles", percentiles, "a non-empty sequence of numbers in [0, 100]",
+                        hint="e.g. (50, 90, 99)")
+    for i, p in enumerate(values):
+        check_number(f"percentiles[{i}]", p, 0, maximum=100,
+                     hint="use e.g. 99 for the 99th percentile, not 0.99 or 990")
+    return tuple(float(p) for p in values)
 
 
 def percentile_column(p: float) -> str:
     """Column name for a percentile: 50 -> 'p50', 99.9 -> 'p99.9'."""
     return f"p{p:g}"
-
-
-def _check_duration(duration: float) -> float:
-    if isinstance(duration, bool) or not isinstance(duration, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(duration) or duration <= 0:
-        raise ValueError(f"duration={duration!r}: must be a finite number of seconds > 0")
-    return float(duration)
 
 
 # --- SLOs --------------------------------------------------------------------------------------
@@ -134,9 +117,7 @@ class SLO:
         if not given:
             raise ValueError("an SLO needs at least one bound: ttft, tpot or e2e (seconds)")
         for name, bound in given.items():
-            if isinstance(bound, bool) or not isinstance(bound, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(bound) or bound <= 0:
-                raise ValueError(f"SLO {name}={bound!r}: must be a finite number of seconds > 0")
+            check_number(f"SLO.{name}", bound, strict=True, hint="seconds")
 
     @classmethod
     def coerce(cls, slo: "SLO | Mapping[str, float]") -> "SLO":
@@ -147,10 +128,10 @@ class SLO:
             allowed = {f.name for f in fields(cls)}
             unknown = set(slo) - allowed
             if unknown:
-                raise ValueError(f"unknown SLO key(s) {sorted(unknown)}; allowed: {sorted(allowed)} "
-                                 "(bounds in seconds)")
+                fail("slo", slo, f"a dict with keys from {sorted(allowed)}",
+                     f"unknown SLO key(s) {sorted(unknown)}; bounds in seconds")
             return cls(**slo)
-        raise TypeError(f"slo={slo!r}: give an SLO or a dict with keys ttft/tpot/e2e in seconds")
+        fail("slo", slo, "an SLO or a dict with keys ttft/tpot/e2e", "bounds in seconds")
 
     def met(self, per_request: pd.DataFrame) -> pd.Series:
         """Boolean Series: which rows of ``per_request_metrics(...)`` meet every bound."""
@@ -255,7 +236,10 @@ def benchmark_duration(trace: Trace) -> float:
 
 
 def _resolve_duration(trace: Trace, duration: float | None) -> float:
-    return benchmark_duration(trace) if duration is None else _check_duration(duration)
+    if duration is None:
+        return benchmark_duration(trace)
+    check_number("duration", duration, strict=True, hint="seconds")
+    return float(duration)
 
 
 def throughput(trace: Trace, slo: SLO | Mapping[str, float] | None = None,
@@ -308,10 +292,8 @@ def max_rate_meeting_slo(sweep: pd.DataFrame, target: float = 0.9, rate: str = "
     rate before. NaN when even the lowest swept rate misses the target (the answer lies below the
     sweep); a ValueError when no swept rate misses it (sweep higher rates).
     """
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
-        raise ValueError(f"target={target!r}: must be a share of requests in (0, 1], e.g. 0.9")
-    if rate not in sweep.columns:
-        raise ValueError(f"no column {rate!r} in the sweep; columns: {list(sweep.columns)}")
+    check_fraction("target", target, hint="a share of requests, e.g. 0.9")
+    check_choice("rate", rate, sweep.columns, hint="a column of the sweep")
     if len(sweep) == 0:
         raise ValueError("the sweep is empty: give one row per swept rate")
     ordered = sweep.sort_values(rate)
@@ -350,8 +332,7 @@ def _stats(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, floa
 def latency_values(trace: Trace, metric: str) -> np.ndarray:
     """The population a latency statistic is computed over: one value per finished request for
     ``ttft``, ``tpot`` (requests with >1 token), ``e2e``, ``queue_time``; every pooled gap for ``itl``."""
-    if metric not in LATENCY_METRICS:
-        raise ValueError(f"metric={metric!r}; allowed: {list(LATENCY_METRICS)}")
+    check_choice("metric", metric, LATENCY_METRICS)
     if metric == "itl":
         return itl_values(trace)
     values = per_request_metrics(trace)[metric].to_numpy(dtype=float)
@@ -391,8 +372,7 @@ def summarize(trace: Trace, slo: SLO | Mapping[str, float] | None = None,
 # --- device view ---------------------------------------------------------------------------------
 def _step_arrays(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(durations, num_seqs, num_tokens, held_slots) per step, each shape (num_steps,)."""
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     if not trace.steps:
         raise ValueError("the trace has no steps, so there is no device activity to measure")
     durations = np.array([s.duration for s in trace.steps], dtype=float)
@@ -478,7 +458,7 @@ def compare(traces: Mapping[str, Trace], slo: SLO | Mapping[str, float] | None =
     several of these to build a load-sweep table for ``plots.plot_load_curve``.
     """
     if not isinstance(traces, Mapping) or not traces:
-        raise ValueError("compare() needs a non-empty dict of {name: Trace}")
+        fail("traces", traces, "a non-empty dict of {name: Trace}")
     rows = []
     for name, trace in traces.items():
         try:

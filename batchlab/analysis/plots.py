@@ -20,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 
 from batchlab.analysis.metrics import LATENCY_METRICS, itl_values, per_request_metrics
+from batchlab.checks import check_choice, check_instance, check_int, fail
 from batchlab.requests import RequestStatus
 from batchlab.trace import Trace
 
@@ -41,6 +42,15 @@ METRIC_LABELS: dict[str, str] = {
     "itl": "inter-token latency", "e2e": "end-to-end latency", "queue_time": "queue time",
 }
 _UNIT_SCALE = {"s": 1.0, "ms": 1e3}
+
+
+def _check_table(df: pd.DataFrame, columns: Mapping[str, str | None], what: str) -> None:
+    """``df`` is a non-empty DataFrame holding each named column (``{argument: column or None}``)."""
+    if not isinstance(df, pd.DataFrame) or df.empty:
+        fail("df", df, "a non-empty DataFrame", what)
+    for name, column in columns.items():
+        if column is not None:
+            check_choice(name, column, df.columns, hint=f"a column of {what}")
 
 
 def _new_ax(ax: Axes | None, figsize: tuple[float, float] = (8, 4)) -> Axes:
@@ -84,12 +94,10 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_requests: int = 40,
     (rejected requests with an ``x``), and dashed vertical lines mark where a new request-level
     batch starts (``batch_id`` changes between steps).
     """
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     if not trace.requests:
         raise ValueError("the trace has no requests to draw")
-    if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
-        raise ValueError(f"max_requests={max_requests!r}: must be an int >= 1")
+    check_int("max_requests", max_requests)
     ax = _new_ax(ax, (9, max(2.5, min(12, 0.22 * min(max_requests, len(trace.requests)) + 1.5))))
 
     shown = sorted(trace.requests, key=lambda r: r.arrival_time)[:max_requests]
@@ -199,8 +207,7 @@ def plot_occupancy(trace: Trace, ax: Axes | None = None,
     dropping to 0 while the device is idle. Slots held by finished members of a request-level
     batch are shaded on top of the sequences. Returns the left ``Axes``; the right one is
     ``ax.right_ax``."""
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     if not trace.steps:
         raise ValueError("the trace has no steps, so there is no occupancy to draw")
     ax = _new_ax(ax)
@@ -241,14 +248,12 @@ def plot_latency_cdf(traces: Mapping[str, Trace] | Trace, metric: str = "ttft",
     ``itl`` (every pooled gap between visible tokens); see ``batchlab.analysis.metrics``. ``unit``: ``"ms"``
     or ``"s"``. A single ``Trace`` is labelled by ``trace.meta["policy"]`` when present.
     """
-    if metric not in LATENCY_METRICS:
-        raise ValueError(f"metric={metric!r}; allowed: {list(LATENCY_METRICS)}")
-    if unit not in _UNIT_SCALE:
-        raise ValueError(f"unit={unit!r}; allowed: {list(_UNIT_SCALE)}")
+    check_choice("metric", metric, LATENCY_METRICS)
+    check_choice("unit", unit, _UNIT_SCALE)
     if isinstance(traces, Trace):
         traces = {str(traces.meta.get("policy", "trace")): traces}
     if not isinstance(traces, Mapping) or not traces:
-        raise ValueError("give a Trace or a non-empty dict of {name: Trace}")
+        fail("traces", traces, "a Trace or a non-empty dict of {name: Trace}")
     ax = _new_ax(ax, (6, 4))
     drawn = 0
     for name, trace in traces.items():
@@ -303,12 +308,7 @@ def plot_load_curve(df: pd.DataFrame, x: str = "request_rate", y: str = "ttft_p9
     """Throughput-latency curves from a tidy load-sweep table: one line per ``hue`` value,
     points sorted by ``x``. Typical columns come from ``metrics.compare`` plus the swept
     ``request_rate``; latency columns are in seconds."""
-    if not isinstance(df, pd.DataFrame) or df.empty:
-        raise ValueError("plot_load_curve needs a non-empty DataFrame")
-    needed = [c for c in (x, y, hue) if c is not None]
-    missing = [c for c in needed if c not in df.columns]
-    if missing:
-        raise KeyError(f"column(s) {missing} not in the table; it has {list(df.columns)}")
+    _check_table(df, {"x": x, "y": y, "hue": hue}, "a load-sweep table")
     ax = _new_ax(ax, (6, 4))
     groups = [(None, df)] if hue is None else list(df.groupby(hue, sort=True))
     for name, group in groups:
@@ -338,11 +338,7 @@ def plot_step_profile(df: pd.DataFrame, batch_size: str = "batch_size",
     Several rows with the same batch size (repeats) are reduced to their median. Returns the left
     ``Axes``; the right one, if drawn, is ``ax.right_ax``.
     """
-    if not isinstance(df, pd.DataFrame) or df.empty:
-        raise ValueError("plot_step_profile needs a non-empty DataFrame")
-    missing = [c for c in (batch_size, ms_per_step) if c not in df.columns]
-    if missing:
-        raise KeyError(f"column(s) {missing} not in the profile table; it has {list(df.columns)}")
+    _check_table(df, {"batch_size": batch_size, "ms_per_step": ms_per_step}, "a profiler table")
     optional = [c for c in (ms_per_token, bandwidth_floor_ms) if c is not None and c in df.columns]
     table = df[[batch_size, ms_per_step, *optional]].groupby(batch_size).median().sort_index()
     sizes = table.index.to_numpy()

@@ -14,13 +14,13 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from batchlab.analysis.plots import PHASE_COLORS
+from batchlab.checks import check_instance
 from batchlab.requests import RequestStatus
 from batchlab.trace import RequestRecord, Trace
 
 
 def _record(trace: Trace, request_id: str) -> RequestRecord:
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     for r in trace.requests:
         if r.request_id == request_id:
             if r.status != RequestStatus.FINISHED or not r.token_times:

@@ -45,6 +45,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from batchlab.checks import check_instance, is_int, shown
 from batchlab.plan import ScheduledChunk
 from batchlab.requests import RequestStatus, parse_finish_reason
 from batchlab.trace import RequestRecord, StepRecord, Trace
@@ -107,8 +108,7 @@ class _Replay:
 def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
     """The JSON-able form of ``trace`` (see the module docstring). ``meta`` replaces the trace's
     own ``meta`` when given (e.g. to leave out labels a reader should not see)."""
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     meta = dict(trace.meta if meta is None else meta)
     try:
         json.dumps(meta)
@@ -232,8 +232,9 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
         gaps = _column(req_table, "token_gaps", n, where)
         token_us = []
         for rid, arrival, g in zip(ids, req["arrival"], gaps):
-            if not isinstance(g, list) or any(not isinstance(x, int) or x < 0 for x in g):
-                raise ValueError(f"{where}: request {rid!r}: token_gaps must be ints >= 0")
+            if not isinstance(g, list) or any(not is_int(x) or x < 0 for x in g):
+                raise ValueError(f"{where}: request {rid!r}: token_gaps={shown(g)}; must be a list of "
+                                 "ints >= 0")
             times, t = [], arrival
             for x in g:
                 t += x

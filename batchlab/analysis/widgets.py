@@ -24,6 +24,8 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from batchlab.checks import check_callable, fail, is_number
+
 _MISSING_IPYWIDGETS = (
     "explore() needs ipywidgets (pip install ipywidgets) and a Jupyter front end to show the "
     "sliders. Without them, call the function directly with fixed values instead, "
@@ -43,10 +45,6 @@ def _default_of(fn: Callable, name: str) -> Any:
     return None if param is None or param.default is inspect.Parameter.empty else param.default
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
 def make_control(widgets, name: str, spec: Any, default: Any = None,
                  continuous_update: bool = False):
     """Turn one keyword of ``explore`` into a widget, or return ``None`` for a fixed value.
@@ -60,14 +58,14 @@ def make_control(widgets, name: str, spec: Any, default: Any = None,
     """
     if isinstance(spec, widgets.ValueWidget):
         return spec
-    if isinstance(spec, tuple) and len(spec) in (2, 3) and all(_is_number(v) for v in spec):
+    if isinstance(spec, tuple) and len(spec) in (2, 3) and all(is_number(v) for v in spec):
         lo, hi = spec[0], spec[1]
         step = spec[2] if len(spec) == 3 else None
         if not lo < hi:
-            raise ValueError(f"slider {name}={spec!r}: min must be < max")
+            fail(name, spec, "a slider (min, max) or (min, max, step) with min < max")
         if step is not None and step <= 0:
-            raise ValueError(f"slider {name}={spec!r}: step must be > 0")
-        value = default if _is_number(default) and lo <= default <= hi else lo
+            fail(name, spec, "a slider (min, max, step) with step > 0")
+        value = default if is_number(default) and lo <= default <= hi else lo
         if all(isinstance(v, numbers.Integral) for v in spec):
             return widgets.IntSlider(value=int(value), min=lo, max=hi, step=step or 1,
                                      description=name, continuous_update=continuous_update)
@@ -76,12 +74,12 @@ def make_control(widgets, name: str, spec: Any, default: Any = None,
                                    description=name, continuous_update=continuous_update)
     if isinstance(spec, list):
         if not spec:
-            raise ValueError(f"dropdown {name}=[]: give at least one option")
+            fail(name, spec, "a dropdown list with at least one option")
         value = default if default in spec else spec[0]
         return widgets.Dropdown(options=spec, value=value, description=name)
     if isinstance(spec, Mapping):
         if not spec:
-            raise ValueError(f"dropdown {name}={{}}: give at least one option")
+            fail(name, spec, "a dropdown dict with at least one option")
         options = list(spec.items())
         values = [v for _, v in options]
         value = default if default in values else values[0]
@@ -117,14 +115,14 @@ def explore(fn: Callable[..., Any], /, *, continuous_update: bool = False, **con
     slider is released: ``continuous_update=False`` keeps slow figures responsive). Each keyword
     names a parameter of ``fn``; see ``make_control`` for what each kind of value becomes.
     """
-    if not callable(fn):
-        raise TypeError(f"explore() needs a function to call, got {fn!r}")
+    check_callable("fn", fn, "a function to call", hint="explore(fn, name=control, ...)")
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     unknown = [name for name in controls if name not in params and not takes_any]
     if unknown:
-        raise TypeError(f"{getattr(fn, '__name__', fn)!s} has no parameter(s) {unknown}; "
-                        f"its parameters are {list(params)}")
+        fn_name = getattr(fn, "__name__", fn)
+        fail(unknown[0], controls[unknown[0]], f"a control for a parameter of {fn_name!s}",
+             f"it has no parameter(s) {unknown}; its parameters are {list(params)}")
     widgets = _import_ipywidgets()
 
     interactive_controls, fixed_values = {}, {}

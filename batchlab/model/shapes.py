@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.kv_blocks import DEFAULT_BLOCK_SIZE, blocks_for
 
 SHAPES_PATH = Path(__file__).resolve().parent / "model_shapes.json"   # package data
@@ -35,13 +36,11 @@ class ModelShape:
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "num_kv_heads", "head_dim"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{self.name}: {field}={value!r}; must be an int >= 1")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"{self.name}: dtype={self.dtype!r}; allowed: {sorted(DTYPE_BYTES)}")
+            check_int(field, getattr(self, field), hint=f"model shape {self.name!r}")
+        check_choice("dtype", self.dtype, sorted(DTYPE_BYTES), hint=f"model shape {self.name!r}")
         if not self.source:
-            raise ValueError(f"{self.name}: a shape needs a source saying where its numbers come from")
+            fail("source", self.source, "a non-empty string",
+                 f"model shape {self.name!r}: say where its numbers come from")
 
     @property
     def bytes_per_token(self) -> int:
@@ -53,21 +52,18 @@ class ModelShape:
 
     def kv_tokens(self, memory_bytes: float) -> int:
         """Token positions a budget of ``memory_bytes`` holds."""
-        if memory_bytes < 0:
-            raise ValueError(f"memory_bytes={memory_bytes!r}; must be >= 0")
+        check_number("memory_bytes", memory_bytes)
         return int(memory_bytes // self.bytes_per_token)
 
     def num_blocks(self, memory_bytes: float, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
         """Whole blocks of ``block_size`` tokens a budget holds."""
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ValueError(f"block_size={block_size!r}; must be an int >= 1")
+        check_int("block_size", block_size)
         return self.kv_tokens(memory_bytes) // block_size
 
     def max_concurrency(self, memory_bytes: float, context_tokens: int,
                         block_size: int = DEFAULT_BLOCK_SIZE) -> int:
         """How many sequences of ``context_tokens`` fit at once in paged blocks."""
-        if not isinstance(context_tokens, int) or context_tokens < 1:
-            raise ValueError(f"context_tokens={context_tokens!r}; must be an int >= 1")
+        check_int("context_tokens", context_tokens)
         return self.num_blocks(memory_bytes, block_size) // blocks_for(context_tokens, block_size)
 
 
@@ -78,8 +74,7 @@ def load_model_shapes(path: str | Path = SHAPES_PATH) -> dict[str, ModelShape]:
 
 
 def model_shape(name: str) -> ModelShape:
+    """The shape called ``name`` in ``batchlab/model/model_shapes.json``."""
     shapes = load_model_shapes()
-    try:
-        return shapes[name]
-    except KeyError:
-        raise ValueError(f"unknown model shape {name!r}; known: {sorted(shapes)}") from None
+    check_choice("name", name, sorted(shapes), hint="a model shape in model_shapes.json")
+    return shapes[name]

@@ -20,6 +20,8 @@ from typing import Union
 
 import numpy as np
 
+from batchlab.checks import check_choice, check_int, check_number, fail
+
 ARRIVALS = ("at_once", "fixed", "poisson", "gamma")
 
 # A seed is an int, or a Generator to draw from directly.
@@ -29,9 +31,8 @@ Seed = Union[int, np.random.Generator]
 def _rng(seed: Seed) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
-        return np.random.default_rng(int(seed))
-    raise ValueError(f"seed={seed!r}: must be an int >= 0 or a numpy.random.Generator")
+    check_int("seed", seed, minimum=0, hint="or a numpy.random.Generator")
+    return np.random.default_rng(int(seed))
 
 
 def _child_rngs(seed: Seed, count: int) -> list[np.random.Generator]:
@@ -42,29 +43,23 @@ def _child_rngs(seed: Seed, count: int) -> list[np.random.Generator]:
     return [np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(count)]
 
 
-def _check_n(n: int) -> None:
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n={n!r}: the number of requests must be an int >= 1")
-
-
 def _check_rate(rate: float | None, arrival: str) -> float:
-    if rate is None:
-        raise ValueError(f"arrival={arrival!r} needs rate= (requests per second, > 0)")
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isnan(rate) or rate <= 0:
-        raise ValueError(f"rate={rate!r}: must be a number of requests per second > 0 "
-                         "(math.inf sends everything at t=0)")
+    """The rate an ``arrival`` process needs, checked: requests per second > 0, or math.inf."""
+    check_number("rate", rate, strict=True, allow_inf=True,
+                 hint=f"requests per second, needed by arrival={arrival!r}; math.inf sends "
+                      "everything at t=0")
     return float(rate)
 
 
 def arrivals_at_once(n: int) -> np.ndarray:
     """``n`` arrival times, all 0.0: an offline batch where everything is there from the start."""
-    _check_n(n)
+    check_int("n", n, hint="the number of requests")
     return np.zeros(n)
 
 
 def arrivals_fixed(n: int, rate: float) -> np.ndarray:
     """``n`` arrivals exactly ``1 / rate`` seconds apart, the first at ``t = 0``."""
-    _check_n(n)
+    check_int("n", n, hint="the number of requests")
     rate = _check_rate(rate, "fixed")
     return np.arange(n) / rate
 
@@ -78,12 +73,9 @@ def arrivals_gamma(n: int, rate: float, burstiness: float, seed: Seed = 0) -> np
     Because the rate only scales the gaps, the same seed at twice the rate gives the same
     pattern squeezed into half the time.
     """
-    _check_n(n)
+    check_int("n", n, hint="the number of requests")
     rate = _check_rate(rate, "gamma")
-    if isinstance(burstiness, bool) or not isinstance(burstiness, (int, float)) \
-            or not math.isfinite(burstiness) or burstiness <= 0:
-        raise ValueError(f"burstiness={burstiness!r}: must be a finite number > 0 "
-                         "(1 = Poisson, < 1 burstier, > 1 more regular)")
+    check_number("burstiness", burstiness, strict=True, hint="1 = Poisson, < 1 burstier, > 1 more regular")
     rng = _rng(seed)
     if math.isinf(rate):
         return np.zeros(n)
@@ -97,7 +89,7 @@ def arrivals_poisson(n: int, rate: float, seed: Seed = 0) -> np.ndarray:
     This is ``arrivals_gamma`` with ``burstiness = 1`` (a gamma with shape 1 is an exponential),
     so the two give identical times for the same seed.
     """
-    return arrivals_gamma(n, rate, 1.0, seed)
+    return arrivals_gamma(n, _check_rate(rate, "poisson"), 1.0, seed)
 
 
 def make_arrivals(n: int, arrival: str = "poisson", rate: float | None = None,
@@ -106,15 +98,15 @@ def make_arrivals(n: int, arrival: str = "poisson", rate: float | None = None,
 
     ``rate`` is needed by all but ``"at_once"``; ``burstiness`` only applies to ``"gamma"``.
     """
-    if arrival not in ARRIVALS:
-        raise ValueError(f"arrival={arrival!r}: allowed are {', '.join(ARRIVALS)}")
+    check_choice("arrival", arrival, ARRIVALS)
     if arrival != "gamma" and burstiness != 1.0:
-        raise ValueError(f"burstiness={burstiness!r} only applies to arrival='gamma' "
-                         f"(got arrival={arrival!r})")
+        fail("burstiness", burstiness, "1.0 unless arrival='gamma'",
+             f"it only applies to arrival='gamma'; got arrival={arrival!r}")
     if arrival == "at_once":
         if rate is not None:
-            raise ValueError(f"rate={rate!r} has no meaning for arrival='at_once' (all arrive at t=0)")
+            fail("rate", rate, "None for arrival='at_once'", "all arrive at t=0, so a rate has no meaning")
         return arrivals_at_once(n)
+    rate = _check_rate(rate, arrival)
     if arrival == "fixed":
         return arrivals_fixed(n, rate)
     return arrivals_gamma(n, rate, burstiness, seed)  # "poisson" is gamma with burstiness 1

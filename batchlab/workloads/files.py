@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from batchlab.checks import is_int
+from batchlab.checks import fail, is_int
 from batchlab.requests import Request, SamplingParams
 from batchlab.workloads.prompts import PromptSource, _check_prompt_ids, _make_prompt, _prompt_source
 
@@ -129,13 +129,13 @@ def load_workload(path: str | Path, tokenizer: Any = None,
             if ids is not None:
                 if not isinstance(ids, list) or len(ids) != row["prompt_len"] \
                         or not all(is_int(t) and t >= 0 for t in ids):
-                    raise ValueError(f"prompt_ids must be a list of {row['prompt_len']} ints >= 0 "
-                                     f"(prompt_len), got {str(ids)[:60]}")
+                    fail("prompt_ids", ids, f"a list of {row['prompt_len']!r} ints >= 0",
+                         "one per prompt token: prompt_len of them")
                 _check_prompt_ids(ids, row["prompt_len"], vocab_size, request_id)
             elif source is not None and is_int(row["prompt_len"]) and row["prompt_len"] >= 1:
                 ids = _make_prompt(source, request_id, row["prompt_len"])
             if not isinstance(stops, list) or not all(is_int(t) and t >= 0 for t in stops):
-                raise ValueError(f"stop_token_ids={stops!r}; must be a list of ints >= 0")
+                fail("stop_token_ids", stops, "a list of ints >= 0")
             req = Request(request_id, ids, row["max_new_tokens"], arrival, SamplingParams(**given),
                           prompt_len=row["prompt_len"], stop_token_ids=tuple(stops))
         except ValueError as e:

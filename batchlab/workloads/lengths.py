@@ -12,13 +12,12 @@ cores serves 16-32 requests in seconds to tens of seconds (see ``PRESETS``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Union
 
 import numpy as np
 
-from batchlab.checks import check_int
+from batchlab.checks import check_choice, check_instance, check_int, check_number, fail, is_int
 
 SCALES = ("cpu", "full")
 
@@ -51,7 +50,7 @@ class Range:
         check_int("Range.low", self.low, hint="a number of tokens")
         check_int("Range.high", self.high, hint="a number of tokens")
         if self.high < self.low:
-            raise ValueError(f"Range(low={self.low}, high={self.high}): high must be >= low")
+            fail("Range.high", self.high, f">= Range.low={self.low!r}", "both ends are included")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
@@ -73,12 +72,11 @@ class Mixture:
 
     def __post_init__(self) -> None:
         if not self.parts:
-            raise ValueError("Mixture(parts=()): needs at least one (weight, distribution) pair")
-        for weight, dist in self.parts:
-            if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
-                raise ValueError(f"Mixture weight {weight!r}: must be a finite number > 0")
-            if not isinstance(dist, (Fixed, Range, Mixture)):
-                raise ValueError(f"Mixture part {dist!r}: must be a Fixed, Range or Mixture")
+            fail("Mixture.parts", self.parts, "at least one (weight, distribution) pair")
+        for i, (weight, dist) in enumerate(self.parts):
+            check_number(f"Mixture.parts[{i}] weight", weight, strict=True)
+            check_instance(f"Mixture.parts[{i}] distribution", dist, (Fixed, Range, Mixture),
+                           "a Fixed, Range or Mixture")
 
     @property
     def probabilities(self) -> np.ndarray:
@@ -104,10 +102,9 @@ LengthDist = Union[Fixed, Range, Mixture]
 def _as_length_dist(value: LengthDist | int, what: str) -> LengthDist:
     if isinstance(value, (Fixed, Range, Mixture)):
         return value
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        check_int(what, value, hint="a number of tokens")
-        return Fixed(int(value))
-    raise ValueError(f"{what}={value!r}: must be an int >= 1 or a Fixed, Range or Mixture")
+    if not is_int(value) or value < 1:
+        fail(what, value, "an int >= 1 or a Fixed, Range or Mixture", "a number of tokens")
+    return Fixed(int(value))
 
 
 @dataclass(frozen=True)
@@ -121,9 +118,7 @@ class LengthPreset:
     about: str = ""
 
     def __post_init__(self) -> None:
-        if self.scale not in SCALES:
-            raise ValueError(f"LengthPreset {self.name!r}: scale={self.scale!r}; allowed are "
-                             f"{', '.join(SCALES)}")
+        check_choice("scale", self.scale, SCALES, hint=f"LengthPreset {self.name!r}")
         _as_length_dist(self.prompt_len, "prompt_len")
         _as_length_dist(self.output_len, "output_len")
 
@@ -177,9 +172,6 @@ PRESETS: dict[str, dict[str, LengthPreset]] = {
 def get_preset(name: str, scale: str = "cpu") -> LengthPreset:
     """The length preset ``name`` at ``scale`` (``"cpu"`` for the real model, ``"full"`` for the
     simulator)."""
-    if scale not in PRESETS:
-        raise ValueError(f"scale={scale!r}: allowed are {', '.join(SCALES)}")
-    if name not in PRESETS[scale]:
-        raise ValueError(f"preset {name!r} does not exist; allowed are "
-                         f"{', '.join(PRESETS[scale])}")
+    check_choice("scale", scale, SCALES)
+    check_choice("preset", name, PRESETS[scale])
     return PRESETS[scale][name]

@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from batchlab.checks import check_number
+from batchlab.checks import check_instance, check_int, check_number, fail
 from batchlab.requests import Request, SamplingParams
-from batchlab.workloads.arrivals import Seed, _check_n, _child_rngs, make_arrivals
+from batchlab.workloads.arrivals import Seed, _child_rngs, make_arrivals
 from batchlab.workloads.lengths import LengthDist, LengthPreset, _as_length_dist, get_preset
 from batchlab.workloads.prompts import PromptSource, _make_prompt, _prompt_source
 
 
 def request_ids(n: int, prefix: str = "r") -> list[str]:
     """Stable ids ``r000, r001, ...`` (more digits when ``n > 1000``), so they sort in order."""
-    _check_n(n)
+    check_int("n", n, hint="the number of requests")
     width = max(3, len(str(n - 1)))
     return [f"{prefix}{i:0{width}d}" for i in range(n)]
 
@@ -51,24 +51,22 @@ def make_workload(n: int, preset: str | LengthPreset | None = None, *, scale: st
     ``sampling`` applies to every request (default greedy). If it samples (temperature > 0) and
     has no seed, each request gets its own seed drawn from ``seed``, so runs are reproducible.
     """
-    _check_n(n)
-    if not isinstance(id_prefix, str):
-        raise ValueError(f"id_prefix={id_prefix!r}: must be a string")
+    check_int("n", n, hint="the number of requests")
+    check_instance("id_prefix", id_prefix, str, "a string")
     if isinstance(preset, str):
         preset = get_preset(preset, scale)
-    elif preset is not None and not isinstance(preset, LengthPreset):
-        raise ValueError(f"preset={preset!r}: must be a preset name, a LengthPreset, or None")
+    check_instance("preset", preset, LengthPreset, "a preset name or a LengthPreset", allow_none=True)
     if preset is None and (prompt_len is None or output_len is None):
-        raise ValueError("without a preset, give both prompt_len= and output_len= "
-                         f"(got prompt_len={prompt_len!r}, output_len={output_len!r})")
+        missing = "prompt_len" if prompt_len is None else "output_len"
+        fail(missing, None, "an int >= 1 or a Fixed, Range or Mixture",
+             "without a preset, give both prompt_len= and output_len=")
     prompt_dist = _as_length_dist(prompt_len if prompt_len is not None else preset.prompt_len,
                                   "prompt_len")
     output_dist = _as_length_dist(output_len if output_len is not None else preset.output_len,
                                   "output_len")
+    check_instance("sampling", sampling, SamplingParams, "a SamplingParams", allow_none=True)
     if sampling is None:
         sampling = SamplingParams()
-    elif not isinstance(sampling, SamplingParams):
-        raise ValueError(f"sampling={sampling!r}: must be a SamplingParams or None")
     source = _prompt_source(tokenizer, prompt_source)
 
     arrival_rng, prompt_rng, output_rng, sampling_rng = _child_rngs(seed, 4)

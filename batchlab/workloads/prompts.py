@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from batchlab.checks import check_int
+from batchlab.checks import check_callable, check_int, fail, is_int
 
 CORPUS_PATH = Path(__file__).resolve().parent / "corpus.txt"
 
@@ -45,8 +45,8 @@ def _encode_function(tokenizer: Any) -> Callable[[str], list[int]]:
         return encode
     if callable(tokenizer):
         return tokenizer
-    raise TypeError(f"tokenizer {tokenizer!r}: must have an encode(text) method or be a callable "
-                    "text -> list of token ids")
+    fail("tokenizer", tokenizer, "an object with an encode(text) method or a callable text -> "
+         "list of token ids")
 
 
 def _vocab_size(tokenizer: Any) -> int | None:
@@ -96,8 +96,7 @@ def _check_prompt_ids(ids: Any, length: int, vocab_size: int | None, request_id:
         raise ValueError(f"request {request_id!r}: the prompt source returned {got} ids; "
                          f"wanted a list of exactly {length}")
     for t in ids:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0 \
-                or (vocab_size is not None and t >= vocab_size):
+        if not is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
             allowed = f"0..{vocab_size - 1}" if vocab_size is not None else ">= 0"
             raise ValueError(f"request {request_id!r}: token id {t!r} is outside the vocabulary "
                              f"({allowed})")
@@ -109,8 +108,8 @@ def _prompt_source(tokenizer: Any, prompt_source: PromptSource | None) -> Prompt
         raise ValueError("give tokenizer= (prompts cut from the corpus) or prompt_source=, not both")
     if tokenizer is not None:
         return CorpusPrompts(tokenizer)
-    if prompt_source is not None and not callable(prompt_source):
-        raise ValueError(f"prompt_source={prompt_source!r}: must be a callable (length, rng) -> ids")
+    if prompt_source is not None:
+        check_callable("prompt_source", prompt_source, "a callable (length, rng) -> ids")
     return prompt_source
 
 

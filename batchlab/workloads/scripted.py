@@ -15,31 +15,29 @@ are simulated (``prompt_ids=None``) and can only run on the simulator.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from batchlab.checks import check_instance, check_int, check_list, check_number, fail, is_int
 from batchlab.requests import Request
 from batchlab.workloads import CorpusPrompts, prompt_seed, request_ids
 
 
 def _per_request(value: int | Sequence[int], n: int, what: str) -> list[int]:
     """One int >= 1 per request: a single int is repeated, a sequence must have ``n`` items."""
-    if isinstance(value, (int, np.integer)):
+    if is_int(value):
         values = [value] * n
     elif isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, str):
         values = list(value)
     else:
-        raise ValueError(f"{what}={value!r}: must be an int >= 1 (a number of tokens) or one such "
-                         "int per request")
+        fail(what, value, "an int >= 1 or one such int per request", "a number of tokens")
     if len(values) != n:
-        raise ValueError(f"{what} has {len(values)} values but there are {n} arrival times; "
-                         "give one int for all requests or one per request")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{what} value {v!r}: must be an int >= 1 (a number of tokens)")
+        fail(what, value, f"one int for all requests or a list of {n}, one per request",
+             f"it has {len(values)} values but there are {n} arrival times")
+    for i, v in enumerate(values):
+        check_int(f"{what}[{i}]", v, hint="a number of tokens")
     return [int(v) for v in values]
 
 
@@ -52,20 +50,18 @@ def scripted_workload(arrival_times: Sequence[float], max_new_tokens: int | Sequ
     ``tokenizer``: real prompts cut from the corpus (as ``make_workload`` does); ``None`` makes
     simulated requests. Requests are greedy and make exactly ``max_new_tokens`` tokens each.
     """
-    times = [float(t) for t in arrival_times]
-    if not times:
-        raise ValueError("arrival_times is empty: give at least one arrival time (seconds)")
+    times = check_list("arrival_times", arrival_times, "a non-empty list of arrival times",
+                       hint="seconds, in order of arrival")
     for i, t in enumerate(times):
-        if not math.isfinite(t) or t < 0:
-            raise ValueError(f"arrival_times[{i}]={t!r}: must be a finite number of seconds >= 0")
+        check_number(f"arrival_times[{i}]", t, hint="seconds")
         if i and t < times[i - 1]:
-            raise ValueError(f"arrival_times[{i}]={t!r} is earlier than arrival_times[{i - 1}]="
-                             f"{times[i - 1]!r}; list requests in order of arrival")
+            fail(f"arrival_times[{i}]", t, f">= arrival_times[{i - 1}]={times[i - 1]!r}",
+                 "list requests in order of arrival; this one is earlier than the one before")
+    times = [float(t) for t in times]
     n = len(times)
     outputs = _per_request(max_new_tokens, n, "max_new_tokens")
     prompts = _per_request(prompt_len, n, "prompt_len")
-    if not isinstance(id_prefix, str):
-        raise ValueError(f"id_prefix={id_prefix!r}: must be a string")
+    check_instance("id_prefix", id_prefix, str, "a string")
     source = CorpusPrompts(tokenizer) if tokenizer is not None else None
 
     requests = []
