@@ -4,7 +4,22 @@
 # This course is about one question: when many people send requests to the same language model,
 # how should a server group ("batch") them? The answer decides how long you wait for the first
 # word of a reply, how fast the rest of it streams, and how many users one machine can serve.
-# Every claim in the course is measured on a real model running on your machine, and checked.
+# Every claim in the course is checked by the notebook that states it, on numbers it computes.
+#
+# > **Where each claim comes from, and which device it is about.** Three sources, and every
+# > claim names its own:
+# > 1. **This machine, measured live**: the real model (SmolLM2-135M) runs the steps, and the
+# >    notebook times them. On a CPU a step's cost adds up from per-sequence and per-token work
+# >    as well as the weight read, so a decode step for 8 sequences costs more than one for 1,
+# >    though far less than 8 steps (notebook 01 measures by how much on yours).
+# > 2. **The simulator, calibrated on this machine**: when a lesson needs thousands of requests
+# >    (load sweeps, tails, goodput), steps take the time a cost model fitted to this machine's
+# >    measured steps predicts. The notebook says so, and checks the simulator against the real
+# >    model where it can.
+# > 3. **A GPU**: a decode step there is mostly a read of all the weights, so 8 sequences cost
+# >    about as much as 1. The course states GPU results from presets grounded in measured GPU
+# >    kernel times (public A100 and H100 profiles), or from a profile measured on a GPU when one
+# >    was at hand; never as if this CPU had shown them.
 #
 # **What you will learn**
 #
@@ -187,7 +202,9 @@ life_backend = ModelBackend(lm, num_slots=3, max_seq_len=512)
 life_trace = Engine(ContinuousBatcher(max_num_seqs=3), life_backend).run(scene)
 life = request_life(life_trace, "r003")
 assert life["queue"] > 0, "r003 found all three places taken, so it waited"
-assert abs(life["ttft"] - (life["queue"] + life["prefill"])) < 1e-9, "TTFT = queue + prefill"
+# Identities (the glossary's definitions, true of any trace), not findings:
+# TTFT = queue + prefill, and TPOT = (E2E - TTFT) / (tokens - 1).
+assert abs(life["ttft"] - (life["queue"] + life["prefill"])) < 1e-9
 assert abs(life["tpot"] - (life["e2e"] - life["ttft"]) / (len(life["token_times"]) - 1)) < 1e-9
 plot_request_life(life_trace, "r003")
 plt.show()
@@ -216,11 +233,12 @@ print(f"the gap across r004's prefill: {gaps_ms[k]:.0f} ms; median gap {np.media
 # ## A map of the course
 #
 # The course follows one story. Each notebook states a claim, measures it on the real model (and,
-# where a CPU is too small, on a simulator calibrated against the real model), and asserts it.
+# where a CPU is too small, on a simulator calibrated against the real model), and asserts it;
+# what holds on a GPU is said as such, with its source (the box at the top of this notebook).
 #
 # | notebook | what it teaches |
 # |---|---|
-# | **[01 · An idle device, and what a decode step costs](01_idle_gpu_and_weight_loads.ipynb)** | A server that handles one request at a time leaves the device idle much of the time. A decode step's cost is reading every weight once, so a step for 8 sequences costs about as much as a step for 1. |
+# | **[01 · An idle device, and what a decode step costs](01_idle_gpu_and_weight_loads.ipynb)** | A server that handles one request at a time leaves the device idle much of the time. On a GPU a decode step's cost is mostly reading every weight once, so a step for 8 sequences costs about as much as a step for 1; on this CPU per-sequence work adds up too (measured there). |
 # | **[02 · Static batching](02_static_batching.ipynb)** | Wait for N requests, run them together to the end. Early arrivals wait for the batch to fill and everyone waits for the slowest member: fine for offline jobs, bad for live traffic. |
 # | **[03 · Dynamic batching](03_dynamic_batching.ipynb)** | A maximum batch size plus a timer started by the first arrival: the wait before a batch starts is bounded, but the slowest member still holds the whole batch. |
 # | **[04 · Continuous batching](04_continuous_batching.ipynb)** | Schedule every decode step: finished sequences leave at once and waiting ones join at the next step, so the batch stays full. |

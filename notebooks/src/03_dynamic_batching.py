@@ -228,6 +228,12 @@ expect("mean batch size, each timeout over the one before", sizes[1:] / sizes[:-
 expect("mean batch size, longest timeout / no timeout", sizes[-1] / sizes[0], above=3)
 # ...and slower first tokens.
 expect("TTFT p50, longest timeout / no timeout", sweep["ttft_p50"].iloc[-1] / sweep["ttft_p50"].iloc[0], above=2)
+# Over the last doubling of the timeout, the median levels off while the p99 follows the timer:
+# each grows by this share of the timeout's growth (on three seeds: p50 0.02-0.05, p99 0.7-0.85).
+last, before = sweep.iloc[-1], sweep.iloc[-2]
+growth = (last - before) / (last["timeout"] - before["timeout"])
+expect("TTFT p50 growth / timeout growth, last doubling", growth["ttft_p50"], below=0.2)
+expect("TTFT p99 growth / timeout growth, last doubling", growth["ttft_p99"], above=0.5)
 
 # %%
 fig, left = plt.subplots(figsize=(7, 4))

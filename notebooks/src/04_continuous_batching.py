@@ -31,14 +31,16 @@
 # - Continuous batching as a 20-line loop over the batched step `forward_step`, with sequences
 #   joining and leaving between steps.
 # - `batchlab`'s `ContinuousBatcher`: the same rule with a token budget, KV-cache admission and
-#   the bookkeeping a server needs, and what its timeline and batch occupancy look like.
+#   the bookkeeping a server needs, and the engine's whole step, `Engine.step`, which reads like
+#   the hand-written loop; what its timeline and batch occupancy look like.
 # - Static, dynamic and continuous batching on the same Poisson workload with mixed answer
 #   lengths, on the real model: TTFT, end-to-end latency, throughput and device busy share side by
 #   side, which policy wins each, by how much, and why (TTFT, E2E, p99 and CDF: see the
 #   [glossary in notebook 00](00_setup_and_tour.ipynb#glossary)); first with every policy
 #   streaming, so only scheduling differs, then what a non-streaming server adds.
 # - Does batching change my answer? Token for token the same in fp32 here; in bf16 the answers
-#   can part ways at a near-tie, and why: the order of floating-point sums depends on the batch.
+#   can part ways at a near-tie, and why: the order of floating-point sums depends on the batch
+#   (an appendix).
 # - An explorer over the calibrated simulator: how `max_num_seqs` and the arrival rate move the
 #   three policies.
 
@@ -333,7 +335,11 @@ print(f"continuous vs static: p99 TTFT {continuous.ttft_p99:.2f} vs {static.ttft
 #   "efficient": a busy device can be busy with half-empty steps. Continuous batching spends
 #   device time to buy latency, the right trade for a live service. At this load every policy
 #   leaves the device idle much of the time: spare capacity, which the explorer's rate slider
-#   uses up.
+#   uses up. What *does* say how well a busy device is used are two utilizations: **MBU**
+#   (model bandwidth utilization: the bytes a step must read, weights plus KV cache, per second
+#   of step, over the device's peak memory bandwidth) and **MFU** (model FLOPs utilization: the
+#   step's arithmetic per second over the peak FLOP rate). A decode step at small batch is judged
+#   by MBU, a long prefill by MFU; notebook 01 measures both bounds on this machine.
 
 # %% [markdown]
 # ## What turning streaming off adds
@@ -405,100 +411,9 @@ print(f"{lm.dtype}: {len(checked) - len(changed)} of {len(checked)} requests tha
       f"batch made exactly the tokens they make alone; changed (token, margin): {changed or 'none'}")
 
 # %% [markdown]
-# ## Does batching change my answer?
-#
-# In exact arithmetic it cannot: every row of a batched step is computed from its own sequence
-# only. But a computer adds in floating point, where `(a + b) + c` and `a + (b + c)` can round
-# differently, and a kernel may add a row's terms in another order when the step has another
-# number of rows: a matrix-vector routine for one row and a blocked matrix-matrix one for many,
-# or, in attention, one sequence's keys alone versus the batch's longest context with a mask.
-# Here is one real weight matrix of the model, multiplying one row alone and the same row inside
-# a batch of 64:
-
-# %%
-def row_alone_vs_in_batch(w, rows: int = 64) -> tuple[float, float]:
-    """Share of outputs whose bits differ, and the largest difference relative to the output's scale."""
-    x = torch.randn(rows, w.shape[0], generator=torch.Generator().manual_seed(0)).to(w.dtype)
-    alone, in_batch = (x[:1] @ w).float(), (x @ w)[:1].float()
-    return (alone != in_batch).float().mean().item(), ((alone - in_batch).abs().max() / alone.abs().max()).item()
-
-
-w_up = weights.layers[0].w_gate_up.cpu()
-for name in ("float32", "bfloat16"):
-    share, rel = row_alone_vs_in_batch(w_up.to(getattr(torch, name)))
-    print(f"{name}: {share:.0%} of outputs differ in their bits, by at most {rel:.1e} of the scale")
-    assert rel < (1e-5 if name == "float32" else 1e-2), (name, rel)   # a rounding, nothing more
-
-# %% [markdown]
-# Whether the bits differ depends on the device's kernels (on the course's AVX2 CPU torch's fp32
-# one-row product differs from the batched one and its bf16 fallback does not; batchlab computes
-# bf16 products there in fp32 and rounds the result, the fast route on such a CPU, and attention
-# over a batch reads a masked, padded context); the size of the difference depends on the dtype: about one unit in the last place, 2^-24 of the value in fp32,
-# 2^-8 in bf16. Through 30 layers such differences reach the logits, and greedy decoding turns
-# them into another token wherever the two best tokens are nearly tied. After that, the two
-# answers continue from different prefixes.
-#
-# `batchlab.model.divergence.compare_alone_and_together` measures it on the real model: the same
-# chat prompts served each alone and all together in one batch, every step's logits kept. For each
-# prompt: the first token that differs, the lone run's margin there (how far its choice beat the
-# batch's choice, in logits), and the largest logit difference before that point.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-DIVERGE_QUESTIONS = QUESTIONS + ["Explain photosynthesis briefly.", "Write a haiku about rain.",
-                                 "What is a prime number?"]
-DIVERGE_PROMPTS, DIVERGE_TOKENS = [lm.chat_ids(q) for q in DIVERGE_QUESTIONS], 48
-other_dtype = "bfloat16" if lm.dtype == "float32" else "float32"
-models = {lm.dtype: weights,
-          other_dtype: LlamaWeights.from_hf(load_model(device=lm.device, dtype=other_dtype).model)}
-diverge = {dtype: compare_alone_and_together(w, DIVERGE_PROMPTS, DIVERGE_TOKENS)
-           for dtype, w in tqdm(models.items(), desc="alone vs together")}
-pd.DataFrame({dtype: {"prompts": len(t), "identical": int(t.identical.sum()),
-                      "first divergence": t.first_divergence.min(),
-                      "largest margin at a divergence": t.tie_margin.max(),
-                      "largest logit difference": t.max_logit_diff.max()} for dtype, t in diverge.items()})
-
-# %% [markdown]
-# What holds in each dtype, asserted on what was just measured: in fp32 every answer is
-# identical and the logits agree to about 10^-4; in bf16 the logits move by up to about a logit
-# (a logit near 20 is stored in steps of 0.125, and each layer rounds again), and any answer that
-# changed did so at a near-tie: within `NEAR_TIE` (half a logit) of the other token.
-
-# %%
-for dtype, t in diverge.items():
-    if dtype == "float32":
-        assert t.identical.all() and (t.max_logit_diff < 1e-3).all(), t
-    else:
-        assert (t.tie_margin.dropna() <= NEAR_TIE).all() and (t.max_logit_diff < 3).all(), t
-        assert t.max_logit_diff.median() > 100 * diverge["float32"].max_logit_diff.median(), t
-
-# %%
-fig, ax = plt.subplots(figsize=(9, 4))
-for i, (dtype, t) in enumerate(diverge.items()):
-    y = np.arange(len(t)) + 0.4 * i
-    parted = int((~t.identical).sum())
-    ax.barh(y, t.first_divergence.fillna(DIVERGE_TOKENS), height=0.4,
-            label=f"{dtype}: {parted} of {len(t)} answers changed")
-    for yi, k, m in zip(y, t.first_divergence, t.tie_margin):
-        if pd.notna(k):                                # a divergence: mark its margin
-            ax.text(k + 0.5, yi, f"margin {m:.3f}", va="center", fontsize=8)
-ax.set(xlabel=f"output tokens identical to the same prompt served alone (of {DIVERGE_TOKENS})",
-       ylabel="prompt", title=f"Served in one batch on {lm.device}: fp32 answers stay identical; "
-                              "bf16 ones may part ways, only at near-ties")
-ax.legend(loc="lower left", fontsize=8)
-plt.show()
-
-# %% [markdown]
-# What to take from it. Batching is not what changes answers; arithmetic in a dtype whose
-# rounding depends on the batch is. In fp32 here the effect stays far below any logit margin; in
-# bf16, the dtype GPUs serve in, a few answers in a batch differ from the same request served
-# alone, after a few dozen tokens and only at near-ties, so the answers are equally likely ones,
-# just not the same bits. If you need the same bits whatever the batch (reproducible evaluations,
-# RL rollouts, debugging), servers now offer batch-invariant kernels: vLLM's
-# `VLLM_BATCH_INVARIANT=1` (beta, on recent GPUs) and SGLang's `--enable-deterministic-inference`,
-# both building on Thinking Machines Lab's batch-invariant operators (He et al., "Defeating
-# Nondeterminism in LLM Inference", 2025). They fix one reduction order for every batch size,
-# which gives up the fastest kernel for each size: measure the cost before you turn it on.
+# Why only "near-ties" in bf16? Because a batch can change the *bits* of a row's result, though
+# not its mathematics: the appendix at the end of this notebook, "Does batching change my
+# answer?", shows how on one real weight matrix and measures it on the model in both dtypes.
 
 # %% [markdown]
 # ## Explorer: slots and traffic
@@ -605,3 +520,99 @@ check("04.2", answer)
 # %%
 answer = None  # your code here
 check("04.3", answer)
+
+# %% [markdown]
+# ## Appendix: does batching change my answer?
+#
+# In exact arithmetic it cannot: every row of a batched step is computed from its own sequence
+# only. But a computer adds in floating point, where `(a + b) + c` and `a + (b + c)` can round
+# differently, and a kernel may add a row's terms in another order when the step has another
+# number of rows: a matrix-vector routine for one row and a blocked matrix-matrix one for many,
+# or, in attention, one sequence's keys alone versus the batch's longest context with a mask.
+# Here is one real weight matrix of the model, multiplying one row alone and the same row inside
+# a batch of 64:
+
+# %%
+def row_alone_vs_in_batch(w, rows: int = 64) -> tuple[float, float]:
+    """Share of outputs whose bits differ, and the largest difference relative to the output's scale."""
+    x = torch.randn(rows, w.shape[0], generator=torch.Generator().manual_seed(0)).to(w.dtype)
+    alone, in_batch = (x[:1] @ w).float(), (x @ w)[:1].float()
+    return (alone != in_batch).float().mean().item(), ((alone - in_batch).abs().max() / alone.abs().max()).item()
+
+
+w_up = weights.layers[0].w_gate_up.cpu()
+for name in ("float32", "bfloat16"):
+    share, rel = row_alone_vs_in_batch(w_up.to(getattr(torch, name)))
+    print(f"{name}: {share:.0%} of outputs differ in their bits, by at most {rel:.1e} of the scale")
+    assert rel < (1e-5 if name == "float32" else 1e-2), (name, rel)   # a rounding, nothing more
+
+# %% [markdown]
+# Whether the bits differ depends on the device's kernels (on the course's AVX2 CPU torch's fp32
+# one-row product differs from the batched one and its bf16 fallback does not; batchlab computes
+# bf16 products there in fp32 and rounds the result, the fast route on such a CPU, and attention
+# over a batch reads a masked, padded context); the size of the difference depends on the dtype: about one unit in the last place, 2^-24 of the value in fp32,
+# 2^-8 in bf16. Through 30 layers such differences reach the logits, and greedy decoding turns
+# them into another token wherever the two best tokens are nearly tied. After that, the two
+# answers continue from different prefixes.
+#
+# `batchlab.model.divergence.compare_alone_and_together` measures it on the real model: the same
+# chat prompts served each alone and all together in one batch, every step's logits kept. For each
+# prompt: the first token that differs, the lone run's margin there (how far its choice beat the
+# batch's choice, in logits), and the largest logit difference before that point.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+DIVERGE_QUESTIONS = QUESTIONS + ["Explain photosynthesis briefly.", "Write a haiku about rain.",
+                                 "What is a prime number?"]
+DIVERGE_PROMPTS, DIVERGE_TOKENS = [lm.chat_ids(q) for q in DIVERGE_QUESTIONS], 48
+other_dtype = "bfloat16" if lm.dtype == "float32" else "float32"
+models = {lm.dtype: weights,
+          other_dtype: LlamaWeights.from_hf(load_model(device=lm.device, dtype=other_dtype).model)}
+diverge = {dtype: compare_alone_and_together(w, DIVERGE_PROMPTS, DIVERGE_TOKENS)
+           for dtype, w in tqdm(models.items(), desc="alone vs together")}
+pd.DataFrame({dtype: {"prompts": len(t), "identical": int(t.identical.sum()),
+                      "first divergence": t.first_divergence.min(),
+                      "largest margin at a divergence": t.tie_margin.max(),
+                      "largest logit difference": t.max_logit_diff.max()} for dtype, t in diverge.items()})
+
+# %% [markdown]
+# What holds in each dtype, asserted on what was just measured: in fp32 every answer is
+# identical and the logits agree to about 10^-4; in bf16 the logits move by up to about a logit
+# (a logit near 20 is stored in steps of 0.125, and each layer rounds again), and any answer that
+# changed did so at a near-tie: within `NEAR_TIE` (half a logit) of the other token.
+
+# %%
+for dtype, t in diverge.items():
+    if dtype == "float32":
+        assert t.identical.all() and (t.max_logit_diff < 1e-3).all(), t
+    else:
+        assert (t.tie_margin.dropna() <= NEAR_TIE).all() and (t.max_logit_diff < 3).all(), t
+        assert t.max_logit_diff.median() > 100 * diverge["float32"].max_logit_diff.median(), t
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 4))
+for i, (dtype, t) in enumerate(diverge.items()):
+    y = np.arange(len(t)) + 0.4 * i
+    parted = int((~t.identical).sum())
+    ax.barh(y, t.first_divergence.fillna(DIVERGE_TOKENS), height=0.4,
+            label=f"{dtype}: {parted} of {len(t)} answers changed")
+    for yi, k, m in zip(y, t.first_divergence, t.tie_margin):
+        if pd.notna(k):                                # a divergence: mark its margin
+            ax.text(k + 0.5, yi, f"margin {m:.3f}", va="center", fontsize=8)
+ax.set(xlabel=f"output tokens identical to the same prompt served alone (of {DIVERGE_TOKENS})",
+       ylabel="prompt", title=f"Served in one batch on {lm.device}: fp32 answers stay identical; "
+                              "bf16 ones may part ways, only at near-ties")
+ax.legend(loc="lower left", fontsize=8)
+plt.show()
+
+# %% [markdown]
+# What to take from it. Batching is not what changes answers; arithmetic in a dtype whose
+# rounding depends on the batch is. In fp32 here the effect stays far below any logit margin; in
+# bf16, the dtype GPUs serve in, a few answers in a batch differ from the same request served
+# alone, after a few dozen tokens and only at near-ties, so the answers are equally likely ones,
+# just not the same bits. If you need the same bits whatever the batch (reproducible evaluations,
+# RL rollouts, debugging), servers now offer batch-invariant kernels: vLLM's
+# `VLLM_BATCH_INVARIANT=1` (beta, on recent GPUs) and SGLang's `--enable-deterministic-inference`,
+# both building on Thinking Machines Lab's batch-invariant operators (He et al., "Defeating
+# Nondeterminism in LLM Inference", 2025). They fix one reduction order for every batch size,
+# which gives up the fastest kernel for each size: measure the cost before you turn it on.
