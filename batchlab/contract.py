@@ -49,14 +49,15 @@ def check_chunk(c: ScheduledChunk, req: Request | None) -> Request:
     rid = c.request_id
     if req is None:
         raise EngineError(f"the plan has a chunk for {rid!r}, which is not in this workload")
-    if req.is_done:
-        raise EngineError(f"the plan computes tokens for {rid!r}, which has already ended ({req.status.value})")
+    if req.status is not RequestStatus.RUNNING:      # (an identity check: this runs for every chunk)
+        raise EngineError(f"the plan computes tokens for {rid!r}, which is not running ({req.status.value}); "
+                          "a scheduler plans only requests it has admitted and that have not ended")
     first, computed = c.start, c.start + c.num_tokens
     if first != req.num_computed_tokens:
         raise EngineError(f"the plan computes tokens of {rid!r} from {first}, but {req.num_computed_tokens} "
                           "are computed (a chunk must continue exactly where the cache ends, and a "
                           "request may appear only once per step)")
-    known = req.num_known_tokens
+    known = req.prompt_len + len(req.output_ids)
     if computed > known:
         raise EngineError(f"the plan computes tokens [{first}, {computed}) of {rid!r}, which has only "
                           f"{known} known tokens")

@@ -143,34 +143,37 @@ class Engine:
         end = start + duration
         record = StepRecord(len(self.steps), start, duration, plan.chunks, plan.held_slots, plan.batch_id)
         self.steps.append(record)
-        for req in self._compute(plan, start):                 # the requests whose chunk sampled
-            self.append_token(req, result.new_tokens.get(req.request_id), end)
+        self._apply(plan, result.new_tokens, start, end)    # computed tokens, sampled tokens, ends
         self.release(self.scheduler.remove_ended(), end)
         return record
 
-    def _compute(self, plan: StepPlan, start: float) -> list[Request]:
-        """Mark each chunk's tokens computed (checking the chunk); return the requests that sample."""
-        sampling = []
+    def _apply(self, plan: StepPlan, new_tokens: dict[str, int], start: float, end: float) -> None:
+        """Each chunk's tokens are now computed; each sampling chunk's request gets its next token
+        (at the step's end) and ends if that was a stop token or its last one. (This runs for every
+        chunk of every step of a simulation, so it is written out rather than split up.)"""
+        requests, listener = self.requests, self.listener
         for c in plan.chunks:
-            req = check_chunk(c, self.requests.get(c.request_id))
+            req = requests.get(c.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                check_chunk(c, req)                         # raises, naming the rule the plan broke
+            computed, known = c.start + c.num_tokens, req.prompt_len + len(req.output_ids)
+            if c.start != req.num_computed_tokens or computed > known or c.samples != (computed == known):
+                check_chunk(c, req)
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = start
-            req.num_computed_tokens += c.num_tokens
-            if c.samples:
-                sampling.append(req)
-        return sampling
-
-    def append_token(self, req: Request, token: int | None, t: float) -> None:
-        """``req`` produced ``token`` at ``t``; it ends if that was a stop token or its last one."""
-        if token is None:
-            raise EngineError(f"the backend returned no token for {req.request_id!r}, whose chunk samples")
-        req.output_ids.append(token)
-        req.token_times.append(t)
-        self.listener.on_token(req, token, t)
-        if token in req.stop_token_ids:
-            self.end_request(req, FinishReason.STOP, t)
-        elif len(req.output_ids) >= req.max_new_tokens:
-            self.end_request(req, FinishReason.LENGTH, t)
+            req.num_computed_tokens = computed
+            if not c.samples:
+                continue
+            token = new_tokens.get(c.request_id)
+            if token is None:
+                raise EngineError(f"the backend returned no token for {c.request_id!r}, whose chunk samples")
+            req.output_ids.append(token)
+            req.token_times.append(end)
+            listener.on_token(req, token, end)
+            if token in req.stop_token_ids:
+                self.end_request(req, FinishReason.STOP, end)
+            elif len(req.output_ids) >= req.max_new_tokens:
+                self.end_request(req, FinishReason.LENGTH, end)
 
     # --- how requests end ----------------------------------------------------------------------------
     def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None:

@@ -87,7 +87,7 @@ def predict_decode_steps(run: DecodeRun, offset: int, now: float, stop_at: float
         pairs += n
         duration = step_duration(n, n, pairs)
         records.append(StepRecord(first_index + len(records), t, duration, run.chunks_at(offset),
-                                  run.held_slots, run.batch_id, n, 0, n))
+                                  run.held_slots, run.batch_id, (n, 0, n)))
         t += duration
         if t >= stop_at:
             break
@@ -151,21 +151,30 @@ class DecodeRuns:
         self.grows = isinstance(engine.scheduler, ContinuousBatcher)   # it grows KV every step
         self.run: DecodeRun | None = None     # the run in progress, and its offset
         self.offset = 0
+        self.last: StepRecord | None = None   # the last engine step, until a run starts from it
         self.num_steps = 0                    # steps computed here, over the whole run
 
     def after_step(self, out: StepRecord | Idle) -> None:
-        """An engine step ran: a run may start from it if every chunk sampled and nobody ended."""
-        self.run, self.offset = None, 0
-        if isinstance(out, Idle) or not all(c.samples for c in out.chunks):
-            return
-        requests = [self.engine.requests[c.request_id] for c in out.chunks]
-        if all(r.status is RequestStatus.RUNNING for r in requests):
-            self.run = DecodeRun(out, requests)
+        """An engine step ran (or found nothing to do): a run may start from it, if it is steady."""
+        self.run, self.offset, self.last = None, 0, None if isinstance(out, Idle) else out
+
+    def _start_run(self) -> DecodeRun | None:
+        """A run anchored at the last engine step, if every chunk of it sampled and nobody ended."""
+        step, self.last = self.last, None
+        if not all(c.samples for c in step.chunks):
+            return None
+        requests = [self.engine.requests[c.request_id] for c in step.chunks]
+        if not all(r.status is RequestStatus.RUNNING for r in requests):
+            return None
+        return DecodeRun(step, requests)
 
     def advance(self, now: float, next_arrival: float | None) -> float | None:
         """Compute the steady decode steps from ``now`` until the next arrival, the first finish
         or a block shortage; return the new ``now``, or None if no step can be predicted."""
-        run, engine = self.run, self.engine
+        engine = self.engine
+        if self.run is None and self.last is not None and self._steady(self.last):
+            self.run = self._start_run()
+        run = self.run
         if run is None or not steady(engine.scheduler, run.request_ids, run.held_slots, run.batch_id):
             return None
         max_offset = min(run.last_offset, self.offset + self._steps_kv_allows(run))
@@ -182,6 +191,11 @@ class DecodeRuns:
         if self.offset == run.last_offset:
             self._finish(run, t)
         return t
+
+    def _steady(self, step: StepRecord) -> bool:
+        """The policy's promise, asked before a run is built for ``step``."""
+        ids = tuple([c.request_id for c in step.chunks])
+        return steady(self.engine.scheduler, ids, step.held_slots, step.batch_id)
 
     def _steps_kv_allows(self, run: DecodeRun) -> int:
         kv = self.engine.scheduler.kv

@@ -127,15 +127,6 @@ class BlockPool:
             del self.free_queue[block]
         self.ref_count[block] += 1
 
-    def _unreference(self, block: int) -> None:
-        """One sequence fewer holds ``block``; when nobody does, it joins the free queue: at the
-        front when it caches nothing (reuse it first), at the back when it caches a prefix."""
-        self.ref_count[block] -= 1
-        if self.ref_count[block] == 0:
-            self.free_queue[block] = None
-            if self.block_hash[block] is None:
-                self.free_queue.move_to_end(block, last=False)
-
     def _cache(self, block: int, h: int, tokens: tuple[int, ...]) -> None:
         """Register ``block`` as holding the full prompt block whose chained hash is ``h``."""
         if h not in self.hash_to_block and self.block_hash[block] is None:
@@ -260,28 +251,31 @@ class BlockManager(BlockPool):
     # --- growth ------------------------------------------------------------------------------------
     def blocks_to_grow(self, request_id: str, num_tokens: int) -> int:
         """New blocks ``request_id`` needs to hold ``num_tokens`` more tokens."""
-        held = self.num_tokens_of[request_id]
-        return blocks_for(held + num_tokens, self.block_size) - len(self.tables[request_id])
+        held = self.num_tokens_of[request_id] + num_tokens
+        return -(-held // self.block_size) - len(self.tables[request_id])   # blocks_for(held) - held blocks
 
     def can_grow(self, request_id: str, num_tokens: int) -> bool:
         """Could ``request_id`` hold ``num_tokens`` more tokens (using any free block)?"""
-        held = self.num_tokens_of[request_id]
-        if self.max_seq_len is not None and held + num_tokens > self.max_seq_len:
+        if self.max_seq_len is not None and self.num_tokens_of[request_id] + num_tokens > self.max_seq_len:
             return False
         return self.blocks_to_grow(request_id, num_tokens) <= len(self.free_queue)
 
     def grow(self, request_id: str, num_tokens: int) -> None:
-        """Make room for ``num_tokens`` more tokens of ``request_id``, a new block when one fills."""
+        """Make room for ``num_tokens`` more tokens of ``request_id``, a new block when one fills.
+        (Schedulers grow every running sequence every step, so this is written out lean.)"""
         if num_tokens < 0:
             raise ValueError(f"request {request_id!r}: grow by num_tokens={num_tokens}; must be >= 0")
-        if not self.can_grow(request_id, num_tokens):
-            raise KVCacheFullError(
-                f"request {request_id!r} needs {self.blocks_to_grow(request_id, num_tokens)} more blocks; "
-                f"{len(self.free_queue)} are free")
+        held = self.num_tokens_of[request_id] + num_tokens
         table = self.tables[request_id]
-        for _ in range(self.blocks_to_grow(request_id, num_tokens)):
+        new_blocks = -(-held // self.block_size) - len(table)            # blocks_for(held) - held blocks
+        if new_blocks > len(self.free_queue) or (
+                self.max_seq_len is not None and held > self.max_seq_len):
+            raise KVCacheFullError(f"request {request_id!r} cannot grow by {num_tokens} tokens: it needs "
+                                   f"{new_blocks} more blocks, {len(self.free_queue)} are free "
+                                   f"(max_seq_len={self.max_seq_len})")
+        for _ in range(new_blocks):
             table.append(self._take_free_block())
-        self.num_tokens_of[request_id] += num_tokens
+        self.num_tokens_of[request_id] = held
         if request_id in self._prompt_of:
             self._hash_full_prompt_blocks(request_id)
 
@@ -298,6 +292,8 @@ class BlockManager(BlockPool):
             self._cache(table[b], parent, tokens)
             b += 1
         self._hashed[request_id] = (b, parent)
+        if b == len(prompt) // bs:           # every full prompt block is hashed: nothing left to do
+            del self._prompt_of[request_id]
 
     # --- release -----------------------------------------------------------------------------------
     def free(self, request_id: str) -> None:
@@ -310,31 +306,41 @@ class BlockManager(BlockPool):
         del self.num_tokens_of[request_id]
         self._prompt_of.pop(request_id, None)
         self._hashed.pop(request_id, None)
+        ref_count, free_queue, block_hash = self.ref_count, self.free_queue, self.block_hash
         for block in reversed(table):
-            self._unreference(block)
+            ref_count[block] -= 1
+            if ref_count[block] == 0:      # nobody holds it: it joins the free queue, at the front
+                free_queue[block] = None   # if it caches nothing (reuse it first), else at the back
+                if block_hash[block] is None:
+                    free_queue.move_to_end(block, last=False)
 
     def check(self) -> None:
-        """Raise if the books do not balance: every reference is a table entry, every block is free
-        or referenced (never both), and no table lists a block twice."""
-        counts = [0] * self.num_blocks
-        for rid, table in self.tables.items():
-            if len(set(table)) != len(table):
-                raise AssertionError(f"request {rid!r} lists a block twice: {table}")
-            if len(table) != blocks_for(self.num_tokens_of[rid], self.block_size):
-                raise AssertionError(f"request {rid!r} holds {len(table)} blocks for "
-                                     f"{self.num_tokens_of[rid]} tokens")
-            for b in table:
-                counts[b] += 1
-        if counts != self.ref_count:
-            raise AssertionError("reference counts do not match the block tables")
-        free = [b for b in range(self.num_blocks) if counts[b] == 0]
-        if sorted(self.free_queue) != free:
-            raise AssertionError("the free queue does not hold exactly the unreferenced blocks")
-        for h, b in self.hash_to_block.items():
-            if self.block_hash[b] != h:
-                raise AssertionError(f"block {b} is cached under a hash it does not carry")
+        """Raise if the books do not balance (``check_books``)."""
+        check_books(self)
 
     def __repr__(self) -> str:
         return (f"BlockManager({self.used_blocks}/{self.num_blocks} blocks of {self.block_size} used, "
                 f"seqs={len(self.tables)}, cached={self.num_cached_blocks}, "
                 f"prefix_caching={self.enable_prefix_caching})")
+
+
+def check_books(kv: BlockManager) -> None:
+    """Raise if the books do not balance: every reference is a table entry, every block is free
+    or referenced (never both), and no table lists a block twice."""
+    counts = [0] * kv.num_blocks
+    for rid, table in kv.tables.items():
+        if len(set(table)) != len(table):
+            raise AssertionError(f"request {rid!r} lists a block twice: {table}")
+        if len(table) != blocks_for(kv.num_tokens_of[rid], kv.block_size):
+            raise AssertionError(f"request {rid!r} holds {len(table)} blocks for "
+                                 f"{kv.num_tokens_of[rid]} tokens")
+        for b in table:
+            counts[b] += 1
+    if counts != kv.ref_count:
+        raise AssertionError("reference counts do not match the block tables")
+    free = [b for b in range(kv.num_blocks) if counts[b] == 0]
+    if sorted(kv.free_queue) != free:
+        raise AssertionError("the free queue does not hold exactly the unreferenced blocks")
+    for h, b in kv.hash_to_block.items():
+        if kv.block_hash[b] != h:
+            raise AssertionError(f"block {b} is cached under a hash it does not carry")

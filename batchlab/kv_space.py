@@ -75,7 +75,6 @@ class ReservingKVSpace:
 
     def __init__(self) -> None:
         self._reserved: dict[str, int] = {}    # the tokens each sequence may use (its max_tokens)
-        self._held: dict[str, int] = {}        # the tokens it has grown to so far
 
     def has_room_for(self, num_tokens: int) -> bool:
         """Is there room now to reserve ``num_tokens`` more tokens?"""
@@ -104,24 +103,21 @@ class ReservingKVSpace:
             raise KVCacheFullError(f"request {request_id!r} needs {max_tokens} KV tokens; {self!r}")
         self._reserve(request_id, max_tokens)
         self._reserved[request_id] = max_tokens
-        self._held[request_id] = num_tokens
         return 0
 
+    # Growth is always granted: the sequence was admitted with room for every token it may ever
+    # have (``max_tokens``), and the engine ends it there. Nothing to count, so nothing is done.
     def can_grow(self, request_id: str, num_tokens: int) -> bool:
-        return self._held[request_id] + num_tokens <= self._reserved[request_id]
+        return True
 
     def grow(self, request_id: str, num_tokens: int) -> None:
-        if not self.can_grow(request_id, num_tokens):
-            raise KVCacheFullError(f"request {request_id!r} grows past the {self._reserved[request_id]} "
-                                   "tokens it reserved")
-        self._held[request_id] += num_tokens
+        pass
 
     def free(self, request_id: str) -> None:
         try:
             num_tokens = self._reserved.pop(request_id)
         except KeyError:
             raise KeyError(f"request {request_id!r} holds no KV space (freed twice?)") from None
-        del self._held[request_id]
         self._unreserve(request_id, num_tokens)
 
 

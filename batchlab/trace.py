@@ -24,8 +24,9 @@ from batchlab.requests import FinishReason, RequestStatus
 class StepRecord:
     """One engine step: when it ran, what it computed, and for whom.
 
-    Its sizes are counted once, from ``chunks``, unless given (the simulator's fast path knows
-    them: a decode run's step is ``num_seqs`` decodes).
+    Its sizes are counted from ``chunks`` when first read, unless given as ``counts``
+    (``num_tokens, num_prefill_tokens, num_decode_seqs``): the simulator's fast path knows them,
+    since a decode run's step is ``num_seqs`` decodes.
     """
 
     index: int
@@ -34,17 +35,28 @@ class StepRecord:
     chunks: Sequence[ScheduledChunk]     # a list, or DecodeChunks for a simulator decode run
     held_slots: int = 0
     batch_id: int | None = None
-    num_tokens: int = -1
-    num_prefill_tokens: int = -1
-    num_decode_seqs: int = -1
+    counts: tuple[int, int, int] | None = None
 
-    def __post_init__(self) -> None:
-        if self.num_tokens < 0:
-            self.num_tokens, self.num_prefill_tokens, self.num_decode_seqs = chunk_counts(self.chunks)
+    def _counts(self) -> tuple[int, int, int]:
+        if self.counts is None:
+            self.counts = chunk_counts(self.chunks)
+        return self.counts
 
     @property
     def num_seqs(self) -> int:
         return len(self.chunks)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._counts()[0]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self._counts()[1]
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return self._counts()[2]
 
     @property
     def end(self) -> float:

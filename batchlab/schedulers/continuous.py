@@ -145,17 +145,23 @@ class ContinuousBatcher(Scheduler):
         """1. One token for each running request past its prompt, in admission order; returns the
         requests still in their prompt (or recomputing after a preemption)."""
         in_prompt: list[Request] = []
-        for req in list(self.running):
+        kv, chunks, planned = self.kv, step.chunks, step.planned
+        for req in list(self.running):      # (a copy: a preemption below changes the list)
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            computed = req.num_computed_tokens
-            if computed < req.prompt_len or computed + 1 < req.num_known_tokens:
+            computed, rid = req.num_computed_tokens, req.request_id
+            if computed < req.prompt_len or computed + 1 < req.prompt_len + len(req.output_ids):
                 in_prompt.append(req)
                 continue
-            if not self._make_room(req, 1, step.planned, now):
+            if kv.can_grow(rid, 1):
+                kv.grow(rid, 1)
+            elif not self._make_room(req, 1, planned, now):
                 break     # it preempted itself: everyone after it is preempted too
-            # The token it sampled last step is its one uncomputed token.
-            step.add(req, ScheduledChunk(req.request_id, computed, 1, True))
+            # The token it sampled last step is its one uncomputed token. (Written out rather than
+            # step.add: this loop runs for every running request of every step.)
+            chunks.append(ScheduledChunk(rid, computed, 1, True))
+            planned.add(rid)
+        step.budget -= len(chunks)
         return in_prompt
 
     def _plan_prompts(self, in_prompt: list[Request], step: "_StepBudget", now: float) -> None:
