@@ -112,11 +112,12 @@ class EngineInbox:
 # --- the driver ------------------------------------------------------------------------------------
 def serve_online(engine: "Engine", inbox: EngineInbox, listener: EngineListener) -> "Trace":
     """Run ``engine`` on what ``inbox`` is given until it is stopped and nothing is in flight."""
+    wall_start = time.perf_counter()
     now = engine.start(listener)
     while True:
         now = engine.clock.now(now)
         if not _read_inbox(engine, inbox, now):
-            return engine.finish()
+            return engine.finish(wall_seconds=time.perf_counter() - wall_start)
         out = engine.step(now)
         if isinstance(out, Idle):        # idle: wait for a command, or the scheduler's timer
             inbox.wait(None if out.wake_at is None else out.wake_at - now)
