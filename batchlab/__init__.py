@@ -28,10 +28,13 @@ Folders (each one's ``__init__`` says why it exists):
   model/       the model itself: loading, its shape, the batched Llama step, KV cache storage
                (slots and paged blocks, one step layout), sampling, profiler, one-prompt
                generation, the machine report, the CPU dtype probe, answers alone vs batched
-  workloads/   who asks what, and when: arrivals, lengths, prompts, workload files, scripted scenes
+  workloads/   who asks what, and when: arrivals, lengths, prompts, workload files, scripted scenes,
+               chat sessions that share prefixes
   analysis/    what only reads traces: metrics, plots, widgets, diagnosis, batches, KV usage,
                trace files, stored device profiles; claims (a notebook's checks, one verdict each)
   experiments/ the lessons' measurements: calibration of the simulator, prefill stalls, load sweeps
+  cluster/     many replicas behind a router on one virtual clock: routing policies, dead
+               replicas, predicted vs actual prefix hits, sweeps in process or on Ray
   serve/       an OpenAI-compatible HTTP server over the online engine (python -m batchlab.serve),
                and vLLM's server on the same model as the reference (serve.vllm_ref)
   loadgen/     a load client for any OpenAI-compatible server; builds a Trace

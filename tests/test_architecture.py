@@ -33,6 +33,7 @@ LAYERS = [
     ["workloads"],
     ["analysis"],                      # reads traces only
     ["experiments"],                   # the lessons' measurements, calibration among them
+    ["cluster"],                       # many engines behind a router, on one virtual clock
     ["loadgen"],
     ["serve"],
     ["bench", "exercises"],

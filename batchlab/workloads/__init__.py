@@ -6,6 +6,7 @@
 - ``make``      ``make_workload``: all three together, reproducible from one seed
 - ``files``     workload files (JSON lines) saved and read back
 - ``scripted``  requests at exact times and lengths, for staged scenes in the notebooks
+- ``sessions``  multi-turn chat sessions over shared system prompts (prefix sharing as a knob)
 
 A serving benchmark is only as meaningful as its workload; the notebooks build theirs here and
 hand the requests to an engine.
@@ -20,6 +21,7 @@ from batchlab.workloads.lengths import (
 )
 from batchlab.workloads.make import make_workload, request_ids, scale_arrivals
 from batchlab.workloads.prompts import CORPUS_PATH, CorpusPrompts, prompt_seed
+from batchlab.workloads.sessions import SessionShape, SessionWorkload, ideal_prefix_reuse, make_sessions
 
 __all__ = [
     "ARRIVALS", "arrivals_at_once", "arrivals_fixed", "arrivals_gamma", "arrivals_poisson", "make_arrivals",
@@ -27,4 +29,5 @@ __all__ = [
     "PRESETS", "SCALES", "Fixed", "LengthPreset", "Mixture", "Range", "get_preset",
     "make_workload", "request_ids", "scale_arrivals",
     "CORPUS_PATH", "CorpusPrompts", "prompt_seed",
+    "SessionShape", "SessionWorkload", "ideal_prefix_reuse", "make_sessions",
 ]

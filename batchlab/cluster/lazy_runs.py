@@ -1,0 +1,90 @@
+"""The simulator's fast path for a replica of a cluster: decode runs brought forward lazily.
+
+One engine's offline driver (``offline.py``) lets ``fast_path.DecodeRuns`` predict a run of
+plain decode steps up to the next arrival, and brings the run's requests forward (their tokens,
+their KV growth) at every such stop. In a cluster of ``N`` replicas the next arrival anywhere
+comes ``N`` times as often as the next arrival at one replica, and every replica must be
+brought up to each arrival's time (the router must see which requests ended before it), so a
+run would stop ``N`` times more often, and each stop costs work for every request in the run.
+
+``LazyDecodeRuns`` predicts the same steps with the same rules (it reuses ``DecodeRun``,
+``steady`` and ``predict_decode_steps``) but brings them forward only when something looks:
+
+- before the replica's engine takes a step, before a request is added to it, before anyone
+  reads its KV cache (``sync``);
+- at once when the run reaches its last step, in which requests finish, so that their ends
+  reach the router at the same moment as they would step by step.
+
+Between those moments nothing else can change the replica (no request arrives there, and a
+run's requests neither finish nor are preempted), so the rules are checked once per run (a run
+stays steady until a request arrives or finishes: its KV only grows, so the waiting head can
+only get further from fitting). The steps, and so the trace, are those of stepping the engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from batchlab.fast_path import DecodeRuns, predict_decode_steps, steady
+from batchlab.plan import Idle
+from batchlab.trace import StepRecord
+
+if TYPE_CHECKING:
+    from batchlab.engine import Engine
+
+
+class LazyDecodeRuns(DecodeRuns):
+    """``DecodeRuns`` whose predicted steps are brought forward only when someone looks."""
+
+    def __init__(self, engine: "Engine") -> None:
+        super().__init__(engine)
+        self.unapplied: list[StepRecord] = []   # predicted steps not yet brought forward
+        self.limit: int | None = None           # the run's last offset (first finish, or blocks)
+
+    def after_step(self, out: StepRecord | Idle) -> None:
+        if self.unapplied:
+            raise RuntimeError("the engine stepped while predicted steps were still pending (call sync first)")
+        super().after_step(out)
+        self.limit = None
+
+    def recheck(self) -> None:
+        """A request arrived: bring the run forward and check its steadiness again next time."""
+        self.sync()
+        self.limit = None
+
+    def advance(self, now: float, stop_at: float) -> float | None:
+        """Predict the run's steps from ``now`` until the first that ends at or after
+        ``stop_at`` (or the run's last step); return the new time, or None if none can be."""
+        run, engine = self.run, self.engine
+        if run is None:
+            return None
+        if self.limit is None:
+            if not steady(engine.scheduler, run.request_ids, run.held_slots, run.batch_id):
+                return None
+            self.limit = min(run.last_offset, self.offset + self._steps_kv_allows(run))
+        predicted = self.offset + len(self.unapplied)
+        if predicted >= self.limit:
+            return None
+        records = predict_decode_steps(run, predicted, now, stop_at, self.limit, len(engine.steps),
+                                       engine.backend.step_duration)
+        engine.steps.extend(records)
+        self.unapplied.extend(records)
+        self.num_steps += len(records)
+        if predicted + len(records) == run.last_offset:
+            self.sync()                          # requests finish: the router must hear of it now
+        return records[-1].end
+
+    def sync(self) -> None:
+        """Bring the predicted steps forward: tokens, KV growth, and the finish of the run."""
+        if not self.unapplied:
+            return
+        run, records = self.run, self.unapplied
+        self.unapplied = []
+        self._bring_forward(run, records)
+        self.offset += len(records)
+        if self.offset == run.last_offset:
+            self._finish(run, records[-1].end)
+            self.limit = None
+
+
+__all__ = ["LazyDecodeRuns"]

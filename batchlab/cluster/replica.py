@@ -1,0 +1,201 @@
+"""One replica of a cluster: an engine on the cluster's virtual clock, stepped by the driver.
+
+``ReplicaSpec`` says how to build each replica: continuous batching on a simulated backend
+(``SimBackend``) with a paged KV cache and prefix caching by default, any cost model (the
+additive CPU fit or a GPU roofline: ``ReplicaSpec.for_device("Llama-3-8B", "H100")``).
+``Replica`` wraps the engine the way ``offline.py`` drives one, except that the cluster driver
+decides how far it runs: ``advance_to(t)`` runs every step that *starts* before ``t`` (the step
+in progress at ``t`` completes, as steps are atomic here), using the lazy fast path
+(``lazy_runs``) for runs of plain decode steps.
+
+``AdmissionLog`` is the paged KV accounting of ``kv_blocks`` plus one record: how many prompt
+tokens each request's first admission found cached. That is the *actual* prefix hit, set
+beside the router's predicted one. (The engine's trace does not record it; ``Engine`` would
+need a field on ``RequestRecord`` for it.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from batchlab.backends import SimBackend
+from batchlab.backends.cost_model import StepTimeModel
+from batchlab.backends.roofline import RooflineCostModel, device_preset, model_shape
+from batchlab.checks import check_bool, check_int, check_number
+from batchlab.cluster.lazy_runs import LazyDecodeRuns
+from batchlab.contract import EngineError
+from batchlab.engine import Engine
+from batchlab.fast_path import DecodeRuns
+from batchlab.kv_blocks import DEFAULT_BLOCK_SIZE, BlockManager
+from batchlab.listener import EngineListener
+from batchlab.plan import Idle
+from batchlab.requests import Request
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.schedulers.continuous import ContinuousBatcherConfig
+from batchlab.trace import Trace
+
+
+class AdmissionLog(BlockManager):
+    """A ``BlockManager`` that remembers the cached prompt tokens of each request's first admission."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.first_hit: dict[str, int] = {}
+
+    @classmethod
+    def like(cls, kv: BlockManager) -> "AdmissionLog":
+        return cls(kv.num_blocks, kv.block_size, kv.max_seq_len, kv.enable_prefix_caching, kv.reserve_blocks)
+
+    def admit(self, request_id: str, num_tokens: int, max_tokens: int | None = None,
+              prompt_ids: Sequence[int] | None = None) -> int:
+        cached = super().admit(request_id, num_tokens, max_tokens, prompt_ids)
+        self.first_hit.setdefault(request_id, cached)
+        return cached
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Every replica's engine: ``ContinuousBatcher(max_num_seqs, max_num_batched_tokens)`` on a
+    ``SimBackend(cost_model, kv_capacity_tokens, ...)``; replica ``i``'s noise seed is ``seed + i``."""
+
+    cost_model: StepTimeModel
+    kv_capacity_tokens: int
+    block_size: int | None = DEFAULT_BLOCK_SIZE
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_seq_len: int | None = None
+    noise: float = 0.0
+    seed: int = 0
+    fast_decode_runs: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cost_model, StepTimeModel):
+            raise ValueError(f"cost_model={self.cost_model!r}; must be a CostModel or a RooflineCostModel")
+        check_int("kv_capacity_tokens", self.kv_capacity_tokens)
+        check_int("block_size", self.block_size, allow_none=True, hint="None: a reserving (slot-like) cache")
+        check_bool("enable_prefix_caching", self.enable_prefix_caching)
+        if self.enable_prefix_caching and self.block_size is None:
+            raise ValueError("enable_prefix_caching=True needs a paged cache: give block_size (e.g. 16)")
+        ContinuousBatcherConfig(self.max_num_seqs, self.max_num_batched_tokens)   # checks both
+        check_int("max_seq_len", self.max_seq_len, allow_none=True)
+        check_number("noise", self.noise, hint="the lognormal sigma of step times, 0 = none")
+        check_int("seed", self.seed, minimum=0)
+        check_bool("fast_decode_runs", self.fast_decode_runs)
+
+    @classmethod
+    def for_device(cls, model: str, device: str, gpu_memory_utilization: float = 0.9,
+                   **kwargs) -> "ReplicaSpec":
+        """A replica of ``model`` (a ``MODEL_SHAPES`` name) on ``device`` (a preset): the roofline
+        cost model, and the KV tokens that fit in ``gpu_memory_utilization`` of the device's
+        memory after the weights (vLLM's ``--gpu-memory-utilization`` defaults to 0.9)."""
+        check_number("gpu_memory_utilization", gpu_memory_utilization, strict=True)
+        shape, preset = model_shape(model), device_preset(device)
+        free = preset.memory_bytes * gpu_memory_utilization - shape.num_params * preset.dtype_bytes
+        tokens = int(free // shape.kv_bytes_per_token(preset.dtype_bytes))
+        if tokens < DEFAULT_BLOCK_SIZE:
+            raise ValueError(f"{model} does not fit on {device} at gpu_memory_utilization={gpu_memory_utilization}")
+        return cls(RooflineCostModel.for_device(shape, preset), tokens, **kwargs)
+
+    def build(self, index: int) -> Engine:
+        backend = SimBackend(self.cost_model, self.kv_capacity_tokens, self.max_seq_len, self.noise,
+                             self.seed + index, self.block_size, self.enable_prefix_caching)
+        if isinstance(backend.kv, BlockManager):
+            backend.kv = AdmissionLog.like(backend.kv)
+        return Engine(ContinuousBatcher(self.max_num_seqs, self.max_num_batched_tokens), backend,
+                      fast_decode_runs=self.fast_decode_runs)
+
+
+class Replica:
+    """An engine the cluster driver steps (see the module docstring); ``time`` is when its next
+    step starts (or, idle, how far the driver has brought it)."""
+
+    def __init__(self, index: int, engine: Engine) -> None:
+        if not isinstance(engine, Engine) or engine.clock.name != "virtual":
+            raise ValueError(f"replica {index}: {engine!r} must be an Engine on the virtual clock")
+        self.index, self.engine = index, engine
+        self.fast = LazyDecodeRuns(engine) if DecodeRuns.applies(engine) else None
+        self.time = 0.0
+        self.died_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.died_at is None
+
+    def start(self, listener: EngineListener) -> None:
+        self.time = self.engine.start(listener)
+
+    def advance_to(self, t: float) -> None:
+        """Run every step that starts before ``t``."""
+        engine, fast = self.engine, self.fast
+        while self.time < t:
+            if fast is not None:
+                end = fast.advance(self.time, t)
+                if end is not None:
+                    self.time = end
+                    continue
+                fast.sync()
+            if not engine.scheduler.has_pending():
+                self.time = t
+                return
+            out = engine.step(self.time)
+            if fast is not None:
+                fast.after_step(out)
+            self.time = self._after_idle(out, t) if isinstance(out, Idle) else out.end
+
+    def _after_idle(self, out: Idle, t: float) -> float:
+        """Nothing to run now: wait for the policy's timer, or for the next arrival (``t``)."""
+        if out.wake_at is None:
+            return t
+        if not out.wake_at > self.time:
+            raise EngineError(f"{self.engine.scheduler!r} planned nothing at {self.time} but set "
+                              f"wake_at={out.wake_at}, which is not in the future")
+        return min(out.wake_at, t)
+
+    def sync(self) -> None:
+        """Bring any predicted decode steps forward, so the replica's state is current."""
+        if self.fast is not None:
+            self.fast.sync()
+
+    def add(self, req: Request, t: float) -> None:
+        """``req`` arrives here at ``t`` (the replica has been brought up to ``t``)."""
+        self.sync()
+        self.engine.add_request(req, max(t, self.time))
+        if self.fast is not None:
+            self.fast.recheck()
+
+    def kill(self, t: float) -> float:
+        """Die at ``t``: the step in progress completes, then every unfinished request is aborted
+        with the reason in words; returns the time of the aborts (the end of that step, or ``t``)."""
+        self.advance_to(t)
+        self.sync()
+        if self.fast is not None:
+            self.fast.run, self.fast.limit = None, None
+        at = max(t, self.time)
+        why = f"replica {self.index} died at t={t:.6g} s" + (
+            "" if at == t else f" (the step it was running ended at t={at:.6g} s)")
+        engine = self.engine
+        for rid, req in list(engine.requests.items()):
+            if not req.is_done:
+                engine.abort(rid, why, at)
+        engine.release(engine.scheduler.remove_ended(), at)   # frees the aborted requests' KV
+        self.died_at, self.time = t, math.inf
+        return at
+
+    def drain(self) -> None:
+        """No request will arrive any more: run to the end, and fail loudly if work is stuck."""
+        self.engine.scheduler.start_draining()
+        self.advance_to(math.inf)
+        if self.engine.scheduler.has_pending():
+            stuck = [rid for rid, r in self.engine.requests.items() if not r.is_done]
+            raise EngineError(f"deadlock on replica {self.index}: {len(stuck)} requests unfinished "
+                              f"(first: {stuck[:5]}) and nothing planned")
+
+    def finish(self) -> Trace:
+        num_fast = self.fast.num_steps if self.fast is not None else 0
+        return self.engine.finish(num_fast_steps=num_fast, replica=self.index, died_at=self.died_at)
+
+
+__all__ = ["AdmissionLog", "Replica", "ReplicaSpec"]

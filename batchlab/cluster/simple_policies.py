@@ -1,0 +1,133 @@
+"""Routing policies that look at no prompt: round robin, random, least outstanding requests,
+power of two choices, and consistent hashing on a session or prefix key.
+
+Each follows a router in use, by its published rule:
+
+- ``round_robin``: the next alive replica in turn (vllm-router's and SGLang's ``round_robin``:
+  a counter modulo the healthy workers).
+- ``random``: a uniformly random alive replica, from a seeded generator (``random``).
+- ``least_outstanding``: the replica with the fewest requests in flight (join the shortest
+  queue, by the router's own count; ties broken at random so the first replica is not favoured).
+- ``power_of_two``: draw two different replicas at random and take the one with fewer requests
+  in flight, the first drawn on a tie (vllm-router's ``power_of_two``; Ray Serve's default
+  request router). Mitzenmacher ("The Power of Two Choices in Randomized Load Balancing", IEEE
+  TPDS 12(10), 2001) showed why two choices are enough: the most loaded of n bins holds about
+  ``log log n / log 2`` balls instead of ``log n / log log n`` with one random choice, an
+  exponential improvement, while the router looks at only two replicas' counts.
+- ``consistent_hash``: a hash ring with 160 virtual nodes per replica (vllm-router's
+  ``VIRTUAL_NODES_PER_WORKER``); a request goes to the first point clockwise from its key's hash.
+  The key is the session (vllm-router reads it from headers such as ``X-Session-ID`` first) or,
+  without one, the prompt's first ``prefix_tokens`` tokens. A dead replica's points leave the
+  ring, so only its keys move. Sessions stay on one replica; a shared prefix key sends every
+  request with that prefix to the same replica, however busy.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from array import array
+from dataclasses import dataclass
+
+from batchlab.checks import check_int
+from batchlab.cluster.router import ReplicaReports, RouteRequest, Routed, Router
+
+VIRTUAL_NODES_PER_REPLICA = 160      # vllm-router's src/policies/consistent_hash.rs
+
+
+class RoundRobinRouter(Router):
+    name = "round_robin"
+
+    def __init__(self, num_replicas: int, seed: int = 0) -> None:
+        super().__init__(num_replicas, seed)
+        self.counter = 0
+
+    def choose(self, req: RouteRequest, reports: ReplicaReports) -> Routed:
+        replica = self.alive[self.counter % len(self.alive)]
+        self.counter += 1
+        return Routed(replica, "round_robin")
+
+
+class RandomRouter(Router):
+    name = "random"
+
+    def choose(self, req: RouteRequest, reports: ReplicaReports) -> Routed:
+        return Routed(self.rng.choice(self.alive), "random")
+
+
+class LeastOutstandingRouter(Router):
+    name = "least_outstanding"
+
+    def choose(self, req: RouteRequest, reports: ReplicaReports) -> Routed:
+        fewest = min(self.in_flight[r] for r in self.alive)
+        tied = [r for r in self.alive if self.in_flight[r] == fewest]
+        return Routed(tied[0] if len(tied) == 1 else self.rng.choice(tied), "least_outstanding")
+
+
+class PowerOfTwoRouter(Router):
+    name = "power_of_two"
+
+    def choose(self, req: RouteRequest, reports: ReplicaReports) -> Routed:
+        if len(self.alive) == 1:
+            return Routed(self.alive[0], "only_replica")
+        first, second = self.rng.sample(self.alive, 2)
+        chosen = first if self.in_flight[first] <= self.in_flight[second] else second
+        return Routed(chosen, "power_of_two")
+
+
+def stable_hash(data: bytes) -> int:
+    """A 64-bit hash that is the same in every process (Python's ``hash`` of ``str`` is not)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class ConsistentHashConfig:
+    """``key``: ``"session"`` (the session when the request has one, else the prefix) or
+    ``"prefix"`` (always the prompt's first ``prefix_tokens`` tokens)."""
+
+    key: str = "session"
+    prefix_tokens: int = 256
+    virtual_nodes: int = VIRTUAL_NODES_PER_REPLICA
+
+    def __post_init__(self) -> None:
+        if self.key not in ("session", "prefix"):
+            raise ValueError(f"key={self.key!r}; must be 'session' or 'prefix'")
+        check_int("prefix_tokens", self.prefix_tokens)
+        check_int("virtual_nodes", self.virtual_nodes)
+
+
+class ConsistentHashRouter(Router):
+    name = "consistent_hash"
+
+    def __init__(self, num_replicas: int, seed: int = 0, config: ConsistentHashConfig | None = None) -> None:
+        super().__init__(num_replicas, seed)
+        self.config = config or ConsistentHashConfig()
+        self._build_ring()
+
+    def _build_ring(self) -> None:
+        points = sorted((stable_hash(f"replica-{r}:{i}".encode()), r)
+                        for r in self.alive for i in range(self.config.virtual_nodes))
+        self.ring_points = [p for p, _ in points]
+        self.ring_replicas = [r for _, r in points]
+
+    def key_of(self, req: RouteRequest) -> tuple[bytes, str]:
+        """The bytes hashed for ``req``, and which key they are (session, prefix, request id)."""
+        if self.config.key == "session" and req.session is not None:
+            return req.session.encode(), "session"
+        if req.prompt_ids is not None:
+            return array("q", req.prompt_ids[:self.config.prefix_tokens]).tobytes(), "prefix"
+        return req.request_id.encode(), "request_id"
+
+    def choose(self, req: RouteRequest, reports: ReplicaReports) -> Routed:
+        key, kind = self.key_of(req)
+        i = bisect.bisect_left(self.ring_points, stable_hash(key)) % len(self.ring_points)
+        return Routed(self.ring_replicas[i], f"hash_{kind}")
+
+    def replica_died(self, replica: int) -> None:
+        super().replica_died(replica)
+        if self.alive:
+            self._build_ring()
+
+
+__all__ = ["ConsistentHashConfig", "ConsistentHashRouter", "LeastOutstandingRouter", "PowerOfTwoRouter",
+           "RandomRouter", "RoundRobinRouter", "VIRTUAL_NODES_PER_REPLICA", "stable_hash"]

@@ -1,0 +1,148 @@
+"""Sweeps: many pure, seeded runs over a grid of settings, in this process or on Ray.
+
+A question about routing ("which policy, at which load, with how much prefix sharing?") is a
+grid of runs. Each run here is a **pure function** of its settings, seed included, and returns
+a **small row** (a dict of numbers and labels), never a trace: rows travel cheaply between
+processes and machines, and the same settings give the same row wherever they run. So a sweep
+can run the points one after another in this process (the default), or as Ray tasks::
+
+    points = grid(policy=["round_robin", "cache_aware"], load=[0.5, 0.9], seed=[0, 1])
+    table = run_sweep(cluster_point, points)                       # in process
+    table = run_sweep(cluster_point, points, use_ray=True)         # Ray on this machine
+    RAY_ADDRESS=ray://head:10001 python my_sweep.py                # the same code on a Ray cluster
+
+On Ray, a run is one task of one CPU. Without ``RAY_ADDRESS`` Ray is started inside this
+process (``ray.init``) with ``num_cpus`` CPUs (all of ``os.cpu_count()`` by default; a shared
+machine may want fewer, given explicitly), and its workers import batchlab from the same place
+as this process does. With ``RAY_ADDRESS`` set, ``ray.init()`` joins that cluster, whose nodes
+must have batchlab installed; ``num_cpus`` is then the cluster's business. Ray is stopped again
+if the sweep started it. Starting Ray takes seconds to tens of seconds, so Ray pays off only
+for sweeps whose runs take longer than that in total.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from batchlab.analysis.metrics import summary_row
+from batchlab.checks import check_bool, check_int
+from batchlab.cluster.cluster import Cluster, ClusterConfig
+from batchlab.cluster.replica import ReplicaSpec
+from batchlab.workloads.sessions import SessionShape, make_sessions
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]     # the folder that holds the batchlab package
+RunFn = Callable[..., Mapping[str, Any]]
+
+
+def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
+    """Every combination of the given values, as a list of settings (the last axis varies fastest)."""
+    for name, values in axes.items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+            raise ValueError(f"{name}={values!r}; must be a non-empty list of values")
+    names = list(axes)
+    return [dict(zip(names, combo)) for combo in itertools.product(*axes.values())]
+
+
+def call_point(fn: RunFn, point: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one point and check it returned a row (a dict)."""
+    row = fn(**point)
+    if not isinstance(row, Mapping):
+        raise ValueError(f"{getattr(fn, '__name__', fn)}({dict(point)}) returned {type(row).__name__}, "
+                         "not a dict: a sweep's runs return small rows, never traces")
+    return dict(row)
+
+
+def run_sweep(fn: RunFn, points: Sequence[Mapping[str, Any]], *, use_ray: bool = False,
+              num_cpus: int | None = None) -> pd.DataFrame:
+    """``fn(**point)`` for every point; one row per point: the point's settings, then ``fn``'s row.
+
+    ``fn`` must be a module-level function (Ray sends it to workers by name) that depends only on
+    its arguments. ``use_ray``: run the points as Ray tasks (see the module docstring).
+    """
+    if not callable(fn):
+        raise ValueError(f"fn={fn!r}; must be a function settings -> dict")
+    if isinstance(points, Mapping) or not isinstance(points, Sequence) or not points:
+        raise ValueError("points must be a non-empty list of settings (dicts); grid(...) builds one")
+    if not all(isinstance(p, Mapping) for p in points):
+        raise ValueError("every point must be a dict of settings")
+    check_bool("use_ray", use_ray)
+    check_int("num_cpus", num_cpus, allow_none=True, hint="None: os.cpu_count()")
+    rows = run_on_ray(fn, points, num_cpus) if use_ray else [call_point(fn, p) for p in points]
+    return pd.DataFrame([{**p, **row} for p, row in zip(points, rows)])
+
+
+@contextlib.contextmanager
+def _workers_import_this_batchlab() -> Iterator[None]:
+    """Ray's local workers inherit the environment of the Ray processes ``ray.init`` starts; put
+    this batchlab first on their ``PYTHONPATH`` while they start."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), before) if p)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def start_ray(num_cpus: int | None = None) -> bool:
+    """Join ``RAY_ADDRESS``'s cluster, or start Ray in this process; False if already running."""
+    import ray
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init()
+        return True
+    with _workers_import_this_batchlab():
+        ray.init(num_cpus=os.cpu_count() if num_cpus is None else num_cpus, include_dashboard=False,
+                 logging_level="warning")
+    return True
+
+
+def run_on_ray(fn: RunFn, points: Sequence[Mapping[str, Any]], num_cpus: int | None = None) -> list[dict]:
+    """Every point as one Ray task (one CPU each); rows in the order of ``points``."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("use_ray=True needs Ray: pip install -r requirements.txt (it pins ray)") from None
+    started = start_ray(num_cpus)
+    try:
+        task = ray.remote(num_cpus=1)(call_point)
+        return ray.get([task.remote(fn, dict(p)) for p in points])
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def cluster_point(*, policy: str = "cache_aware", num_replicas: int = 4, seed: int = 0,
+                  num_sessions: int = 100, session_rate: float = 10.0, num_system_prompts: int = 4,
+                  system_prompt_len: int = 256, kv_capacity_tokens: int | None = 20_000,
+                  model: str = "Llama-3-8B", device: str = "H100") -> dict[str, float]:
+    """One cluster run of a session workload, reduced to a row: the service's counts, rates and
+    latencies (``metrics.summary_row`` of the merged trace), prefix hits predicted and actual,
+    and how unevenly the requests were spread (most requests on a replica / mean).
+    ``kv_capacity_tokens``: each replica's KV cache (None: what fits on the device)."""
+    workload = make_sessions(SessionShape(num_sessions, session_rate=session_rate,
+                                          num_system_prompts=num_system_prompts,
+                                          system_prompt_len=system_prompt_len), seed=seed)
+    spec = dataclasses.replace(ReplicaSpec.for_device(model, device), seed=seed)
+    if kv_capacity_tokens is not None:
+        spec = dataclasses.replace(spec, kv_capacity_tokens=kv_capacity_tokens)
+    result = Cluster(ClusterConfig(num_replicas, policy, seed=seed), spec).run(workload.requests,
+                                                                               workload.session_of)
+    counts = result.routing["replica"].value_counts().reindex(range(num_replicas), fill_value=0)
+    row = {k: v for k, v in summary_row(result.merged).items() if not k.startswith(("num_steps", "busy", "mean_num",
+                                                                                    "slot_waste"))}
+    return {**row, **result.hit_summary(), "imbalance": float(counts.max() / counts.mean())}
+
+
+__all__ = ["PACKAGE_ROOT", "call_point", "cluster_point", "grid", "run_on_ray", "run_sweep", "start_ray"]
