@@ -172,9 +172,7 @@ class DecodeRuns:
         """Compute the steady decode steps from ``now`` until the next arrival, the first finish
         or a block shortage; return the new ``now``, or None if no step can be predicted."""
         engine = self.engine
-        if self.run is None and self.last is not None and self._steady(self.last):
-            self.run = self._start_run()
-        run = self.run
+        run = self.current_run()
         if run is None or not steady(engine.scheduler, run.request_ids, run.held_slots, run.batch_id):
             return None
         max_offset = min(run.last_offset, self.offset + self._steps_kv_allows(run))
@@ -191,6 +189,12 @@ class DecodeRuns:
         if self.offset == run.last_offset:
             self._finish(run, t)
         return t
+
+    def current_run(self) -> DecodeRun | None:
+        """The run in progress, or one that starts from the last engine step if that is steady."""
+        if self.run is None and self.last is not None and self._steady(self.last):
+            self.run = self._start_run()
+        return self.run
 
     def _steady(self, step: StepRecord) -> bool:
         """The policy's promise, asked before a run is built for ``step``."""

@@ -55,7 +55,7 @@ class LazyDecodeRuns(DecodeRuns):
     def advance(self, now: float, stop_at: float) -> float | None:
         """Predict the run's steps from ``now`` until the first that ends at or after
         ``stop_at`` (or the run's last step); return the new time, or None if none can be."""
-        run, engine = self.run, self.engine
+        run, engine = self.current_run(), self.engine
         if run is None:
             return None
         if self.limit is None:
