@@ -104,6 +104,7 @@ class Engine:
         self.release_times: dict[str, float | None] = {}
         self.steps: list[StepRecord] = []
         self.listener = listener
+        self.hears_tokens = type(listener).on_token is not EngineListener.on_token
 
     def start(self, listener: EngineListener | None = None) -> float:
         """Begin a run (a driver calls this): a clean scheduler and backend; returns ``now``."""
@@ -151,7 +152,8 @@ class Engine:
         """Each chunk's tokens are now computed; each sampling chunk's request gets its next token
         (at the step's end) and ends if that was a stop token or its last one. (This runs for every
         chunk of every step of a simulation, so it is written out rather than split up.)"""
-        requests, listener = self.requests, self.listener
+        requests = self.requests
+        on_token = self.listener.on_token if self.hears_tokens else None   # (the default hears nothing)
         for c in plan.chunks:
             req = requests.get(c.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
@@ -169,7 +171,8 @@ class Engine:
                 raise EngineError(f"the backend returned no token for {c.request_id!r}, whose chunk samples")
             req.output_ids.append(token)
             req.token_times.append(end)
-            listener.on_token(req, token, end)
+            if on_token is not None:
+                on_token(req, token, end)
             if token in req.stop_token_ids:
                 self.end_request(req, FinishReason.STOP, end)
             elif len(req.output_ids) >= req.max_new_tokens:

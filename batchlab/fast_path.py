@@ -213,8 +213,8 @@ class DecodeRuns:
         k, ends = len(records), [s.end for s in records]
         kv, tokens = self.engine.scheduler.kv, [PLACEHOLDER_TOKEN] * k
         for req in run.requests:
-            if self.grows:
-                kv.grow(req.request_id, k)
+            if self.grows and not kv.grow(req.request_id, k):
+                raise AssertionError(f"{req.request_id!r} could not grow by {k}: the run was sized to fit")
             req.num_computed_tokens += k
             req.output_ids.extend(tokens)
             req.token_times.extend(ends)

@@ -244,7 +244,8 @@ class BlockManager(BlockPool):
         if self.enable_prefix_caching and prompt_ids is not None:
             self._prompt_of[request_id] = prompt_ids
             self._hashed[request_id] = (len(hits), self.block_hash[hits[-1]] if hits else None)
-        self.grow(request_id, num_tokens - len(hits) * self.block_size)
+        if not self.grow(request_id, num_tokens - len(hits) * self.block_size):
+            raise AssertionError("admission checked the room it needs")      # (can_admit said yes)
         self.num_hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
 
@@ -260,24 +261,23 @@ class BlockManager(BlockPool):
             return False
         return self.blocks_to_grow(request_id, num_tokens) <= len(self.free_queue)
 
-    def grow(self, request_id: str, num_tokens: int) -> None:
-        """Make room for ``num_tokens`` more tokens of ``request_id``, a new block when one fills.
-        (Schedulers grow every running sequence every step, so this is written out lean.)"""
+    def grow(self, request_id: str, num_tokens: int) -> bool:
+        """Make room for ``num_tokens`` more tokens of ``request_id``, a new block when one fills;
+        False (and nothing changes) when there is no room. (Schedulers grow every running
+        sequence every step, so this is written out lean.)"""
         if num_tokens < 0:
             raise ValueError(f"request {request_id!r}: grow by num_tokens={num_tokens}; must be >= 0")
         held = self.num_tokens_of[request_id] + num_tokens
         table = self.tables[request_id]
         new_blocks = -(-held // self.block_size) - len(table)            # blocks_for(held) - held blocks
-        if new_blocks > len(self.free_queue) or (
-                self.max_seq_len is not None and held > self.max_seq_len):
-            raise KVCacheFullError(f"request {request_id!r} cannot grow by {num_tokens} tokens: it needs "
-                                   f"{new_blocks} more blocks, {len(self.free_queue)} are free "
-                                   f"(max_seq_len={self.max_seq_len})")
+        if new_blocks > len(self.free_queue) or (self.max_seq_len is not None and held > self.max_seq_len):
+            return False
         for _ in range(new_blocks):
             table.append(self._take_free_block())
         self.num_tokens_of[request_id] = held
         if request_id in self._prompt_of:
             self._hash_full_prompt_blocks(request_id)
+        return True
 
     def _hash_full_prompt_blocks(self, request_id: str) -> None:
         """Register the sequence's prompt blocks that are now full (their tokens are computed in the

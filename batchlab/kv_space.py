@@ -7,7 +7,8 @@ return types, so a scheduler never asks which kind it has:
   sequence whose first step computes ``num_tokens`` tokens and which may grow to ``max_tokens``.
   The return value is how many leading prompt tokens were already cached (a prefix hit), so the
   sequence need not compute them; ``cached_prefix_tokens`` asks the same before admitting.
-- ``can_grow(id, n)`` / ``grow(id, n)``: room for ``n`` more tokens before a step computes them.
+- ``grow(id, n)``: room for ``n`` more tokens before a step computes them; False (and nothing
+  changes) when there is none. ``can_grow(id, n)`` asks without growing.
 - ``free(id)``: the sequence ended (or was preempted); its room is reusable at the next step.
 - ``fits_ever(n)``: could a sequence of ``n`` tokens ever fit an empty cache? (False: reject it.)
 
@@ -58,8 +59,8 @@ class KVSpace(Protocol):
     def can_grow(self, request_id: str, num_tokens: int) -> bool:
         """Could the sequence hold ``num_tokens`` more tokens than it has room for now?"""
 
-    def grow(self, request_id: str, num_tokens: int) -> None:
-        """Give the sequence room for ``num_tokens`` more tokens; ``KVCacheFullError`` if none."""
+    def grow(self, request_id: str, num_tokens: int) -> bool:
+        """Give the sequence room for ``num_tokens`` more tokens; False (nothing changed) if none."""
 
     def free(self, request_id: str) -> None:
         """Release a sequence's space; it can be reused at the very next step."""
@@ -110,8 +111,8 @@ class ReservingKVSpace:
     def can_grow(self, request_id: str, num_tokens: int) -> bool:
         return True
 
-    def grow(self, request_id: str, num_tokens: int) -> None:
-        pass
+    def grow(self, request_id: str, num_tokens: int) -> bool:
+        return True
 
     def free(self, request_id: str) -> None:
         try:

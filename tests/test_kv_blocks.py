@@ -10,7 +10,7 @@ from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.kv_blocks import BlockManager, blocks_for
-from batchlab.kv_space import KVCacheFullError, KVSpace, TokenKVSpace
+from batchlab.kv_space import KVSpace, TokenKVSpace
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
 
@@ -30,13 +30,14 @@ def test_blocks_are_handed_out_as_a_sequence_grows_and_all_come_back():
     assert isinstance(kv, KVSpace) and isinstance(TokenKVSpace(8), KVSpace)
     assert kv.admit("a", 5, 5) == 0                      # 5 tokens: 2 blocks
     assert kv.block_table("a") == [0, 1] and kv.used_blocks == 2 and kv.used_tokens == 8
-    kv.grow("a", 3)                                      # 8 tokens: still 2 blocks
+    assert kv.grow("a", 3)                               # 8 tokens: still 2 blocks
     assert kv.used_blocks == 2 and kv.held_tokens == 8
-    kv.grow("a", 1)                                      # 9 tokens: a third block
+    assert kv.grow("a", 1)                               # 9 tokens: a third block
     assert len(kv.block_table("a")) == 3 and kv.num_free_blocks == 1
     assert kv.can_grow("a", 7) and not kv.can_grow("a", 8)   # 16 tokens fit, 17 do not
-    with pytest.raises(KVCacheFullError):
-        kv.grow("a", 8)
+    assert not kv.grow("a", 8) and kv.held_tokens == 9   # no room: refused, nothing changed
+    with pytest.raises(ValueError, match="num_tokens=-1"):
+        kv.grow("a", -1)
     kv.check()
     kv.free("a")
     assert kv.used_blocks == 0 and kv.num_free_blocks == 4

@@ -15,7 +15,7 @@ The order of one step follows vLLM's v1 scheduler:
 
 Memory decides how many can run, through the KV contract (``batchlab.kv_space``), the same calls
 on every cache: a request is admitted when ``kv.can_admit`` says its first chunk fits, and each
-planned chunk first grows its request's room (``kv.can_grow`` / ``kv.grow``). On a reserving
+planned chunk first grows its request's room (``kv.grow``, False when there is none). On a reserving
 space (the slot cache, the simulator's ``TokenKVSpace``) admission reserves the whole possible
 length, so growth always succeeds and nobody is ever preempted. On a paged one
 (``kv_blocks.BlockManager``) admission takes blocks for the first step only, and when a running
@@ -145,7 +145,7 @@ class ContinuousBatcher(Scheduler):
         """1. One token for each running request past its prompt, in admission order; returns the
         requests still in their prompt (or recomputing after a preemption)."""
         in_prompt: list[Request] = []
-        kv, chunks, planned = self.kv, step.chunks, step.planned
+        kv, chunks = self.kv, step.chunks
         for req in list(self.running):      # (a copy: a preemption below changes the list)
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
@@ -153,14 +153,11 @@ class ContinuousBatcher(Scheduler):
             if computed < req.prompt_len or computed + 1 < req.prompt_len + len(req.output_ids):
                 in_prompt.append(req)
                 continue
-            if kv.can_grow(rid, 1):
-                kv.grow(rid, 1)
-            elif not self._make_room(req, 1, planned, now):
+            if not kv.grow(rid, 1) and not self._make_room(req, 1, chunks, now):
                 break     # it preempted itself: everyone after it is preempted too
             # The token it sampled last step is its one uncomputed token. (Written out rather than
             # step.add: this loop runs for every running request of every step.)
             chunks.append(ScheduledChunk(rid, computed, 1, True))
-            planned.add(rid)
         step.budget -= len(chunks)
         return in_prompt
 
@@ -177,8 +174,8 @@ class ContinuousBatcher(Scheduler):
             num_tokens = min(rest, step.budget, cap) if self.config.chunked_prefill else rest
             if num_tokens > step.budget:
                 continue  # only without chunked prefill: the whole rest must fit
-            if self._make_room(req, num_tokens, step.planned, now):
-                step.add(req, ScheduledChunk(req.request_id, start, num_tokens,
+            if self._make_room(req, num_tokens, step.chunks, now):
+                step.add(ScheduledChunk(req.request_id, start, num_tokens,
                                              start + num_tokens == req.num_known_tokens))
 
     def _admit_waiting(self, step: "_StepBudget") -> None:
@@ -195,7 +192,7 @@ class ContinuousBatcher(Scheduler):
             req.num_computed_tokens = start      # a cached prefix is not computed again
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            step.add(req, ScheduledChunk(req.request_id, start, num_tokens,
+            step.add(ScheduledChunk(req.request_id, start, num_tokens,
                                          start + num_tokens == req.num_known_tokens))
 
     def first_chunk_tokens(self, req: Request, budget: int) -> int:
@@ -215,19 +212,18 @@ class ContinuousBatcher(Scheduler):
             return 0
         return num_tokens
 
-    def _make_room(self, req: Request, num_tokens: int, planned: set[str], now: float) -> bool:
+    def _make_room(self, req: Request, num_tokens: int, planned: list[ScheduledChunk], now: float) -> bool:
         """Grow ``req`` by ``num_tokens``, preempting the most recently admitted running requests
         while it cannot. False if that would undo a chunk already planned in this step, or if
         ``req`` itself had to be preempted."""
         kv = self.kv
-        while not kv.can_grow(req.request_id, num_tokens):
+        while not kv.grow(req.request_id, num_tokens):
             victim = self.running[-1]
-            if victim.request_id in planned:
+            if any(c.request_id == victim.request_id for c in planned):   # (rare: a scan is fine)
                 return False
             self._preempt(victim, now)
             if victim is req:
                 return False
-        kv.grow(req.request_id, num_tokens)
         return True
 
     def _preempt(self, req: Request, now: float) -> None:
@@ -257,16 +253,14 @@ class ContinuousBatcher(Scheduler):
 
 
 class _StepBudget:
-    """One step being planned: its chunks, the requests in them, and the token budget left."""
+    """One step being planned: its chunks and the token budget left."""
 
-    __slots__ = ("budget", "chunks", "planned")
+    __slots__ = ("budget", "chunks")
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.chunks: list[ScheduledChunk] = []
-        self.planned: set[str] = set()
 
-    def add(self, req: Request, chunk: ScheduledChunk) -> None:
+    def add(self, chunk: ScheduledChunk) -> None:
         self.chunks.append(chunk)
-        self.planned.add(req.request_id)
         self.budget -= chunk.num_tokens

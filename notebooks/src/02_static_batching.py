@@ -269,12 +269,14 @@ side_by_side = {"non-streaming": held, "streaming": streamed}
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# What changes: the short requests' first token and end-to-end latency.
-ratio = streamed.loc[short_ids, "e2e"].median() / held.loc[short_ids, "e2e"].median()
-assert ratio < 0.4, f"streamed short answers should finish far earlier, ratio {ratio:.2f}"
+# What changes: the short requests' answers are complete when they finish, long before the batch
+# ends. (Measured against the long request of the same run, so that a machine whose speed drifts
+# between two runs cannot blur it; without streaming this ratio is 1, as shown above.)
+ratio = streamed.loc[short_ids, "e2e"].median() / streamed.loc[long_id, "e2e"]
+assert ratio < 0.4, f"streamed short answers should finish far earlier than the batch, ratio {ratio:.2f}"
 # What does not: the batch still runs to its longest member, with the same held slots each step.
 assert trace_stream.steps_df()["held_slots"].tolist() == steps["held_slots"].tolist()
-print(f"streaming: short E2E x{ratio:.2f}; held slots per step unchanged, slot waste "
+print(f"streaming: short E2E {ratio:.2f} of the batch's; held slots per step unchanged, slot waste "
       f"{metrics.slot_waste(trace_stream):.0%}")
 
 # %%
