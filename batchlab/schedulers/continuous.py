@@ -145,7 +145,7 @@ class ContinuousBatcher(Scheduler):
         """1. One token for each running request past its prompt, in admission order; returns the
         requests still in their prompt (or recomputing after a preemption)."""
         in_prompt: list[Request] = []
-        kv, chunks = self.kv, step.chunks
+        chunks, grow = step.chunks, self.kv.grow
         for req in list(self.running):      # (a copy: a preemption below changes the list)
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
@@ -153,7 +153,7 @@ class ContinuousBatcher(Scheduler):
             if computed < req.prompt_len or computed + 1 < req.prompt_len + len(req.output_ids):
                 in_prompt.append(req)
                 continue
-            if not kv.grow(rid, 1) and not self._make_room(req, 1, chunks, now):
+            if not grow(rid, 1) and not self._make_room(req, 1, chunks, now):
                 break     # it preempted itself: everyone after it is preempted too
             # The token it sampled last step is its one uncomputed token. (Written out rather than
             # step.add: this loop runs for every running request of every step.)
