@@ -63,6 +63,19 @@ class ClientRecord:
         return self.status_code == 200 and self.error is None and self.finish_reason in FINISHED_REASONS
 
     @property
+    def outcome(self) -> str:
+        """How it ended, for counting: "ok", "HTTP <code>", "HTTP 200, <why>" (an error or another
+        finish reason inside a stream), or the client-side failure ("ConnectError", "cancelled",
+        "not sent", ...)."""
+        if self.ok:
+            return "ok"
+        if self.status_code is not None and self.status_code != 200:
+            return f"HTTP {self.status_code}"
+        if self.status_code == 200:
+            return "HTTP 200, error in stream" if self.error else f"HTTP 200, finish_reason {self.finish_reason}"
+        return (self.error or "not sent").split(":")[0]
+
+    @property
     def ttft(self) -> float | None:
         if self.send_time is None or not self.chunk_times:
             return None
