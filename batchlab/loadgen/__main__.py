@@ -191,9 +191,14 @@ def run(args: argparse.Namespace) -> int:
                                "ttft_p99", "tpot_p50", "goodput", "slo_attainment", "cut") if c in sweep]
         print("\n" + sweep[columns].to_string(index=False, float_format="{:.3f}".format))
         if best is not None:
+            if best == float("inf"):
+                answer = f"above the sweep (every rate met it; try rates over {max(rates):g})"
+            elif best != best:                   # NaN
+                answer = f"below the sweep (even {min(rates):g}/s missed it; try lower rates)"
+            else:
+                answer = f"{best:.3f} req/s"
             print(f"DistServe's goodput: the highest rate at which {args.slo_target:.0%} of requests met {slo}: "
-                  + (f"{best:.3f} req/s" if best < float("inf") else f"above the sweep (all met it; try rates "
-                     f"over {max(rates):g})"))
+                  f"{answer}")
         if out is not None:
             sweep.to_csv(out / "sweep.csv", index=False)
         return 0 if all(o == {"ok": n} for o, n in zip(sweep["outcomes"], sweep["num_requests"])) else 1

@@ -156,7 +156,7 @@ class LoadResult:
                   "send_lag_p50_s": float(np.percentile(lag, 50)) if len(lag) else float("nan"),
                   "send_lag_p99_s": float(np.percentile(lag, 99)) if len(lag) else float("nan"),
                   "send_lag_max_s": float(lag.max()) if len(lag) else float("nan")}
-        if self.mode == "open" and len(sent) > 1:
+        if self.mode == "open" and len(sent) > 1 and planned.max() > planned.min():   # at_once has no rate to keep
             span = planned.max() - planned.min()
             report["behind"] = bool(np.mean(lag > LATE_SEND_S) > 0.01 or lag[-1] > 0.05 * span + LATE_SEND_S)
         else:

@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from batchlab.serve.detok import Detokenizer
+from batchlab.serve.memory import TRIM_INTERVAL_S, release_free_memory
 from batchlab.serve.metrics import CONTENT_TYPE
 from batchlab.serve.protocol import (APIError, GenerationRequest, chunk_body, parse_detokenize, parse_generation,
                                      parse_json, parse_tokenize, response_body, sse, usage)
@@ -76,6 +77,15 @@ class ProtocolMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+async def _release_memory_periodically() -> None:
+    """Hand the allocator's free memory back to the system now and then (see ``memory.py``)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(TRIM_INTERVAL_S)
+        if not await loop.run_in_executor(None, release_free_memory):
+            return                               # no glibc here: nothing to trim
+
+
 def client_request_id(request: Request) -> str | None:
     """The ``X-Request-Id`` header, checked (printable, at most 256 characters)."""
     value = request.headers.get("x-request-id")
@@ -92,12 +102,15 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        runner.start(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        runner.start(loop)
+        trimmer = asyncio.ensure_future(_release_memory_periodically())
         try:
             yield
         finally:
+            trimmer.cancel()
             runner.shutdown("server stopped")
-            await asyncio.get_running_loop().run_in_executor(None, runner.join)
+            await loop.run_in_executor(None, runner.join)
 
     app = FastAPI(title="batchlab", lifespan=lifespan)
     app.state.runner = runner
@@ -127,7 +140,7 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(request: Request):
         ids, with_strs = parse_tokenize(parse_json(await request.body()), served_model=runner.config.model_name,
-                                        tokenizer=runner.tokenizer)
+                                        tokenizer=runner.tokenizer, root=runner.model_root)
         out = {"count": len(ids), "max_model_len": runner.config.max_model_len, "tokens": ids, "token_strs": None}
         if with_strs:
             out["token_strs"] = runner.tokenizer.convert_ids_to_tokens(ids)
@@ -136,7 +149,7 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request):
         ids = parse_detokenize(parse_json(await request.body()), served_model=runner.config.model_name,
-                               tokenizer=runner.tokenizer)
+                               tokenizer=runner.tokenizer, root=runner.model_root)
         return {"prompt": runner.tokenizer.decode(ids)}
 
     @app.get("/batchlab/stats")
@@ -148,7 +161,7 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
         x_request_id = client_request_id(request)
         body = parse_json(await request.body())
         gen = parse_generation(body, kind, served_model=runner.config.model_name, tokenizer=runner.tokenizer,
-                               max_model_len=runner.config.max_model_len)
+                               max_model_len=runner.config.max_model_len, root=runner.model_root)
         handle = runner.submit(gen, received, x_request_id)
         if gen.stream:
             return StreamingResponse(_stream(runner, handle), media_type="text/event-stream",

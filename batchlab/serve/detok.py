@@ -23,11 +23,13 @@ class Detokenizer:
                  skip_special_tokens: bool = True, stop_token_ids: tuple[int, ...] = ()) -> None:
         self.backend = tokenizer.backend_tokenizer          # the fast tokenizer's Rust core
         self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.skip_special_tokens = skip_special_tokens
         self.stop = list(stop or [])
         self.include_stop = include_stop
         self.stop_token_ids = frozenset(stop_token_ids)    # never shown (vLLM drops them too)
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.pending = ""          # decoded, not handed out yet (at most ``hold`` chars + one token)
+        self.undecoded: list[int] = []   # tokens of a character not complete yet
         self.num_tokens = 0        # tokens added (those after a stop string included)
         self.num_used = 0          # tokens whose text was used (up to the stop string)
         self.stopped = False
@@ -42,7 +44,9 @@ class Detokenizer:
             return ""
         piece = self.stream.step(self.backend, token)
         if piece is None:                   # the token ends inside a character: wait for the rest
+            self.undecoded.append(token)
             return ""
+        self.undecoded.clear()
         self.pending += piece
         if self.stop:
             hits = [(i, s) for s in self.stop if (i := self.pending.find(s)) >= 0]
@@ -59,6 +63,10 @@ class Detokenizer:
         return out
 
     def flush(self) -> str:
-        """At the end of the response: whatever was held back."""
+        """At the end of the response: whatever was held back (a character left incomplete by the
+        last tokens shows as U+FFFD, as decoding the whole output shows it)."""
         out, self.pending = self.pending, ""
+        if self.undecoded and not self.stopped:
+            out += self.backend.decode(self.undecoded, skip_special_tokens=self.skip_special_tokens)
+            self.undecoded = []
         return out

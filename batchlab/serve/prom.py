@@ -60,6 +60,11 @@ def counter_delta(before: pd.DataFrame, after: pd.DataFrame, family: str) -> flo
     return value(after, family) - value(before, family)
 
 
+def histogram_sum(df: pd.DataFrame, family: str) -> float:
+    """The sum of a histogram's observations (summed over label sets)."""
+    return float(_samples(df, family, "_sum")["value"].sum())
+
+
 def histogram_buckets(df: pd.DataFrame, family: str, since: pd.DataFrame | None = None) -> pd.Series:
     """Cumulative counts by upper bound ``le`` (``inf`` last), summed over label sets; with
     ``since`` (an earlier scrape), only the observations made after it."""

@@ -146,17 +146,19 @@ def _same(value: object, allowed: object) -> bool:
     return value == allowed
 
 
-def _check_model(body: dict, served_model: str) -> None:
+def _check_model(body: dict, served_model: str, root: str | None) -> None:
+    """The model must be the served name (or its ``root``, the folder ``/v1/models`` reports)."""
     model = body.get("model")
-    if model is not None and model != served_model:
+    if model is not None and model != served_model and model != root:
         raise APIError(404, f"model {model!r} does not exist; this server serves {served_model!r}",
                        "model", "not_found_error")
 
 
-def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max_model_len: int) -> GenerationRequest:
+def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max_model_len: int,
+                     root: str | None = None) -> GenerationRequest:
     """Check a completions (``kind="completion"``) or chat (``"chat"``) body; 4xx on the first fault."""
     check_fields(body, IMPLEMENTED_FIELDS[kind])
-    _check_model(body, served_model)
+    _check_model(body, served_model, root)
     if kind == "completion":
         prompt_ids, prompt_field = _completion_prompt(body, tokenizer), "prompt"
     else:
@@ -279,7 +281,7 @@ def _chat_prompt(body: dict, tokenizer, add_generation_prompt: bool = True) -> l
 
 
 # --- /tokenize and /detokenize (vLLM's routes) ----------------------------------------------------
-def parse_tokenize(body: dict, *, served_model: str, tokenizer) -> tuple[list[int], bool]:
+def parse_tokenize(body: dict, *, served_model: str, tokenizer, root: str | None = None) -> tuple[list[int], bool]:
     """``(token ids, return_token_strs)`` for a ``/tokenize`` body: ``prompt`` (a string) or ``messages``."""
     chat = "messages" in body
     names = ("model", "return_token_strs") + (
@@ -287,7 +289,7 @@ def parse_tokenize(body: dict, *, served_model: str, tokenizer) -> tuple[list[in
     for name in body:
         if name not in names:
             raise bad(name, f"{name}={_short(body[name])}; /tokenize accepts {list(names)}")
-    _check_model(body, served_model)
+    _check_model(body, served_model, root)
     flags = {}
     for name, default in (("return_token_strs", False), ("add_special_tokens", not chat),
                           ("add_generation_prompt", True)):
@@ -304,12 +306,12 @@ def parse_tokenize(body: dict, *, served_model: str, tokenizer) -> tuple[list[in
     return ids, flags["return_token_strs"]
 
 
-def parse_detokenize(body: dict, *, served_model: str, tokenizer) -> list[int]:
+def parse_detokenize(body: dict, *, served_model: str, tokenizer, root: str | None = None) -> list[int]:
     """The token ids of a ``/detokenize`` body (``tokens``)."""
     for name in body:
         if name not in ("model", "tokens"):
             raise bad(name, f"{name}={_short(body[name])}; /detokenize accepts ['model', 'tokens']")
-    _check_model(body, served_model)
+    _check_model(body, served_model, root)
     tokens, vocab = body.get("tokens"), len(tokenizer)
     if not isinstance(tokens, list) or not all(_is_int(t) and 0 <= t < vocab for t in tokens):
         raise bad("tokens", f"tokens={_short(tokens)}; must be a list of token ids in [0, {vocab})")
