@@ -16,17 +16,30 @@ round and as medians:
   this also includes how the requests trickle in over HTTP, so the first step starts with fewer);
 - server output throughput / in-process output throughput.
 
-Goals (issue 12): the first difference <= 10 ms; the throughput ratio >= 0.9.
+Goals: the first difference <= 10 ms; the throughput ratio >= 0.9.
+
+Two more measurements, chosen with ``--measure``:
+
+- ``metrics``: what scraping ``/metrics`` once a second costs. 64 streams (32 prompt + 64 output
+  tokens) are served with and without a scraper, alternately, ``--rounds`` times each; printed:
+  the throughput ratio per pair (goal: the scraped runs keep >= 98%), and the exposition's own
+  time per scrape and the engine thread's time per token spent on the metrics.
+- ``detokenizer``: the server's incremental detokenizer, per token, at outputs of 64 and 1,024
+  tokens (with a stop string held back), beside decoding the whole output at every token.
 
     .venv/bin/python scripts/bench_server.py [--rounds 2] [--threads N]
+    .venv/bin/python scripts/bench_server.py --measure metrics --rounds 3 --threads 1
+    .venv/bin/python scripts/bench_server.py --measure detokenizer
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 
+import httpx
 import numpy as np
 
 from batchlab.analysis import metrics
@@ -73,12 +86,115 @@ def over_http(url: str, workload) -> dict:
             "outputs": {r.request_id: r.server["token_ids"] for r in result.records}}
 
 
+# --- /metrics: what a scrape a second costs ----------------------------------------------------------
+METRICS_STREAMS, METRICS_PROMPT, METRICS_OUTPUT = 64, 32, 64
+
+
+def scraped_load(url: str, workload, scrape: bool) -> tuple[float, int]:
+    """(output tokens/s, scrapes made) of one 64-stream load, with a 1 Hz scraper or without."""
+    stop = threading.Event()
+    scrapes = [0]
+
+    def scraper() -> None:
+        while not stop.wait(1.0):
+            httpx.get(f"{url}/metrics", timeout=10).raise_for_status()
+            scrapes[0] += 1
+
+    thread = threading.Thread(target=scraper, daemon=True)
+    if scrape:
+        thread.start()
+    try:
+        result = run_load(url, from_workload(workload), mode="closed", concurrency=METRICS_STREAMS, max_duration=900)
+    finally:
+        stop.set()
+        if scrape:
+            thread.join()
+    if not all(r.ok for r in result.records):
+        raise RuntimeError(f"not every request finished: {result.status_counts()}")
+    return float(metrics.throughput(result.trace)["output_throughput"]), scrapes[0]
+
+
+def exposition_costs(lm) -> tuple[float, float]:
+    """(ms per /metrics exposition with every histogram filled, µs per token of the engine thread's
+    metric updates), timed in this process on a ServerMetrics like the server's."""
+    from batchlab.serve.engine_view import EngineStats
+    from batchlab.serve.metrics import ServerMetrics
+    m = ServerMetrics("m", 1024, lambda: EngineStats(8, 2, 100, 1000, 0))
+    t = time.perf_counter()
+    for i in range(10_000):
+        m.token(32, 0.0, 0.05 + i * 1e-4, None if i % 64 == 0 else 0.04 + i * 1e-4, True, False)
+    per_token_us = (time.perf_counter() - t) / 10_000 * 1e6
+    t = time.perf_counter()
+    for _ in range(200):
+        m.exposition()
+    return (time.perf_counter() - t) / 200 * 1e3, per_token_us
+
+
+def measure_metrics(args, lm) -> None:
+    workload = make_workload(METRICS_STREAMS, prompt_len=METRICS_PROMPT, output_len=METRICS_OUTPUT,
+                             arrival="at_once", seed=13, tokenizer=lm.tokenizer)
+    server = start_server(policy="continuous", max_num_seqs=METRICS_STREAMS, max_model_len=256,
+                          max_num_batched_tokens=MAX_BATCHED_TOKENS, threads=args.threads)
+    ratios = []
+    try:
+        scraped_load(server.url, workload[:8], scrape=True)           # warm-up
+        for i in range(args.rounds):
+            order = (False, True) if i % 2 == 0 else (True, False)   # alternate which goes first
+            runs = {scrape: scraped_load(server.url, workload, scrape) for scrape in order}
+            (plain, _), (scraped, n) = runs[False], runs[True]
+            ratios.append(scraped / plain)
+            print(f"round {i + 1}: without scraping {plain:.1f} tok/s, scraped ({n} scrapes) {scraped:.1f} tok/s: "
+                  f"ratio {ratios[-1]:.3f}", flush=True)
+    finally:
+        server.stop()
+    per_scrape_ms, per_token_us = exposition_costs(lm)
+    print(f"\n/metrics scraped once a second, {METRICS_STREAMS} streams: throughput ratio scraped / not scraped "
+          f"median {statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f}; goal >= 0.98)")
+    print(f"  one exposition: {per_scrape_ms:.2f} ms of the event loop (a scrape a second: "
+          f"{per_scrape_ms / 10:.3f}% of one core); metric updates on the engine thread: {per_token_us:.1f} µs "
+          "per token")
+
+
+# --- the detokenizer: per-token cost against output length --------------------------------------------
+def measure_detokenizer(lm) -> None:
+    from batchlab.serve.detok import Detokenizer
+    from batchlab.workloads import CORPUS_PATH
+    tok = lm.tokenizer
+    ids = tok(CORPUS_PATH.read_text()[:20_000], add_special_tokens=False)["input_ids"][:1024]
+    assert len(ids) == 1024, "the corpus is shorter than 1,024 tokens"
+
+    def incremental(n: int) -> float:
+        d = Detokenizer(tok, ["<never appears>"])
+        t = time.perf_counter()
+        for token in ids[:n]:
+            d.add(token)
+        d.flush()
+        return (time.perf_counter() - t) / n * 1e6
+
+    def whole_each_token(n: int) -> float:             # what the server did before: decode all again
+        t = time.perf_counter()
+        for k in range(1, n + 1):
+            tok.decode(ids[:k], skip_special_tokens=True)
+        return (time.perf_counter() - t) / n * 1e6
+
+    print("µs per token (median of 5 runs):")
+    for n in (64, 1024):
+        inc = statistics.median(incremental(n) for _ in range(5))
+        whole = statistics.median(whole_each_token(n) for _ in range(5))
+        print(f"  {n:5d} tokens: incremental {inc:6.1f} µs, whole output decoded again per token {whole:7.1f} µs")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="torch threads, both sides (default: all cores)")
+    p.add_argument("--measure", choices=("overhead", "metrics", "detokenizer"), default="overhead")
     args = p.parse_args()
     lm = load_model(threads=args.threads)
+    if args.measure == "metrics":
+        return measure_metrics(args, lm)
+    if args.measure == "detokenizer":
+        return measure_detokenizer(lm)
     workload = make_workload(N, prompt_len=PROMPT_LEN, output_len=OUTPUT_LEN, arrival="at_once", seed=12,
                              tokenizer=lm.tokenizer)
     server = start_server(policy="continuous", max_num_seqs=SLOTS, max_model_len=MAX_MODEL_LEN,

@@ -3,10 +3,15 @@ batchlab's server (open and closed loop)."""
 
 from __future__ import annotations
 
+import json
 import math
+import threading
 
 import numpy as np
+import pandas as pd
 import pytest
+
+from batchlab.analysis import metrics
 
 from batchlab.analysis.metrics import per_request_metrics, summarize
 from batchlab.loadgen import ClientRecord, LoadRequest, LoadResult, chunk_gaps, client_trace, plan_requests, run_load
@@ -118,3 +123,103 @@ def test_replay_keeps_the_workload_files_arrival_times_and_lengths(lm):
                           burstiness=0.25, seed=1)
     gaps = np.diff([r.arrival_time for r in gamma])
     assert gaps.std() / gaps.mean() > 1.3          # gamma shape 0.25: coefficient of variation 2
+
+
+# --- bad input: one clear error naming the value -------------------------------------------------------
+def test_bad_options_raise_one_valueerror_naming_the_value(tmp_path):
+    from batchlab.loadgen import parse_goodput, parse_rates, read_prompts
+    from batchlab.serve import free_port
+    one = [LoadRequest("a", "hi", 3)]
+    with pytest.raises(ValueError, match=r"endpoint='embeddings'; must be one of \['completions', 'chat'\]"):
+        run_load("http://127.0.0.1:9", one, endpoint="embeddings")
+    for text in ("2,x", "0,1", "-1", "", "2,2"):
+        with pytest.raises(ValueError, match=r"rates=.*; must be distinct positive numbers"):
+            parse_rates(text)
+    with pytest.raises(ValueError, match=r"goodput='itl:50'; must be KEY:MS with KEY one of \['ttft', 'tpot', 'e2el'\]"):
+        parse_goodput(["ttft:500", "itl:50"])
+    with pytest.raises(ValueError, match=r"goodput='ttft:fast'"):
+        parse_goodput(["ttft:fast"])
+    assert parse_goodput(["ttft:500", "e2el:4000"]).e2e == 4.0
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text('{"prompt": "fine"}\n\n{"prompt": "also fine", "max_tokens": 4}\n{"prompt": "x", "max_tokens": 0}\n')
+    with pytest.raises(ValueError, match=rf"prompts='{bad}' line 4: max_tokens=0; must be a JSON object"):
+        read_prompts(bad, 8)
+    bad.write_text('{"messages": [{"role": "bot", "content": "x"}]}\n')
+    with pytest.raises(ValueError, match=r"line 1: messages="):
+        read_prompts(bad, 8)
+    bad.write_text('not json\n')
+    with pytest.raises(ValueError, match=r"line 1: not JSON"):
+        read_prompts(bad, 8)
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ValueError, match=rf"url='{url}'; must be an OpenAI-compatible server that answers"):
+        run_load(url, one)
+
+
+# --- the options people expect, against batchlab's server -------------------------------------------------
+def test_chat_prompt_files_warmup_and_vllms_goodput(server, lm, tmp_path):
+    from batchlab.loadgen import read_prompts, with_arrivals
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "Write a haiku about rain."}\n'
+                    '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],'
+                    ' "max_tokens": 3}\n')
+    prompts = read_prompts(path, 4, lm.tokenizer)
+    assert [p.max_tokens for p in prompts] == [4, 3]
+    assert prompts[1].prompt_len == len(lm.tokenizer.apply_chat_template(
+        prompts[1].messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    reqs = with_arrivals(prompts, 6, "poisson", rate=20.0, seed=1)
+    result = run_load(server.url, reqs, endpoint="chat", warmup=2, target_rate=20.0, max_duration=120)
+    assert result.status_counts() == {"ok": 6} and len(result.warmup) == 2 and all(r.ok for r in result.warmup)
+    assert [r.num_tokens for r in result.records] == [4, 3] * 3
+    assert "warm-up: 2 requests first (2 ok), not counted" in result.summary()
+    assert {r.request_id for r in result.trace.requests} == {r.request_id for r in reqs}   # warm-ups left out
+    tp = metrics.throughput(result.trace)
+    assert result.goodput({"ttft": 60.0, "tpot": 60.0}) == pytest.approx(tp["request_throughput"])
+    assert result.goodput({"ttft": 1e-6}) == 0.0
+
+
+def test_max_concurrency_caps_requests_in_flight_on_top_of_a_rate(server, lm):
+    reqs = plan_requests(8, prompt_len=16, output_len=4, tokenizer=lm.tokenizer, arrival="poisson", rate=50.0, seed=2)
+    result = run_load(server.url, reqs, max_concurrency=2, target_rate=50.0, max_duration=120)
+    assert result.status_counts() == {"ok": 8}
+    events = sorted([(r.send_time, 1) for r in result.records] + [(r.end_time, -1) for r in result.records])
+    assert max(np.cumsum([e for _, e in events])) == 2          # never more than 2 in flight
+    assert sum(r.send_time > r.scheduled_time + 0.05 for r in result.records) >= 3   # later ones waited
+    assert "at most 2 in flight" in result.summary()
+
+
+def test_errors_mid_run_are_counted_by_status_never_dropped(lm):
+    """One slot and room for one waiting request: a burst gets 429s; then the server is stopped
+    while a load is running. Every request ends in its record, counted by outcome."""
+    from batchlab.serve import ServerConfig, ServerThread
+    reqs = plan_requests(8, prompt_len=16, output_len=6, tokenizer=lm.tokenizer, arrival="at_once", seed=4)
+    with ServerThread(ServerConfig(max_num_seqs=1, max_model_len=128, max_waiting=1), lm) as s:
+        burst = run_load(s.url, reqs, max_duration=120)
+        counts = burst.status_counts()
+        assert counts["ok"] >= 2 and counts["HTTP 429"] >= 1 and sum(counts.values()) == 8
+        assert "HTTP 429" in burst.summary()
+        long = plan_requests(4, prompt_len=16, output_len=100, tokenizer=lm.tokenizer, arrival="poisson", rate=4.0, seed=5)
+        timer = threading.Timer(1.5, s.stop)
+        timer.start()
+        cut = run_load(s.url, long, max_duration=120, request_timeout=30)
+        timer.join()
+    outcomes = cut.status_counts()
+    assert sum(outcomes.values()) == 4 and "ok" not in outcomes, outcomes
+    assert all(r.end_time is not None and (r.error or r.finish_reason == "abort") for r in cut.records)
+
+
+def test_the_command_line_sweeps_rates_and_writes_its_results(server, tmp_path, capsys):
+    from batchlab.loadgen.__main__ import main
+    code = main(["--url", server.url, "--rates", "2,8", "--num-requests", "4", "--prompt-len", "16",
+                 "--output-len", "4", "--goodput", "ttft:60000", "--out", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0 and "--- rate 2/s" in out and "--- rate 8/s" in out
+    assert "DistServe's goodput" in out and "above the sweep" in out          # every rate met a 60 s TTFT
+    sweep = pd.read_csv(tmp_path / "sweep.csv")
+    assert list(sweep["rate"]) == [2, 8] and list(sweep["slo_attainment"]) == [1.0, 1.0]
+    for rate in ("2", "8"):
+        summary = json.loads((tmp_path / f"rate_{rate}" / "summary.json").read_text())
+        assert summary["outcomes"] == {"ok": 4} and summary["goodput"] > 0 and summary["latency_s"]["ttft"]["count"] == 4
+        rows = pd.read_csv(tmp_path / f"rate_{rate}" / "requests.csv")
+        assert len(rows) == 4 and set(rows["outcome"]) == {"ok"}
+    assert main(["--url", server.url, "--rates", "2,-1"]) == 2
+    assert "rates='2,-1'; must be" in capsys.readouterr().err

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from batchlab.backends import ModelBackend
@@ -251,8 +253,203 @@ def test_sigterm_ends_streams_with_a_stated_reason():
     finally:
         code = server.stop()
     assert res["finish_reason"] == "abort"
-    assert res["batchlab"]["engine_finish_reason"] == "abort"
-    assert res["batchlab"]["engine_finish_detail"] == "server shutting down (SIGTERM)"
+    assert res["batchlab"]["status"] == "aborted"
+    assert res["batchlab"]["finish_detail"] == "server shutting down (SIGTERM)"
     assert 0 < len(res["batchlab"]["token_ids"]) < 200
     # uvicorn re-raises the signal it handled once it has shut down cleanly, so the exit is "by SIGTERM".
     assert code in (0, -15) and "Traceback" not in server.log()
+
+
+# --- the protocols other tools speak -------------------------------------------------------------------
+BAD_FIELDS = [
+    ("logprobs asked for", {"prompt": "x", "logprobs": 1}, "logprobs"),
+    ("logprobs 0 still asks", {"prompt": "x", "logprobs": 0}, "logprobs"),
+    ("top_k", {"prompt": "x", "top_k": 5}, "top_k"),
+    ("a penalty", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ("JSON output", {"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ("a field nobody knows", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
+    ("stop_token_ids of the wrong type", {"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
+    ("unknown stream option", {"prompt": "x", "stream_options": {"include_usage": True, "x": 1}},
+     "stream_options.x"),
+]
+
+
+@pytest.mark.parametrize("what,body,param", BAD_FIELDS, ids=[b[0] for b in BAD_FIELDS])
+def test_unimplemented_fields_get_a_400_naming_them(server, what, body, param):
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and param.split(".")[-1] in error["message"]
+
+
+def test_do_nothing_values_and_implemented_fields_are_served(server, lm):
+    """What benchmark clients send by default passes; stop_token_ids, echo and
+    include_stop_str_in_output do what they say."""
+    client = httpx.Client(base_url=server.url, timeout=TIMEOUT)
+    base = {"prompt": "One, two, three,", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    plain = client.post("/v1/completions", json={**base, "logprobs": None, "repetition_penalty": 1.0,
+                                                 "top_k": -1, "presence_penalty": 0}).json()
+    ids = plain["batchlab"]["token_ids"]
+    text = plain["choices"][0]["text"]
+    stopped = client.post("/v1/completions", json={**base, "stop_token_ids": [ids[2]]}).json()
+    assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["usage"]["completion_tokens"] == 3
+    assert stopped["choices"][0]["text"] == lm.decode(ids[:2])            # the stop token is not shown
+    echoed = client.post("/v1/completions", json={**base, "echo": True}).json()
+    assert echoed["choices"][0]["text"] == base["prompt"] + text
+    cut = text.strip().split(" ")[1]
+    kept = client.post("/v1/completions", json={**base, "stop": cut, "include_stop_str_in_output": True}).json()
+    assert kept["choices"][0]["text"] == text[:text.index(cut) + len(cut)]
+    assert kept["choices"][0]["finish_reason"] == "stop"
+
+
+def test_models_request_ids_and_tokenize_speak_vllms_protocol(server, lm):
+    client = httpx.Client(base_url=server.url, timeout=TIMEOUT)
+    model = client.get("/v1/models").json()["data"][0]
+    assert model["root"] == lm.tokenizer.name_or_path and model["parent"] is None
+    body = {"prompt": "Hello", "max_tokens": 3, "temperature": 0}
+    whole = client.post("/v1/completions", json=body, headers={"X-Request-Id": "bench-7"})
+    assert whole.headers["x-request-id"] == "bench-7" and whole.json()["id"] == "cmpl-bench-7"
+    assert whole.json()["batchlab"]["x_request_id"] == "bench-7"
+    assert whole.json()["batchlab"]["request_id"] != "cmpl-bench-7"      # the engine's own id stays unique
+    again = client.post("/v1/completions", json=body, headers={"X-Request-Id": "bench-7"})   # reused: fine
+    assert again.status_code == 200 and again.headers["x-request-id"] == "bench-7"
+    res = run(_stream_with_header(server.url, {**body, "stream": True}, "bench-8"))
+    assert res["header"] == "bench-8" and res["id"] == "cmpl-bench-8" and res["batchlab"]["x_request_id"] == "bench-8"
+    tokens = client.post("/tokenize", json={"model": model["root"], "prompt": "Hello world",
+                                            "add_special_tokens": False, "return_token_strs": True}).json()
+    assert tokens["tokens"] == lm.tokenizer("Hello world", add_special_tokens=False)["input_ids"]
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 128
+    assert "".join(tokens["token_strs"]).replace("Ġ", " ") == "Hello world"
+    chat = client.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert chat["tokens"] == lm.chat_ids("Hi")
+    assert client.post("/detokenize", json={"tokens": tokens["tokens"]}).json() == {"prompt": "Hello world"}
+    for path, bad, param in (("/tokenize", {"prompt": 3}, "prompt"), ("/detokenize", {"tokens": [-1]}, "tokens"),
+                             ("/tokenize", {"prompt": "x", "model": "gpt-9"}, "model")):
+        r = client.post(path, json=bad)
+        assert r.status_code in (400, 404) and r.json()["error"]["param"] == param
+
+
+async def _stream_with_header(url: str, body: dict, request_id: str) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+        async with client.stream("POST", "/v1/completions", json=body, headers={"X-Request-Id": request_id}) as r:
+            out = {"header": r.headers.get("x-request-id")}
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    out["id"] = chunk["id"]
+                    out["batchlab"] = chunk.get("batchlab") or out.get("batchlab")
+    return out
+
+
+def test_the_finish_reason_rides_on_the_last_tokens_chunk(server):
+    res = run(_chunks(server.url, {"prompt": "Count:", "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+                                   "stream": True, "stream_options": {"continuous_usage_stats": True}}))
+    assert [c["usage"]["completion_tokens"] for c in res] == [1, 2, 3, 4, 5]        # one chunk per token
+    assert [c["choices"][0]["finish_reason"] for c in res] == [None] * 4 + ["length"]
+    assert "batchlab" in res[-1]
+
+
+async def _chunks(url: str, body: dict) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as client:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            return [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: {")]
+
+
+def test_health_answers_503_with_an_error_object_when_the_engine_stops(lm):
+    with ServerThread(ServerConfig(max_num_seqs=2, max_model_len=64), lm) as s:
+        s.runner.shutdown("stopped by the test")
+        s.runner.join()
+        r = httpx.get(f"{s.url}/health", timeout=10)
+        assert r.status_code == 503
+        assert r.json()["error"]["type"] == "service_unavailable" and r.json()["error"]["code"] == 503
+        refused = httpx.post(f"{s.url}/v1/completions", json={"prompt": "x"}, timeout=10)
+        assert refused.status_code == 503 and "stopped by the test" in refused.json()["error"]["message"]
+
+
+# --- /metrics against the trace -----------------------------------------------------------------------
+def test_metrics_scraped_during_a_load_agree_with_the_trace(lm):
+    """Paged KV with prefix caching and a budget small enough to preempt: 12 streams sharing a
+    32-token prefix, 2 of them leaving early. /metrics is scraped every 0.1 s during the load; at
+    the end every counter and histogram equals what the engine's trace says."""
+    from batchlab.analysis import metrics
+    from batchlab.serve.prom import histogram_buckets, histogram_sum, parse_metrics, value
+    cfg = lm.model.config
+    bytes_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (
+        cfg.hidden_size // cfg.num_attention_heads) * lm.model.dtype.itemsize
+    config = ServerConfig(max_num_seqs=8, max_model_len=128, paged=True, enable_prefix_caching=True,
+                          kv_cache_memory_bytes=14 * 16 * bytes_per_token)
+    prefix = lm.tokenizer("The history of the river valley, its towns and its people, told from the " * 3,
+                          add_special_tokens=False)["input_ids"][:32]
+    texts = [prefix + lm.tokenizer(f" part {i}:", add_special_tokens=False)["input_ids"] for i in range(14)]
+    scrapes: list = []
+    with ServerThread(config, lm) as s:
+        stop = threading.Event()
+
+        def scraper() -> None:
+            while not stop.is_set():
+                scrapes.append(parse_metrics(httpx.get(f"{s.url}/metrics", timeout=10).text))
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=scraper)
+        watcher.start()
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=TIMEOUT) as client:
+                return await asyncio.gather(*[
+                    stream_completion(client, {"prompt": ids, "max_tokens": 24, "temperature": 0, "ignore_eos": True},
+                                      stop_after=2 if i >= 12 else None) for i, ids in enumerate(texts)])
+        results = run(go())
+        wait_until_idle(s.url)
+        stop.set()
+        watcher.join()
+        final = parse_metrics(httpx.get(f"{s.url}/metrics", timeout=10).text)
+        hit_tokens = s.runner.backend.kv.num_hit_tokens
+    trace = s.runner.trace
+    assert sum(r["finish_reason"] == "length" for r in results) == 12
+    # During the load: requests ran and held KV; counters only grew.
+    assert max(value(d, "vllm:num_requests_running") for d in scrapes) >= 1
+    assert max(value(d, "vllm:kv_cache_usage_perc") for d in scrapes) > 0
+    generated = [value(d, "vllm:generation_tokens") for d in scrapes + [final]]
+    assert generated == sorted(generated) and len(scrapes) >= 5
+    # At the end: idle, and every number equals the trace's.
+    for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert value(final, gauge) == 0
+    reqs = trace.requests
+    started = [r for r in reqs if r.output_ids]
+    assert value(final, "vllm:generation_tokens") == sum(len(r.output_ids) for r in reqs)
+    assert value(final, "vllm:prompt_tokens") == sum(r.prompt_len for r in started)
+    success = final[final["sample"] == "vllm:request_success_total"]
+    by_reason = {row.labels["finished_reason"]: row.value for row in success.itertuples()}
+    assert by_reason == {"length": 12, "stop": 0, "abort": 2}
+    per_request = metrics.per_request_metrics(trace)
+    gaps = np.concatenate([np.diff(r.token_times) for r in started])
+    for family, values in (("vllm:time_to_first_token_seconds", [r.token_times[0] - r.arrival_time for r in started]),
+                           ("vllm:inter_token_latency_seconds", gaps),
+                           ("vllm:e2e_request_latency_seconds", per_request["e2e"]),
+                           ("vllm:request_queue_time_seconds", per_request["queue_time"])):
+        assert histogram_buckets(final, family).iloc[-1] == len(values), family
+        assert histogram_sum(final, family) == pytest.approx(float(np.sum(values)))
+    assert len(trace.preemptions) > 0 and value(final, "vllm:num_preemptions") == len(trace.preemptions)
+    prompt_len = {r.request_id: r.prompt_len for r in reqs}
+    assert hit_tokens > 0 and value(final, "vllm:prefix_cache_hits") == hit_tokens
+    assert value(final, "vllm:prefix_cache_queries") == sum(r.prompt_len for r in started) + sum(
+        prompt_len[p.request_id] + p.num_output_tokens for p in trace.preemptions)
+
+
+def test_a_small_soak_with_a_trace_window(lm):
+    """The soak script's load, 300 requests (streamed, whole, chat, disconnecting, refused), on a
+    server that keeps 50 ended requests: every accepted request answered, the KV cache empty,
+    /metrics counted all of them, the trace holds the last 50 and the steps since."""
+    from batchlab.serve.prom import scrape, value
+    from batchlab.serve.soak import soak
+    with ServerThread(ServerConfig(max_num_seqs=16, max_model_len=128, trace_window=50), lm) as s:
+        report = soak(s.url, 300, concurrency=16, seed=3)
+        idle = wait_until_idle(s.url)
+        ended = value(scrape(s.url), "vllm:request_success")
+    assert not report.failures, report.failures[:5]
+    assert {kind for kind, _ in report.outcomes} == {"stream", "whole", "chat", "disconnect", "bad"}
+    assert report.num_accepted == idle["accepted"] == ended and idle["in_flight"] == idle["kv_used_tokens"] == 0
+    trace = s.runner.trace                 # trimmed every 50 // 8 ends: it keeps 50 to 56
+    assert 50 <= len(trace.requests) <= 56 and trace.meta["num_forgotten"] == ended - len(trace.requests)
+    oldest = min(r.arrival_time for r in trace.requests)
+    assert trace.steps and all(step.start >= oldest for step in trace.steps)

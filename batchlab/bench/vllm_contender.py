@@ -30,7 +30,7 @@ from pathlib import Path
 
 from batchlab.bench.config import BenchConfig
 from batchlab.bench.contenders import ContenderRun, _record
-from batchlab.requests import Request, RequestStatus
+from batchlab.requests import FinishReason, Request, RequestStatus
 from batchlab.trace import RequestRecord, Trace
 
 NOT_INSTALLED = "vLLM not installed: run bash scripts/setup_vllm.sh"
@@ -162,14 +162,13 @@ def run_vllm_online(requests: Sequence[Request], config: BenchConfig, dtype: str
     records = []
     for req in requests:
         rec = by_id[req.request_id]
-        status, reason = rec.status()
+        status, reason, detail = rec.status()
         times = rec.token_times()
         if status == RequestStatus.FINISHED and len(times) >= req.max_new_tokens:
-            status, reason, times = RequestStatus.FINISHED, "length", times[:req.max_new_tokens]
+            status, reason, times = RequestStatus.FINISHED, FinishReason.LENGTH, times[:req.max_new_tokens]
         # vLLM's server streams text, not token ids: online, its tokens are not compared.
         records.append(RequestRecord(req.request_id, req.arrival_time, req.prompt_len, req.max_new_tokens,
-                                     status, reason or rec.error or "unfinished", None, times,
-                                     rec.end_time, True, []))
+                                     status, reason, None, times, rec.end_time, True, [], detail))
     trace = Trace(requests=records, steps=[], meta={"clock": "client"})
     settings = {"engine": "vLLM OpenAI server (CPU build, eager), batchlab.loadgen client", "dtype": dtype,
                 "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,

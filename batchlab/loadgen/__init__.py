@@ -3,6 +3,10 @@
 - ``client.py``: ``run_load`` (open or closed loop, streaming, bounded) and ``LoadResult``.
 - ``records.py``: ``ClientRecord`` per request and the ``Trace`` built from the records, so every
   metric, plot and notebook function works on client-side data unchanged.
+- ``prompts.py``: prompts from a JSONL file (completions or chat), arrival times, text prompts.
+- ``sweep.py``: SLOs in vLLM's ``--goodput`` form, and a sweep over request rates with DistServe's
+  goodput at the end.
+- ``__main__.py``: the command line.
 
 From a notebook::
 
@@ -17,7 +21,9 @@ From a shell: ``python -m batchlab.loadgen --url http://127.0.0.1:8000 --rate 2 
 from __future__ import annotations
 
 from batchlab.loadgen.client import ENDPOINTS, MODES, LoadRequest, LoadResult, from_workload, run_load, run_load_async
+from batchlab.loadgen.prompts import as_text, read_prompts, with_arrivals
 from batchlab.loadgen.records import ClientRecord, chunk_gaps, client_trace, server_trace
+from batchlab.loadgen.sweep import parse_goodput, parse_rates, rate_sweep
 from batchlab.requests import Request
 
 
@@ -41,7 +47,8 @@ def course_tokenizer():
     """The course model's tokenizer, from the converted cache (converting the model once if needed)."""
     from transformers import AutoTokenizer
 
-    from batchlab.model import _cache_is_complete, converted_dir, load_model
+    from batchlab.model import load_model
+    from batchlab.model.loading import _cache_is_complete, converted_dir
     folder = converted_dir()
     if not _cache_is_complete(folder):
         return load_model().tokenizer
@@ -50,4 +57,5 @@ def course_tokenizer():
 
 __all__ = ["LoadRequest", "LoadResult", "ClientRecord", "run_load", "run_load_async", "from_workload",
            "plan_requests", "replay_requests", "course_tokenizer", "client_trace", "server_trace",
-           "chunk_gaps", "MODES", "ENDPOINTS", "Request"]
+           "chunk_gaps", "MODES", "ENDPOINTS", "Request", "read_prompts", "with_arrivals", "as_text",
+           "parse_goodput", "parse_rates", "rate_sweep"]

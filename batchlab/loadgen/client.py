@@ -4,21 +4,28 @@ Two ways to load a server:
 
 - **open loop** (``mode="open"``): each request is sent at its planned time (Poisson, gamma
   bursts, a fixed rate, or a workload file's arrival times), whether or not earlier ones have
-  finished. Queueing at the server shows up as latency, as it does for real users.
+  finished. Queueing at the server shows up as latency, as it does for real users. With
+  ``max_concurrency`` (vLLM's ``--max-concurrency``), a request whose time has come waits while
+  that many are in flight; its latencies count from when it was really sent.
 - **closed loop** (``mode="closed"``): ``concurrency`` virtual users, each sending its next request
   the moment its last one ends. The server is never offered more than ``concurrency`` requests,
   so its queue never grows: a closed-loop benchmark hides queueing by construction.
 
-Every request is a streaming completion (``"stream": true``), asking for usage in every chunk
+Every request is streamed (``"stream": true``) to ``/v1/completions`` or, with
+``endpoint="chat"``, ``/v1/chat/completions``, asking for usage in every chunk
 (``stream_options.continuous_usage_stats``, which vLLM and batchlab support) so that the tokens
 in each chunk are counted exactly; a server that ignores it is counted one token per non-empty
-chunk, and the last chunk gets whatever the final usage adds. Greedy with ``ignore_eos`` by
-default, so every request makes exactly its ``max_tokens`` (as serving benchmarks do).
+chunk, and the last chunk gets whatever the final usage (or, without one, the ``tokenizer``)
+adds. Greedy with ``ignore_eos`` by default, so every request makes exactly its ``max_tokens``
+(as serving benchmarks do); ``sampling`` adds any other request fields.
 
-A load generator that falls behind its plan measures the wrong thing; ``LoadResult.rate_report``
-gives the achieved arrival rate against the plan's and says when sends were late.
-Everything is bounded: a request count, a per-request timeout and ``max_duration`` for the whole
-load, after which requests still in flight are cancelled and recorded as such.
+``warmup`` requests (copies of the first ones) are sent before the load and left out of its
+results; ``LoadResult.warmup`` keeps them. A load generator that falls behind its plan measures
+the wrong thing; ``LoadResult.rate_report`` gives the achieved arrival rate against the plan's
+and says when sends were late. Everything is bounded: a request count, a per-request timeout
+(``request_timeout``) and ``max_duration`` for the whole load, after which requests still in
+flight are cancelled and recorded as such (``LoadResult.cut``). A server that answers errors is
+never a crash: every request ends in its record, counted by outcome (``status_counts``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
+from tqdm.auto import tqdm
 
+from batchlab.checks import check_int, check_number
 from batchlab.loadgen.records import ClientRecord, chunk_gaps, client_trace, server_trace
 from batchlab.requests import Request
 
@@ -45,19 +54,26 @@ LATE_SEND_S = 0.010      # a send this much after its planned time counts as lat
 
 @dataclass(frozen=True)
 class LoadRequest:
-    """One request to send: ``prompt`` is text or token ids (completions only); ``arrival_time``
-    is when to send it in open loop (seconds after the load starts; ignored in closed loop)."""
+    """One request to send: ``prompt`` is text or token ids (completions only), or ``messages``
+    (chat: a list of ``{"role", "content"}``); ``arrival_time`` is when to send it in open loop
+    (seconds after the load starts; ignored in closed loop); ``prompt_len`` its tokens, if known."""
 
     request_id: str
-    prompt: str | list[int]
+    prompt: str | list[int] | None
     max_tokens: int
     arrival_time: float = 0.0
     prompt_len: int = -1
+    messages: list[dict] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id={self.request_id!r}; must be a non-empty string")
-        if not (isinstance(self.prompt, str) and self.prompt) and not (
+        if self.messages is not None:
+            if not (isinstance(self.messages, list) and self.messages
+                    and all(isinstance(m, dict) and "role" in m and "content" in m for m in self.messages)):
+                raise ValueError(f"request {self.request_id!r}: messages must be a non-empty list of "
+                                 "{role, content} objects")
+        elif not (isinstance(self.prompt, str) and self.prompt) and not (
                 isinstance(self.prompt, list) and self.prompt and all(isinstance(t, int) for t in self.prompt)):
             raise ValueError(f"request {self.request_id!r}: prompt must be a non-empty string or list of token ids")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -90,6 +106,9 @@ class LoadResult:
     target_rate: float | None
     wall_seconds: float
     meta: dict = field(default_factory=dict)
+    warmup: list[ClientRecord] = field(default_factory=list)   # sent first, left out of the results
+    cut: bool = False                    # max_duration was reached: requests in flight were cancelled
+    max_concurrency: int | None = None
 
     @property
     def trace(self):
@@ -103,12 +122,17 @@ class LoadResult:
     def chunk_gaps(self) -> np.ndarray:
         return chunk_gaps(self.records)
 
-    def status_counts(self) -> dict:
-        counts: dict = {}
+    def status_counts(self) -> dict[str, int]:
+        """How many requests ended each way (``ClientRecord.outcome``: "ok", "HTTP 429", ...)."""
+        counts: dict[str, int] = {}
         for r in self.records:
-            key = r.status_code if r.status_code is not None else (r.error or "not sent").split(":")[0]
-            counts[key] = counts.get(key, 0) + 1
-        return counts
+            counts[r.outcome] = counts.get(r.outcome, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (kv[0] != "ok", kv[0])))
+
+    def goodput(self, slo) -> float:
+        """vLLM's goodput: finished requests meeting every bound of ``slo`` per second of the run."""
+        from batchlab.analysis.metrics import goodput
+        return goodput(self.trace, slo)
 
     def rate_report(self) -> dict:
         """Planned against achieved arrival rate, and how late the sends were.
@@ -132,7 +156,7 @@ class LoadResult:
                   "send_lag_p50_s": float(np.percentile(lag, 50)) if len(lag) else float("nan"),
                   "send_lag_p99_s": float(np.percentile(lag, 99)) if len(lag) else float("nan"),
                   "send_lag_max_s": float(lag.max()) if len(lag) else float("nan")}
-        if self.mode == "open" and len(sent) > 1:
+        if self.mode == "open" and len(sent) > 1 and planned.max() > planned.min():   # at_once has no rate to keep
             span = planned.max() - planned.min()
             report["behind"] = bool(np.mean(lag > LATE_SEND_S) > 0.01 or lag[-1] > 0.05 * span + LATE_SEND_S)
         else:
@@ -149,14 +173,37 @@ class LoadResult:
         rr = self.rate_report()
         ok = sum(r.ok for r in self.records)
         lines = [f"{self.mode} loop against {self.url} ({self.model}): {ok}/{len(self.records)} finished, "
-                 f"statuses {self.status_counts()}, {self.wall_seconds:.1f} s"]
+                 f"outcomes {self.status_counts()}, {self.wall_seconds:.1f} s"]
+        if self.warmup:
+            lines.append(f"warm-up: {len(self.warmup)} requests first ({sum(r.ok for r in self.warmup)} ok), "
+                         "not counted")
         if self.mode == "open":
+            cap = f", at most {self.max_concurrency} in flight" if self.max_concurrency else ""
             lines.append(f"arrival rate: target {self.target_rate}, planned {rr['planned_rate']:.3f}/s, achieved "
-                         f"{rr['achieved_rate']:.3f}/s; send lag p99 {rr['send_lag_p99_s'] * 1e3:.1f} ms"
-                         + ("  << THE CLIENT FELL BEHIND ITS PLAN" if rr["behind"] else ""))
+                         f"{rr['achieved_rate']:.3f}/s{cap}; send lag p99 {rr['send_lag_p99_s'] * 1e3:.1f} ms")
+            if rr["behind"]:
+                why = (f"max_concurrency={self.max_concurrency} held requests back" if self.max_concurrency
+                       else "the latencies describe a lighter load than the plan")
+                lines.append(f"BEHIND PLAN: the client sent at {rr['achieved_rate']:.3f}/s against the planned "
+                             f"{rr['planned_rate']:.3f}/s (send lag max {rr['send_lag_max_s']:.3f} s): {why}")
         else:
             lines.append(f"{self.concurrency} users; achieved arrival rate {rr['achieved_rate']:.3f}/s")
+        if self.cut:
+            unfinished = sum(r.end_time is None or (r.error or "").startswith(("cancelled", "not sent"))
+                             for r in self.records)
+            lines.append(f"CUT: the load reached max_duration={self.meta.get('max_duration')} s; {unfinished} "
+                         "requests were cancelled or never sent")
         return "\n".join(lines)
+
+    def requests_df(self):
+        """One row per request: the client's record (times in seconds since the load began)."""
+        import pandas as pd
+        rows = [{"request_id": r.request_id, "outcome": r.outcome, "status_code": r.status_code,
+                 "finish_reason": r.finish_reason, "prompt_len": r.usage_prompt_tokens or r.prompt_len,
+                 "max_tokens": r.max_tokens, "num_tokens": r.num_tokens, "num_chunks": len(r.chunk_times),
+                 "scheduled_time": r.scheduled_time, "send_time": r.send_time, "ttft": r.ttft,
+                 "end_time": r.end_time, "error": r.error} for r in self.records]
+        return pd.DataFrame(rows)
 
 
 # --- one request ------------------------------------------------------------------------------------
@@ -173,12 +220,34 @@ def _body(lr: LoadRequest, endpoint: str, model: str, sampling: dict) -> dict:
     body = {"model": model, "max_tokens": lr.max_tokens, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **sampling}
     if endpoint == "chat":
-        if not isinstance(lr.prompt, str):
-            raise ValueError(f"request {lr.request_id!r}: the chat endpoint needs a text prompt")
-        body["messages"] = [{"role": "user", "content": lr.prompt}]
+        if lr.messages is not None:
+            body["messages"] = lr.messages
+        elif isinstance(lr.prompt, str):
+            body["messages"] = [{"role": "user", "content": lr.prompt}]
+        else:
+            raise ValueError(f"request {lr.request_id!r}: the chat endpoint needs text or messages, not token ids")
+    elif lr.messages is not None:
+        raise ValueError(f"request {lr.request_id!r} has messages; send it with endpoint='chat'")
     else:
         body["prompt"] = lr.prompt
     return body
+
+
+async def check_server(client: httpx.AsyncClient, url: str) -> str:
+    """The first model the server lists; a ValueError naming the URL if it does not answer."""
+    try:
+        r = await client.get("/v1/models")
+    except httpx.HTTPError as e:
+        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server that answers: GET /v1/models "
+                         f"failed ({type(e).__name__}: {e})") from None
+    if r.status_code != 200:
+        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server that answers: GET /v1/models "
+                         f"gave HTTP {r.status_code}: {_error_text(r.content)}")
+    try:
+        return r.json()["data"][0]["id"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server: its /v1/models answer lists no "
+                         f"model ({r.text[:200]!r})") from None
 
 
 def _error_text(raw: bytes) -> str:
@@ -191,7 +260,8 @@ def _error_text(raw: bytes) -> str:
         return raw[:300].decode(errors="replace")
 
 
-async def _send(client: httpx.AsyncClient, path: str, body: dict, rec: ClientRecord, clock: _Clock) -> None:
+async def _send(client: httpx.AsyncClient, path: str, body: dict, rec: ClientRecord, clock: _Clock,
+                tokenizer=None) -> None:
     rec.send_time = clock.now()
     count = 0                     # completion tokens counted so far
     try:
@@ -233,65 +303,90 @@ async def _send(client: httpx.AsyncClient, path: str, body: dict, rec: ClientRec
                     count += new
                     rec.chunk_times.append(t)
                     rec.chunk_tokens.append(new)
-            # A server that does not count per chunk: the final usage settles the total.
+            # A server that does not count per chunk: the final usage (else the tokenizer) settles the total.
             final = rec.usage_completion_tokens
+            if final is None and tokenizer is not None and rec.tokens_counted_by == "chunks":
+                final = len(tokenizer(rec.text, add_special_tokens=False)["input_ids"])
             if rec.tokens_counted_by == "chunks" and final is not None and rec.chunk_tokens and final > count:
                 rec.chunk_tokens[-1] += final - count
     except asyncio.CancelledError:
         rec.error = "cancelled: the load's max_duration was reached"
         raise
-    except (httpx.HTTPError, OSError, ValueError) as e:
+    except Exception as e:           # any failure is this request's outcome, never the load's crash
         rec.error = f"{type(e).__name__}: {e}"
     finally:
         rec.end_time = clock.now()
 
 
 # --- the load ---------------------------------------------------------------------------------------
-async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "open", concurrency: int | None = None,
-                         model: str | None = None, endpoint: str = "completions", api_key: str | None = None,
-                         temperature: float = 0.0, ignore_eos: bool = True, request_timeout: float = 300.0,
-                         max_duration: float = 600.0, target_rate: float | None = None,
-                         extra_body: dict | None = None) -> LoadResult:
-    """Run one load (see the module docstring); ``run_load`` is the same from synchronous code."""
+def _check_load(mode: str, endpoint: str, concurrency, max_concurrency, requests, max_duration,
+                request_timeout, warmup: int) -> None:
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r}; allowed: {list(MODES)}")
+        raise ValueError(f"mode={mode!r}; must be one of {list(MODES)}")
     if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint={endpoint!r}; allowed: {list(ENDPOINTS)}")
-    if mode == "closed" and (not isinstance(concurrency, int) or concurrency < 1):
-        raise ValueError(f"concurrency={concurrency!r}; closed loop needs an int >= 1 (the number of users)")
+        raise ValueError(f"endpoint={endpoint!r}; must be one of {list(ENDPOINTS)}")
+    if mode == "closed":
+        check_int("concurrency", concurrency, hint="closed loop needs the number of users")
+    check_int("max_concurrency", max_concurrency, allow_none=True)
+    check_int("warmup", warmup, 0)
     if not requests or not all(isinstance(r, LoadRequest) for r in requests):
         raise ValueError("requests must be a non-empty list of LoadRequest (see from_workload)")
     if len({r.request_id for r in requests}) != len(requests):
         raise ValueError("request ids must be unique")
-    if not (isinstance(max_duration, (int, float)) and 0 < max_duration < math.inf):
-        raise ValueError(f"max_duration={max_duration!r}; a load must be bounded: give seconds > 0")
+    check_number("max_duration", max_duration, 0, strict=True, hint="a load must be bounded: give seconds")
+    check_number("request_timeout", request_timeout, 0, strict=True)
+
+
+async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "open", concurrency: int | None = None,
+                         model: str | None = None, endpoint: str = "completions", api_key: str | None = None,
+                         temperature: float = 0.0, ignore_eos: bool = True, request_timeout: float = 300.0,
+                         max_duration: float = 600.0, target_rate: float | None = None,
+                         extra_body: dict | None = None, max_concurrency: int | None = None, warmup: int = 0,
+                         progress: bool = False, tokenizer=None) -> LoadResult:
+    """Run one load (see the module docstring); ``run_load`` is the same from synchronous code.
+
+    ``extra_body``: more request fields (``top_p``, ``seed``, ``stop``...). ``tokenizer``: counts
+    output tokens when the server reports no usage. ``progress``: a tqdm bar over the requests.
+    """
+    _check_load(mode, endpoint, concurrency, max_concurrency, requests, max_duration, request_timeout, warmup)
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=concurrency if mode == "closed" else max(len(requests), 1),
-                          max_keepalive_connections=64)
+    in_flight = concurrency if mode == "closed" else (max_concurrency or len(requests))
+    limits = httpx.Limits(max_connections=max(in_flight, warmup, 1), max_keepalive_connections=64)
     path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
     sampling = {"temperature": temperature, "ignore_eos": ignore_eos, **(extra_body or {})}
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(request_timeout)) as client:
-        if model is None:
-            r = await client.get("/v1/models")
-            r.raise_for_status()
-            model = r.json()["data"][0]["id"]
+        listed = await check_server(client, url)
+        model = model or listed
         ordered = sorted(requests, key=lambda q: q.arrival_time) if mode == "open" else list(requests)
         bodies = [_body(lr, endpoint, model, sampling) for lr in ordered]   # bad prompts fail before any send
+        warm = await _warm_up(client, path, bodies, warmup, tokenizer)
         clock = _Clock()
         records = [ClientRecord(lr.request_id, lr.prompt_len if lr.prompt_len > 0 else
                                 (len(lr.prompt) if isinstance(lr.prompt, list) else -1),
                                 lr.max_tokens, lr.arrival_time if mode == "open" else 0.0,
                                 client_t0_unix=clock.t0_unix) for lr in ordered]
+        bar = tqdm(total=len(records), unit="req", desc=f"{mode} loop", disable=not progress, leave=False)
         tasks: list[asyncio.Task] = []
+        gate = asyncio.Semaphore(max_concurrency) if mode == "open" and max_concurrency else None
+
+        async def send(body: dict, rec: ClientRecord) -> None:
+            try:
+                if gate is None:
+                    await _send(client, path, body, rec, clock, tokenizer)
+                else:
+                    async with gate:          # vLLM's --max-concurrency: wait for a free slot, then send
+                        await _send(client, path, body, rec, clock, tokenizer)
+            finally:
+                bar.update(1)
 
         async def open_loop() -> None:
             for lr, body, rec in zip(ordered, bodies, records):
                 delay = lr.arrival_time - clock.now()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                tasks.append(asyncio.ensure_future(_send(client, path, body, rec, clock)))
+                tasks.append(asyncio.ensure_future(send(body, rec)))
             await asyncio.gather(*tasks, return_exceptions=True)
 
         async def closed_loop() -> None:
@@ -301,16 +396,18 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
                 while todo:
                     body, rec = todo.popleft()
                     rec.scheduled_time = clock.now()
-                    await _send(client, path, body, rec, clock)
+                    await send(body, rec)
 
             users = [asyncio.ensure_future(user()) for _ in range(concurrency)]
             tasks.extend(users)
             await asyncio.gather(*users, return_exceptions=True)
 
         main = asyncio.ensure_future(open_loop() if mode == "open" else closed_loop())
+        cut = False
         try:
             await asyncio.wait_for(asyncio.shield(main), max_duration)
         except asyncio.TimeoutError:
+            cut = True
             for t in tasks:
                 t.cancel()
             main.cancel()
@@ -318,14 +415,27 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
             for rec in records:
                 if rec.send_time is None:
                     rec.error = "not sent: the load's max_duration was reached"
-            warnings.warn(f"the load reached max_duration={max_duration} s; requests still in flight were "
-                          "cancelled and are recorded as such", stacklevel=2)
+        finally:
+            bar.close()
         wall = clock.now()
-    result = LoadResult(records, mode, url, model, concurrency, target_rate, wall)
-    if mode == "open" and result.rate_report()["behind"]:
-        warnings.warn("the load client fell behind its arrival plan: " + result.summary().splitlines()[1],
-                      stacklevel=2)
+    result = LoadResult(records, mode, url, model, concurrency, target_rate, wall,
+                        meta={"endpoint": endpoint, "max_duration": max_duration}, warmup=warm, cut=cut,
+                        max_concurrency=max_concurrency if mode == "open" else None)
+    for line in result.summary().splitlines():
+        if line.startswith(("CUT:", "BEHIND PLAN:")):
+            warnings.warn(line, stacklevel=2)
     return result
+
+
+async def _warm_up(client: httpx.AsyncClient, path: str, bodies: list[dict], n: int, tokenizer) -> list[ClientRecord]:
+    """``n`` requests (the load's first bodies, in turn) sent together and awaited before the load."""
+    if n == 0:
+        return []
+    clock = _Clock()
+    records = [ClientRecord(f"warmup-{i}", -1, bodies[i % len(bodies)]["max_tokens"], 0.0) for i in range(n)]
+    await asyncio.gather(*[_send(client, path, bodies[i % len(bodies)], rec, clock, tokenizer)
+                           for i, rec in enumerate(records)])
+    return records
 
 
 def run_load(url: str, requests: list[LoadRequest], **kwargs) -> LoadResult:

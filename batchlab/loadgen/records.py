@@ -13,7 +13,7 @@ unchanged on client-side data:
   of k tokens gives k equal times, so ITL counts tokens, with 0-second gaps inside a chunk);
 - ``release_time`` = when the response ended (the last byte);
 - ``status``: FINISHED (HTTP 200 and finish_reason ``stop`` or ``length``), REJECTED (a 4xx or
-  429: turned away, ``finish_reason`` "rejected: HTTP 429 ..."), ABORTED (anything else: a
+  429: turned away, ``finish_reason`` REJECTED with ``finish_detail`` "HTTP 429 ..."), ABORTED (anything else: a
   transport error, a 5xx, a stream ended by the server with ``abort``).
 
 ``server_trace(records)`` builds the engine's own trace of the same requests from the server's
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from batchlab.requests import RequestStatus
+from batchlab.requests import FinishReason, RequestStatus
 from batchlab.trace import RequestRecord, Trace
 
 FINISHED_REASONS = ("stop", "length")
@@ -63,6 +63,19 @@ class ClientRecord:
         return self.status_code == 200 and self.error is None and self.finish_reason in FINISHED_REASONS
 
     @property
+    def outcome(self) -> str:
+        """How it ended, for counting: "ok", "HTTP <code>", "HTTP 200, <why>" (an error or another
+        finish reason inside a stream), or the client-side failure ("ConnectError", "cancelled",
+        "not sent", ...)."""
+        if self.ok:
+            return "ok"
+        if self.status_code is not None and self.status_code != 200:
+            return f"HTTP {self.status_code}"
+        if self.status_code == 200:
+            return "HTTP 200, error in stream" if self.error else f"HTTP 200, finish_reason {self.finish_reason}"
+        return (self.error or "not sent").split(":")[0]
+
+    @property
     def ttft(self) -> float | None:
         if self.send_time is None or not self.chunk_times:
             return None
@@ -72,13 +85,14 @@ class ClientRecord:
         """One time per token: each chunk's arrival, repeated for every token it carried."""
         return [t for t, k in zip(self.chunk_times, self.chunk_tokens) for _ in range(k)]
 
-    def status(self) -> tuple[RequestStatus, str | None]:
+    def status(self) -> tuple[RequestStatus, FinishReason, str | None]:
+        """How the request ended, as an engine would record it: status, reason, and why in words."""
         if self.ok:
-            return RequestStatus.FINISHED, self.finish_reason
+            return RequestStatus.FINISHED, FinishReason(self.finish_reason), None
         if self.status_code is not None and 400 <= self.status_code < 500:
-            return RequestStatus.REJECTED, f"rejected: HTTP {self.status_code}: {self.error}"
+            return RequestStatus.REJECTED, FinishReason.REJECTED, f"HTTP {self.status_code}: {self.error}"
         why = self.error or f"finish_reason {self.finish_reason!r}"
-        return RequestStatus.ABORTED, f"aborted: HTTP {self.status_code}: {why}"
+        return RequestStatus.ABORTED, FinishReason.ABORT, f"HTTP {self.status_code}: {why}"
 
     def server_time(self, engine_time: float | None) -> float | None:
         """An engine-clock time from the server's timings, on this load's clock."""
@@ -91,14 +105,14 @@ def client_trace(records: list[ClientRecord], meta: dict | None = None) -> Trace
     """The client's view as a ``Trace`` (see the module docstring). Requests sorted by send time."""
     out = []
     for r in sorted(records, key=lambda r: (r.send_time if r.send_time is not None else r.scheduled_time)):
-        status, reason = r.status()
+        status, reason, detail = r.status()
         arrival = r.send_time if r.send_time is not None else r.scheduled_time
         times = r.token_times() if status is not RequestStatus.REJECTED else []
         first_scheduled = r.server_time((r.server or {}).get("first_scheduled_time"))
         prompt_len = r.usage_prompt_tokens or r.prompt_len
         out.append(RequestRecord(r.request_id, arrival, prompt_len, r.max_tokens, status, reason,
                                  first_scheduled, times, r.end_time, True,
-                                 list((r.server or {}).get("token_ids") or [])))
+                                 list((r.server or {}).get("token_ids") or []), detail))
     return Trace(requests=out, steps=[], meta={"clock": "client", **(meta or {})})
 
 
@@ -117,7 +131,7 @@ def server_trace(records: list[ClientRecord], meta: dict | None = None) -> Trace
         else:
             streamed = True
         out.append(RequestRecord(r.request_id, r.server_time(s["arrival_time"]), r.usage_prompt_tokens or r.prompt_len,
-                                 r.max_tokens, RequestStatus.FINISHED, r.finish_reason,
+                                 r.max_tokens, RequestStatus.FINISHED, FinishReason(r.finish_reason),
                                  r.server_time(s.get("first_scheduled_time")), times,
                                  r.server_time(s.get("release_time")), streamed, list(s.get("token_ids") or [])))
     out.sort(key=lambda q: q.arrival_time)

@@ -2,7 +2,13 @@
 
 - ``protocol.py``: request validation (4xx naming the field) and OpenAI-style bodies.
 - ``runner.py``: ``ServerConfig`` and ``EngineRunner``, the engine thread and admission (429).
-- ``app.py``: the FastAPI app, streaming (SSE) and whole responses, disconnects, API key.
+- ``app.py``: the FastAPI app, streaming (SSE) and whole responses, disconnects, API key,
+  ``X-Request-Id``, ``/tokenize`` and ``/detokenize``.
+- ``detok.py``: the incremental detokenizer, with stop strings held back.
+- ``metrics.py``: ``/metrics`` in Prometheus' text format with vLLM's metric names.
+- ``prom.py``: reading any server's ``/metrics`` (batchlab's or vLLM's) into a DataFrame.
+- ``engine_view.py``: what the server reads from the engine (end states, queue and KV numbers),
+  and the trace window that bounds a long-running server's memory.
 
 Run it with ``python -m batchlab.serve`` (see ``__main__.py``), or from a notebook::
 
@@ -152,6 +158,9 @@ def start_server(policy: str = "continuous", port: int | None = None, api_key: s
         if name == "chunked_prefill":
             if not value:
                 cmd.append("--no-chunked-prefill")
+        elif isinstance(value, bool):          # --paged, --enable-prefix-caching
+            if value:
+                cmd.append(flag)
         elif value is not None:
             cmd += [flag, str(value)]
     if api_key is not None:

@@ -4,8 +4,10 @@
     python -m batchlab.serve --policy static --batch-size 8   # feel static batching over HTTP
     python -m batchlab.serve --policy dynamic --max-batch-size 8 --batch-timeout 0.1 --release request
 
+    python -m batchlab.serve --paged --enable-prefix-caching --block-size 16   # vLLM-style KV blocks
+
 SIGTERM or SIGINT (Ctrl-C): admission stops, requests in flight end with finish_reason "abort"
-and the reason "aborted: server shutting down", then the process exits.
+and the reason "server shutting down" in the timings field, then the process exits.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-timeout", type=float, default=0.05, help="dynamic: seconds the oldest request waits")
     p.add_argument("--release", choices=RELEASES, default="batch",
                    help="static/dynamic: hand responses back at batch end, or per request as it finishes")
+    p.add_argument("--paged", action="store_true", help="a paged KV cache (blocks) instead of one slot per sequence")
+    p.add_argument("--block-size", type=int, default=16, help="paged: tokens per KV block")
+    p.add_argument("--enable-prefix-caching", action="store_true",
+                   help="paged: share the KV blocks of prompts' common prefixes")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                   help="the KV cache's size in bytes (default: --max-num-seqs sequences of --max-model-len)")
     p.add_argument("--max-waiting", type=int, default=256, help="waiting requests before new ones get 429")
+    p.add_argument("--trace-window", type=int, default=10_000,
+                   help="ended requests the engine's trace keeps (older ones are forgotten; /metrics counts all)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
@@ -49,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens, chunked_prefill=not args.no_chunked_prefill,
             long_prefill_token_threshold=args.long_prefill_token_threshold, batch_size=args.batch_size,
             max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout, release=args.release,
-            max_waiting=args.max_waiting, model_name=args.model_name)
+            max_waiting=args.max_waiting, model_name=args.model_name, paged=args.paged,
+            block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes, trace_window=args.trace_window)
     except ValueError as e:
         print(f"batchlab.serve: {e}", file=sys.stderr)
         return 2

@@ -1,17 +1,27 @@
 """The HTTP side: a FastAPI app with OpenAI-compatible routes over an ``EngineRunner``.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``"stream": true`` for server-sent
-events), ``GET /v1/models``, ``GET /health``, and ``GET /batchlab/stats`` (queue and KV-cache
+Routes (as vLLM's OpenAI server names them): ``POST /v1/completions``, ``POST
+/v1/chat/completions`` (``"stream": true`` for server-sent events), ``GET /v1/models``,
+``GET /health``, ``GET /metrics`` (Prometheus text, vLLM's metric names: see ``metrics.py``),
+``POST /tokenize``, ``POST /detokenize``, and ``GET /batchlab/stats`` (queue and KV-cache
 occupancy, for tests and notebooks). With an API key, every ``/v1`` route needs
-``Authorization: Bearer <key>`` and answers 401 without it (``/health`` stays open, as in vLLM).
+``Authorization: Bearer <key>`` and answers 401 without it (the others stay open, as in vLLM).
+Every error, ``/health``'s 503 included, is an OpenAI error object:
+``{"error": {"message", "type", "param", "code"}}``.
 
 Each response carries the server's own timings for the request in an extension field,
 ``"batchlab"`` (in the last chunk when streaming): arrival, first scheduled, first token, finish
 and release on the engine's clock, with ``engine_clock_unix_offset`` to put them on the client's
 clock. A client can then split its TTFT into network and HTTP + queueing + prefill.
 
-A client that disconnects has its request aborted ("aborted: client disconnected"); its KV space
-is freed before the engine's next step.
+``X-Request-Id``: a client's request header is echoed in the response's header, in the response
+``id`` (``cmpl-<id>``, ``chatcmpl-<id>``) and in the timings (``x_request_id``); the engine's
+own request id stays unique whatever clients send.
+
+Streaming: tokens that reach the handler together (one step's, or several when the event loop
+was busy) go out in one chunk, and the finish reason rides on the chunk of the last token, as in
+vLLM. A client that disconnects has its request aborted ("client disconnected"); its KV space is
+freed before the engine's next step.
 """
 
 from __future__ import annotations
@@ -24,51 +34,67 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from batchlab.serve.protocol import APIError, GenerationRequest, chunk_body, parse_generation, parse_json, response_body, sse, usage
-from batchlab.serve.runner import EngineRunner
+from batchlab.serve.detok import Detokenizer
+from batchlab.serve.memory import TRIM_INTERVAL_S, release_free_memory
+from batchlab.serve.metrics import CONTENT_TYPE
+from batchlab.serve.protocol import (APIError, GenerationRequest, chunk_body, parse_detokenize, parse_generation,
+                                     parse_json, parse_tokenize, response_body, sse, usage)
+from batchlab.serve.runner import EngineRunner, Handle
 
 KEEPALIVE_S = 1.0     # an SSE comment line after this long without an event (detects gone clients)
-FINISH_REASONS = {"length": "length", "stop": "stop"}
-
-
-class Detokenizer:
-    """Token ids → text deltas, with stop strings (cut before the match, never sent in part)."""
-
-    def __init__(self, tokenizer, stop: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.stop = stop
-        self.hold = max((len(s) for s in stop), default=1) - 1   # chars that may start a stop string
-        self.ids: list[int] = []
-        self.sent = 0              # characters already handed out
-        self.stopped = False
-
-    def add(self, token: int) -> str:
-        """The text that can be sent now that ``token`` is known; sets ``stopped`` on a stop string."""
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if self.stop:
-            hits = [i for i in (text.find(s, max(0, self.sent - len(s))) for s in self.stop) if i >= 0]
-            if hits:
-                self.stopped = True
-                return self._emit(text[:min(hits)])
-        if text.endswith("\ufffd"):            # a character split across tokens: wait for the rest
-            return ""
-        return self._emit(text[:len(text) - self.hold] if self.hold else text)
-
-    def flush(self) -> str:
-        """At the end: whatever was held back."""
-        if self.stopped:
-            return ""
-        return self._emit(self.tokenizer.decode(self.ids, skip_special_tokens=True))
-
-    def _emit(self, upto: str) -> str:
-        delta = upto[self.sent:]
-        self.sent = max(self.sent, len(upto))
-        return delta
+MAX_REQUEST_ID_CHARS = 256
 
 
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+class ProtocolMiddleware:
+    """Plain ASGI (no per-chunk overhead on streams): the API key on ``/v1`` routes, and the
+    client's ``X-Request-Id`` echoed in the response headers."""
+
+    def __init__(self, app, api_key: str | None) -> None:
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.api_key is not None and scope["path"].startswith("/v1") \
+                and headers.get(b"authorization", b"").decode(errors="replace") != f"Bearer {self.api_key}":
+            response = _error(APIError(401, "a valid API key is required: send the header "
+                                            "'Authorization: Bearer <key>'", None, "authentication_error"))
+            return await response(scope, receive, send)
+        request_id = headers.get(b"x-request-id")
+        if request_id is None:
+            return await self.app(scope, receive, send)
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", request_id)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+async def _release_memory_periodically() -> None:
+    """Hand the allocator's free memory back to the system now and then (see ``memory.py``)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(TRIM_INTERVAL_S)
+        if not await loop.run_in_executor(None, release_free_memory):
+            return                               # no glibc here: nothing to trim
+
+
+def client_request_id(request: Request) -> str | None:
+    """The ``X-Request-Id`` header, checked (printable, at most 256 characters)."""
+    value = request.headers.get("x-request-id")
+    if value is None:
+        return None
+    if not value or len(value) > MAX_REQUEST_ID_CHARS or not value.isprintable():
+        raise APIError(400, f"X-Request-Id={value[:60]!r}; must be 1 to {MAX_REQUEST_ID_CHARS} printable "
+                            "characters", "X-Request-Id")
+    return value
 
 
 def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
@@ -76,39 +102,55 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        runner.start(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        runner.start(loop)
+        trimmer = asyncio.ensure_future(_release_memory_periodically())
         try:
             yield
         finally:
+            trimmer.cancel()
             runner.shutdown("server stopped")
-            await asyncio.get_running_loop().run_in_executor(None, runner.join)
+            await loop.run_in_executor(None, runner.join)
 
     app = FastAPI(title="batchlab", lifespan=lifespan)
     app.state.runner = runner
+    app.add_middleware(ProtocolMiddleware, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
         return _error(e)
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return _error(APIError(401, "a valid API key is required: send the header "
-                                            "'Authorization: Bearer <key>'", None, "authentication_error"))
-        return await call_next(request)
-
     @app.get("/health")
     async def health():
         if runner.healthy:
             return Response(status_code=200)
-        return JSONResponse({"error": runner.error or "the engine is not running"}, status_code=503)
+        return _error(APIError(503, runner.error or "the engine is not running", None, "service_unavailable"))
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{
-            "id": runner.config.model_name, "object": "model", "created": 0, "owned_by": "batchlab",
+            "id": runner.config.model_name, "object": "model", "created": int(runner.started_unix),
+            "owned_by": "batchlab", "root": runner.model_root, "parent": None,
             "max_model_len": runner.config.max_model_len}]}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(runner.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        ids, with_strs = parse_tokenize(parse_json(await request.body()), served_model=runner.config.model_name,
+                                        tokenizer=runner.tokenizer, root=runner.model_root)
+        out = {"count": len(ids), "max_model_len": runner.config.max_model_len, "tokens": ids, "token_strs": None}
+        if with_strs:
+            out["token_strs"] = runner.tokenizer.convert_ids_to_tokens(ids)
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        ids = parse_detokenize(parse_json(await request.body()), served_model=runner.config.model_name,
+                               tokenizer=runner.tokenizer, root=runner.model_root)
+        return {"prompt": runner.tokenizer.decode(ids)}
 
     @app.get("/batchlab/stats")
     async def stats():
@@ -116,10 +158,11 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
 
     async def generate(request: Request, kind: str):
         received = time.time()
+        x_request_id = client_request_id(request)
         body = parse_json(await request.body())
         gen = parse_generation(body, kind, served_model=runner.config.model_name, tokenizer=runner.tokenizer,
-                               max_model_len=runner.config.max_model_len)
-        handle = runner.submit(gen, received)
+                               max_model_len=runner.config.max_model_len, root=runner.model_root)
+        handle = runner.submit(gen, received, x_request_id)
         if gen.stream:
             return StreamingResponse(_stream(runner, handle), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -136,22 +179,72 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
     return app
 
 
-def _api_finish_reason(status: str, reason: str | None, detok: Detokenizer) -> str:
-    if detok.stopped:
-        return "stop"
-    if status == "finished":
-        return FINISH_REASONS.get(reason or "", "stop")
-    return "abort"
+# --- one response -------------------------------------------------------------------------------------
+class _Output:
+    """One response's text and token count as events arrive (shared by streamed and whole answers)."""
+
+    def __init__(self, runner: EngineRunner, handle: Handle) -> None:
+        gen = handle.gen
+        self.runner, self.handle = runner, handle
+        self.detok = Detokenizer(runner.tokenizer, gen.stop, gen.include_stop, gen.skip_special_tokens,
+                                 gen.stop_token_ids)
+        self.echo = gen.echo_text or ""           # sent before the first piece of the answer
+
+    def take(self, tokens: list[int]) -> str:
+        """The text of newly arrived tokens (stop strings cut; the request ended on a match)."""
+        detok = self.detok
+        text = "".join(detok.add(t) for t in tokens)
+        if detok.stopped and not self.handle.stop_string_matched:
+            self.runner.stop_string_matched(self.handle)
+        return self._with_echo(text)
+
+    def finish(self, timings: dict, tokens: list[int] | None) -> tuple[str, str]:
+        """(the last text, the API's finish reason) at the end event."""
+        text = self.take(tokens) if tokens else ""
+        text += self._with_echo(self.detok.flush())
+        return text, "stop" if self.detok.stopped else timings["finish_reason"]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.detok.num_used if self.detok.stopped else self.detok.num_tokens
+
+    def _with_echo(self, text: str) -> str:
+        if self.echo:
+            text, self.echo = self.echo + text, ""
+        return text
 
 
-async def _stream(runner: EngineRunner, handle) -> AsyncIterator[bytes]:
-    """The SSE body: a chunk per visible token (text may be held back), the last one with the
-    finish reason and the server's timings, usage if asked, then ``[DONE]``."""
+def _response_id(handle: Handle) -> str:
+    if handle.x_request_id is None:
+        return handle.request_id
+    return ("cmpl-" if handle.gen.kind == "completion" else "chatcmpl-") + handle.x_request_id
+
+
+async def _arrived_together(handle: Handle, event: tuple) -> list[tuple]:
+    """``event`` and every event already queued behind it. A request's last token (its
+    ``max_tokens``-th, or a stop token) is followed by its end from the same engine step: that
+    is waited for, so the finish reason rides on the last token's chunk."""
+    events = [event]
+    while not handle.events.empty():
+        events.append(handle.events.get_nowait())
+    last = events[-1]
+    if last[0] == "token":
+        req = handle.req
+        num_tokens = sum(e[0] == "token" for e in events) + handle.tokens_seen
+        handle.tokens_seen = num_tokens
+        if num_tokens >= req.max_new_tokens or last[1] in req.stop_token_ids:
+            events.append(await handle.events.get())
+    return events
+
+
+async def _stream(runner: EngineRunner, handle: Handle) -> AsyncIterator[bytes]:
+    """The SSE body: a chunk per batch of tokens that arrived together (text may be held back),
+    the last with the finish reason and the server's timings, usage if asked, then ``[DONE]``."""
     gen: GenerationRequest = handle.gen
-    detok = Detokenizer(runner.tokenizer, gen.stop)
-    ended = False
+    out = _Output(runner, handle)
+    rid = _response_id(handle)
     first = True
-    num_tokens = 0
+    ended = False
     try:
         while True:
             try:
@@ -159,45 +252,34 @@ async def _stream(runner: EngineRunner, handle) -> AsyncIterator[bytes]:
             except asyncio.TimeoutError:
                 yield b": keepalive\n\n"
                 continue
-            if event[0] == "token":
-                num_tokens += 1
-                if detok.stopped:
-                    continue                     # the abort is on its way
-                delta = detok.add(event[1])
-                if detok.stopped:
-                    runner.abort(handle.request_id, "stop string matched")
-                chunk = chunk_body(gen, handle.request_id, delta, first=first)
+            events = await _arrived_together(handle, event)
+            tokens = [e[1] for e in events if e[0] == "token"]
+            last = events[-1]
+            if last[0] == "error":
+                ended = True
+                yield sse({"error": {"message": last[1], "type": "server_error", "param": None, "code": 500}})
+                yield sse("[DONE]")
+                return
+            text = out.take(tokens)
+            if last[0] != "end":
+                chunk = chunk_body(gen, rid, text, first=first)
                 first = False
                 if gen.continuous_usage:
-                    chunk["usage"] = usage(len(gen.prompt_ids), num_tokens)
+                    chunk["usage"] = usage(len(gen.prompt_ids), out.num_tokens)
                 yield sse(chunk)
                 continue
             ended = True
-            if event[0] == "error":
-                yield sse({"error": {"message": event[1], "type": "server_error", "param": None, "code": 500}})
-                yield sse("[DONE]")
-                return
-            _, status, reason, timings, tokens = event
-            text = ""
-            if tokens is not None:               # handed back whole at release
-                for t in tokens:
-                    text += detok.add(t)
-                    if detok.stopped:
-                        break
-                num_tokens = len(tokens)
-            text += detok.flush()
-            if detok.stopped:
-                num_tokens = min(num_tokens, len(detok.ids))
-            finish = _api_finish_reason(status, reason, detok)
-            chunk = chunk_body(gen, handle.request_id, text, finish, first=first)
+            _, timings, whole_tokens = last
+            more, finish = out.finish(timings, whole_tokens)
+            chunk = chunk_body(gen, rid, text + more, finish, first=first)
             chunk["batchlab"] = timings
             if gen.continuous_usage:
-                chunk["usage"] = usage(len(gen.prompt_ids), num_tokens)
+                chunk["usage"] = usage(len(gen.prompt_ids), out.num_tokens)
             yield sse(chunk)
             if gen.include_usage:
-                last = chunk_body(gen, handle.request_id, None)
-                last["usage"] = usage(len(gen.prompt_ids), num_tokens)
-                yield sse(last)
+                tail = chunk_body(gen, rid, None)
+                tail["usage"] = usage(len(gen.prompt_ids), out.num_tokens)
+                yield sse(tail)
             yield sse("[DONE]")
             return
     finally:
@@ -205,17 +287,17 @@ async def _stream(runner: EngineRunner, handle) -> AsyncIterator[bytes]:
             runner.abort(handle.request_id, "client disconnected")
 
 
-async def _whole(runner: EngineRunner, handle, request: Request) -> JSONResponse:
+async def _whole(runner: EngineRunner, handle: Handle, request: Request) -> JSONResponse:
     """Wait for the end (aborting if the client disconnects), then answer the whole response."""
     gen: GenerationRequest = handle.gen
-    detok = Detokenizer(runner.tokenizer, gen.stop)
+    out = _Output(runner, handle)
+    parts: list[str] = []
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
     watcher = asyncio.ensure_future(disconnected())
-    num_tokens = 0
     try:
         while True:
             getter = asyncio.ensure_future(handle.events.get())
@@ -226,30 +308,19 @@ async def _whole(runner: EngineRunner, handle, request: Request) -> JSONResponse
                 return JSONResponse({}, status_code=499)   # nobody reads it
             event = getter.result()
             if event[0] == "token":
-                num_tokens += 1
-                if not detok.stopped:
-                    detok.add(event[1])
-                    if detok.stopped:
-                        runner.abort(handle.request_id, "stop string matched")
+                parts.append(out.take([event[1]]))
                 continue
             if event[0] == "error":
                 return _error(APIError(500, event[1], None, "server_error"))
-            _, status, reason, timings, tokens = event
-            if tokens is not None:
-                for t in tokens:
-                    detok.add(t)
-                    if detok.stopped:
-                        break
-                num_tokens = len(tokens)
-            detok.flush()
-            if detok.stopped:
-                num_tokens = min(num_tokens, len(detok.ids))
-            finish = _api_finish_reason(status, reason, detok)
+            _, timings, tokens = event
+            more, finish = out.finish(timings, tokens)
             if finish == "abort":                # e.g. the server is shutting down
-                return _error(APIError(503, f"the request was ended after {num_tokens} tokens: {reason}",
-                                       None, "service_unavailable"))
-            text = runner.tokenizer.decode(detok.ids, skip_special_tokens=True)[:detok.sent] \
-                if detok.stopped else runner.tokenizer.decode(detok.ids, skip_special_tokens=True)
-            return JSONResponse(response_body(gen, handle.request_id, text, finish, num_tokens, timings))
+                return _error(APIError(503, f"the request was ended after {out.num_tokens} tokens: "
+                                            f"{timings['finish_detail']}", None, "service_unavailable"))
+            body = response_body(gen, _response_id(handle), "".join(parts) + more, finish, out.num_tokens, timings)
+            return JSONResponse(body)
     finally:
         watcher.cancel()
+
+
+__all__ = ["build_app", "ProtocolMiddleware"]

@@ -5,11 +5,21 @@ says what is allowed, as an OpenAI-style error body::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": 400}}
 
-Accepted fields (as vLLM's OpenAI server takes them): ``model``, ``prompt`` (a string or a list
-of token ids; completions) or ``messages`` (chat), ``max_tokens`` (chat also
-``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``, ``n``
-(1 only), ``stream``, ``stream_options`` (``include_usage``, ``continuous_usage_stats``). Other
-fields are ignored, as OpenAI-compatible servers usually do.
+Implemented fields (as vLLM's OpenAI server takes them): ``model``, ``prompt`` (a string or a
+list of token ids; completions) or ``messages`` (chat), ``max_tokens`` (chat also
+``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stop_token_ids``,
+``include_stop_str_in_output``, ``skip_special_tokens``, ``ignore_eos``, ``n`` (1 only),
+``stream``, ``stream_options`` (``include_usage``, ``continuous_usage_stats``), ``user``;
+completions also ``echo``; chat also ``add_generation_prompt``.
+
+Fields batchlab does not implement are refused with a 400 naming the field, never silently
+ignored, except when they hold their do-nothing value (``"logprobs": null``,
+``"repetition_penalty": 1.0``, ``"top_k": -1``, ...; benchmark clients send those). ``logprobs``
+is among them: the engine returns sampled token ids, not the model's log-probabilities, so
+answering it would need the engine core to hand back logits.
+
+``/tokenize`` and ``/detokenize`` bodies are checked here too (vLLM's: ``prompt`` or
+``messages``, ``add_special_tokens``, ``add_generation_prompt``, ``return_token_strs``; ``tokens``).
 """
 
 from __future__ import annotations
@@ -22,6 +32,32 @@ from dataclasses import dataclass, field
 DEFAULT_COMPLETION_MAX_TOKENS = 16      # OpenAI's and vLLM's default for /v1/completions
 MAX_STOP_STRINGS = 4
 CHAT_ROLES = ("system", "user", "assistant")
+
+COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids",
+                 "include_stop_str_in_output", "skip_special_tokens", "ignore_eos", "n", "stream",
+                 "stream_options", "user")
+IMPLEMENTED_FIELDS = {
+    "completion": COMMON_FIELDS + ("prompt", "echo"),
+    "chat": COMMON_FIELDS + ("messages", "max_completion_tokens", "add_generation_prompt"),
+}
+# Not implemented, but accepted at the value that asks for nothing (what clients send by default).
+DO_NOTHING_VALUES = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "prompt_logprobs": (None,),
+    "top_k": (None, -1, 0), "min_p": (None, 0), "min_tokens": (None, 0),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
+    "logit_bias": (None, {}), "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (None, False),
+    "length_penalty": (None, 1), "response_format": (None, {"type": "text"}), "tools": (None, []),
+    "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "priority": (None, 0),
+    "truncate_prompt_tokens": (None,), "echo": (None, False), "continue_final_message": (None, False),
+    "chat_template": (None,), "chat_template_kwargs": (None, {}), "documents": (None,),
+    "add_special_tokens": (None,), "store": (None, False), "metadata": (None, {}),
+}
+WHY_NOT = {
+    "logprobs": "the engine returns sampled token ids, not the model's log-probabilities",
+    "top_logprobs": "the engine returns sampled token ids, not the model's log-probabilities",
+    "prompt_logprobs": "the engine returns sampled token ids, not the model's log-probabilities",
+    "response_format": "there is no structured (JSON) decoding; only {\"type\": \"text\"}",
+}
 
 
 class APIError(Exception):
@@ -58,6 +94,10 @@ class GenerationRequest:
     include_usage: bool = False
     continuous_usage: bool = False
     model: str = ""
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop: bool = False
+    skip_special_tokens: bool = True
+    echo_text: str | None = None           # completions with echo: the prompt, put before the answer
 
 
 # --- field checks -------------------------------------------------------------------------------
@@ -85,16 +125,47 @@ def _optional(body: dict, name: str, default):
     return default if value is None else value
 
 
-def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max_model_len: int) -> GenerationRequest:
-    """Check a completions (``kind="completion"``) or chat (``"chat"``) body; 4xx on the first fault."""
+def check_fields(body: dict, implemented: tuple[str, ...]) -> None:
+    """400 for a field this server does not implement (unless it holds its do-nothing value)."""
+    for name, value in body.items():
+        if name in implemented:
+            continue
+        if name not in DO_NOTHING_VALUES:
+            raise bad(name, f"{name}={_short(value)}; this server does not know the field {name!r}: it "
+                            f"accepts {sorted(set(implemented) | set(DO_NOTHING_VALUES))}")
+        allowed = DO_NOTHING_VALUES[name]
+        if not any(_same(value, a) for a in allowed):
+            why = WHY_NOT.get(name, f"batchlab does not implement {name}")
+            raise bad(name, f"{name}={_short(value)}; must be one of {list(allowed)} ({why})")
+
+
+def _same(value: object, allowed: object) -> bool:
+    """Equal, with booleans kept apart from numbers (``logprobs: 0`` asks for something; ``false`` does not)."""
+    if isinstance(value, bool) or isinstance(allowed, bool):
+        return value is allowed
+    return value == allowed
+
+
+def _check_model(body: dict, served_model: str, root: str | None) -> None:
+    """The model must be the served name (or its ``root``, the folder ``/v1/models`` reports)."""
     model = body.get("model")
-    if model is not None and model != served_model:
+    if model is not None and model != served_model and model != root:
         raise APIError(404, f"model {model!r} does not exist; this server serves {served_model!r}",
                        "model", "not_found_error")
+
+
+def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max_model_len: int,
+                     root: str | None = None) -> GenerationRequest:
+    """Check a completions (``kind="completion"``) or chat (``"chat"``) body; 4xx on the first fault."""
+    check_fields(body, IMPLEMENTED_FIELDS[kind])
+    _check_model(body, served_model, root)
     if kind == "completion":
         prompt_ids, prompt_field = _completion_prompt(body, tokenizer), "prompt"
     else:
-        prompt_ids, prompt_field = _chat_prompt(body, tokenizer), "messages"
+        flag = _optional(body, "add_generation_prompt", True)
+        if not isinstance(flag, bool):
+            raise bad("add_generation_prompt", f"add_generation_prompt={flag!r}; must be true or false")
+        prompt_ids, prompt_field = _chat_prompt(body, tokenizer, flag), "messages"
     if len(prompt_ids) >= max_model_len:
         raise bad(prompt_field, f"the prompt is {len(prompt_ids)} tokens; this model's context window "
                                 f"(max_model_len) is {max_model_len} tokens, and the prompt must leave room "
@@ -135,9 +206,15 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
             or not all(isinstance(s, str) and s for s in stop)):
         raise bad("stop", f"stop={stop!r}; must be a non-empty string or a list of at most "
                           f"{MAX_STOP_STRINGS} non-empty strings")
+    vocab = len(tokenizer)
+    stop_token_ids = _optional(body, "stop_token_ids", [])
+    if not isinstance(stop_token_ids, list) or not all(_is_int(t) and 0 <= t < vocab for t in stop_token_ids):
+        raise bad("stop_token_ids", f"stop_token_ids={_short(stop_token_ids)}; must be a list of token ids "
+                                    f"in [0, {vocab})")
     flags = {}
-    for name in ("ignore_eos", "stream"):
-        flags[name] = _optional(body, name, False)
+    for name, default in (("ignore_eos", False), ("stream", False), ("echo", False),
+                          ("include_stop_str_in_output", False), ("skip_special_tokens", True)):
+        flags[name] = _optional(body, name, default)
         if not isinstance(flags[name], bool):
             raise bad(name, f"{name}={flags[name]!r}; must be true or false")
     options = _optional(body, "stream_options", {})
@@ -146,9 +223,19 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
     for name in ("include_usage", "continuous_usage_stats"):
         if not isinstance(options.get(name, False), bool):
             raise bad(f"stream_options.{name}", f"stream_options.{name}={options[name]!r}; must be true or false")
+    unknown = set(options) - {"include_usage", "continuous_usage_stats"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise bad(f"stream_options.{name}", f"stream_options.{name}: not supported; allowed: "
+                                            "include_usage, continuous_usage_stats")
+    echo_text = None
+    if flags["echo"]:
+        prompt = body["prompt"]
+        echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
     return GenerationRequest(kind, prompt_ids, max_tokens, float(temperature), float(top_p), seed, stop,
                              flags["ignore_eos"], flags["stream"], bool(options.get("include_usage")),
-                             bool(options.get("continuous_usage_stats")), served_model)
+                             bool(options.get("continuous_usage_stats")), served_model, tuple(stop_token_ids),
+                             flags["include_stop_str_in_output"], flags["skip_special_tokens"], echo_text)
 
 
 def _completion_prompt(body: dict, tokenizer) -> list[int]:
@@ -168,7 +255,7 @@ def _completion_prompt(body: dict, tokenizer) -> list[int]:
                         f"[0, {vocab}); one prompt per request (got {_short(prompt)})")
 
 
-def _chat_prompt(body: dict, tokenizer) -> list[int]:
+def _chat_prompt(body: dict, tokenizer, add_generation_prompt: bool = True) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", f"messages must be a non-empty list of {{role, content}} objects "
@@ -189,8 +276,46 @@ def _chat_prompt(body: dict, tokenizer) -> list[int]:
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content", f"messages[{i}].content={_short(content)}; must be a string")
         clean.append({"role": role, "content": content})
-    text = tokenizer.apply_chat_template(clean, add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(clean, add_generation_prompt=add_generation_prompt, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+# --- /tokenize and /detokenize (vLLM's routes) ----------------------------------------------------
+def parse_tokenize(body: dict, *, served_model: str, tokenizer, root: str | None = None) -> tuple[list[int], bool]:
+    """``(token ids, return_token_strs)`` for a ``/tokenize`` body: ``prompt`` (a string) or ``messages``."""
+    chat = "messages" in body
+    names = ("model", "return_token_strs") + (
+        ("messages", "add_generation_prompt", "add_special_tokens") if chat else ("prompt", "add_special_tokens"))
+    for name in body:
+        if name not in names:
+            raise bad(name, f"{name}={_short(body[name])}; /tokenize accepts {list(names)}")
+    _check_model(body, served_model, root)
+    flags = {}
+    for name, default in (("return_token_strs", False), ("add_special_tokens", not chat),
+                          ("add_generation_prompt", True)):
+        flags[name] = _optional(body, name, default)
+        if not isinstance(flags[name], bool):
+            raise bad(name, f"{name}={flags[name]!r}; must be true or false")
+    if chat:
+        ids = _chat_prompt(body, tokenizer, flags["add_generation_prompt"])
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise bad("prompt", f"prompt={_short(prompt)}; must be a string (or send messages)")
+        ids = list(tokenizer(prompt, add_special_tokens=flags["add_special_tokens"])["input_ids"])
+    return ids, flags["return_token_strs"]
+
+
+def parse_detokenize(body: dict, *, served_model: str, tokenizer, root: str | None = None) -> list[int]:
+    """The token ids of a ``/detokenize`` body (``tokens``)."""
+    for name in body:
+        if name not in ("model", "tokens"):
+            raise bad(name, f"{name}={_short(body[name])}; /detokenize accepts ['model', 'tokens']")
+    _check_model(body, served_model, root)
+    tokens, vocab = body.get("tokens"), len(tokenizer)
+    if not isinstance(tokens, list) or not all(_is_int(t) and 0 <= t < vocab for t in tokens):
+        raise bad("tokens", f"tokens={_short(tokens)}; must be a list of token ids in [0, {vocab})")
+    return tokens
 
 
 def _short(value: object) -> str:

@@ -11,6 +11,11 @@ Admission control happens here, before the inbox: a request is refused with 429 
 ``max_waiting`` requests are already waiting for admission (arrived, not yet running), and with
 503 once the server is shutting down. Refused requests never reach the engine; every accepted
 request ends with an "end" event (finished, or aborted with the reason).
+
+The bridge also feeds ``/metrics`` (``metrics.ServerMetrics``) as tokens and ends happen, and a
+``TraceWindow`` keeps the engine's trace to the last ``trace_window`` ended requests, so the
+server's memory stays bounded however long it runs. What the runner reads from the engine's
+insides goes through ``engine_view``.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ import uuid
 from dataclasses import dataclass, field
 
 from batchlab.backends import ModelBackend
+from batchlab.checks import check_bool, check_int
 from batchlab.engine import Engine
 from batchlab.online import EngineInbox, EngineListener
 from batchlab.requests import Request, RequestStatus, SamplingParams
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
+from batchlab.serve.engine_view import TraceWindow, end_state, new_preemptions, read_engine_stats, run_online_bounded
+from batchlab.serve.metrics import ServerMetrics
 from batchlab.serve.protocol import APIError, GenerationRequest
 
 POLICIES = ("static", "dynamic", "continuous")
@@ -51,6 +59,12 @@ class ServerConfig:
     response is handed back when its batch ends, the course's default) or "request" (each member
     as it finishes, tokens streamed as computed).
     ``max_waiting``: requests waiting for admission before new ones get 429.
+    ``paged``, ``block_size``, ``enable_prefix_caching`` (needs ``paged``), ``kv_cache_memory_bytes``:
+    the KV cache (``ModelBackend``'s arguments): slots by default, or blocks of ``block_size``
+    tokens; a memory budget in bytes instead of ``max_num_seqs`` sequences of ``max_model_len``.
+    ``trace_window``: ended requests the engine's trace keeps (older ones are forgotten; the
+    ``/metrics`` counters keep counting them).
+    ``model_root``: what ``/v1/models`` reports as ``root`` (default: the tokenizer's folder).
     """
 
     policy: str = "continuous"
@@ -65,6 +79,12 @@ class ServerConfig:
     release: str = "batch"
     max_waiting: int = 256
     model_name: str = DEFAULT_MODEL_NAME
+    paged: bool = False
+    block_size: int = 16
+    enable_prefix_caching: bool = False
+    kv_cache_memory_bytes: int | None = None
+    trace_window: int = 10_000
+    model_root: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -83,6 +103,19 @@ class ServerConfig:
                              "could never fill; allow at least batch_size waiting requests")
         if not isinstance(self.model_name, str) or not self.model_name:
             raise ValueError(f"model_name={self.model_name!r}; must be a non-empty string")
+        for name in ("paged", "enable_prefix_caching", "chunked_prefill"):
+            check_bool(name, getattr(self, name))
+        check_int("block_size", self.block_size)
+        check_int("trace_window", self.trace_window, hint="ended requests the trace keeps")
+        check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, allow_none=True)
+        if self.enable_prefix_caching and not self.paged:
+            raise ValueError("enable_prefix_caching=True; must come with paged=True (prefix caching "
+                             "shares whole KV blocks)")
+
+    def make_backend(self, lm) -> ModelBackend:
+        return ModelBackend(lm, num_slots=self.max_num_seqs, max_seq_len=self.max_model_len,
+                            kv_memory_bytes=self.kv_cache_memory_bytes, paged=self.paged,
+                            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching)
 
     def make_scheduler(self) -> Scheduler:
         stream = self.release == "request"
@@ -107,14 +140,27 @@ class Handle:
     gen: GenerationRequest
     req: Request
     received_unix: float
+    x_request_id: str | None = None          # the client's X-Request-Id, echoed back
+    stop_string_matched: bool = False        # set by the handler before it aborts the request
+    tokens_seen: int = 0                     # token events the handler has taken so far
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
 class _Bridge(EngineListener):
-    """Engine thread → event loop: each event is queued on its handle's asyncio queue."""
+    """Engine thread → event loop: each event is queued on its handle's asyncio queue; the
+    metrics are fed on the way."""
 
     def __init__(self, runner: "EngineRunner") -> None:
         self.runner = runner
+        self.preemptions_seen = 0
+
+    def _count_preemptions(self) -> None:
+        runner = self.runner
+        for p in new_preemptions(runner.scheduler, self.preemptions_seen):
+            handle = runner.handles.get(p.request_id)
+            prompt_len = handle.req.prompt_len if handle is not None else 0
+            runner.metrics.preempted(prompt_len + p.num_output_tokens, runner.config.enable_prefix_caching)
+            self.preemptions_seen += 1
 
     def _post(self, request_id: str, event: tuple) -> None:
         handle = self.runner.handles.get(request_id)
@@ -126,21 +172,28 @@ class _Bridge(EngineListener):
             pass
 
     def on_token(self, req: Request, token: int, t: float) -> None:
-        if self.runner.streams:
+        runner = self.runner
+        times = req.token_times
+        runner.metrics.token(req.prompt_len, req.arrival_time, t, times[-2] if len(times) > 1 else None,
+                             runner.streams, runner.config.enable_prefix_caching)
+        self._count_preemptions()
+        if runner.streams:
             self._post(req.request_id, ("token", token))
 
     def on_end(self, req: Request, t: float) -> None:
         runner = self.runner
+        self._count_preemptions()
         handle = runner.handles.pop(req.request_id, None)
-        if handle is None:
-            return
-        tokens = None if runner.streams else list(req.output_ids)
-        timings = runner.timings(handle, req, t)
-        try:
-            runner.loop.call_soon_threadsafe(handle.events.put_nowait,
-                                             ("end", req.status.value, req.finish_reason, timings, tokens))
-        except RuntimeError:
-            pass
+        if handle is not None:
+            tokens = None if runner.streams else list(req.output_ids)
+            timings = runner.timings(handle, req, t)
+            reason = "stop" if handle.stop_string_matched else timings["finish_reason"]
+            runner.metrics.finished(reason, timings, req.prompt_len, req.max_new_tokens, runner.streams)
+            try:
+                runner.loop.call_soon_threadsafe(handle.events.put_nowait, ("end", timings, tokens))
+            except RuntimeError:
+                pass
+        self.preemptions_seen -= runner.window.note_end()
 
 
 class EngineRunner:
@@ -153,7 +206,8 @@ class EngineRunner:
         self.config = config
         self.lm = lm if lm is not None else load_model()
         self.tokenizer = self.lm.tokenizer
-        self.backend = ModelBackend(self.lm, num_slots=config.max_num_seqs, max_seq_len=config.max_model_len)
+        self.model_root = config.model_root or getattr(self.tokenizer, "name_or_path", None) or self.lm.name
+        self.backend = config.make_backend(self.lm)
         self.scheduler = config.make_scheduler()
         self.streams = self.scheduler.streams_tokens
         self.engine = Engine(self.scheduler, self.backend, clock="wall")
@@ -167,6 +221,10 @@ class EngineRunner:
         self.shutdown_reason: str | None = None
         self.num_accepted = 0
         self.num_refused = 0
+        self.started_unix = time.time()
+        self.window = TraceWindow(config.trace_window)
+        self.metrics = ServerMetrics(config.model_name, config.max_model_len,
+                                     lambda: read_engine_stats(self.scheduler, self.backend.kv))
 
     # --- life -------------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -178,7 +236,7 @@ class EngineRunner:
 
     def _run(self) -> None:
         try:
-            self.trace = self.engine.run_online(self.inbox, _Bridge(self))
+            self.trace = run_online_bounded(self.engine, self.inbox, _Bridge(self), self.window)
         except Exception as e:   # the engine broke its contract: say so to every waiting client
             self.error = f"engine failed: {type(e).__name__}: {e}"
             self.accepting = False
@@ -210,19 +268,23 @@ class EngineRunner:
         """Accepted requests not admitted yet (the engine writes statuses; reading one is safe)."""
         return sum(1 for h in list(self.handles.values()) if h.req.status is RequestStatus.WAITING)
 
-    def submit(self, gen: GenerationRequest, received_unix: float | None = None) -> Handle:
+    def submit(self, gen: GenerationRequest, received_unix: float | None = None,
+               x_request_id: str | None = None) -> Handle:
         """Hand ``gen`` to the engine, or refuse it: 503 (not running), 429 (queue full), 400.
-        ``received_unix``: when the HTTP handler started on it (before parsing)."""
+        ``received_unix``: when the HTTP handler started on it (before parsing). The engine's
+        request id is always fresh; the client's ``x_request_id`` travels beside it."""
         if not self.accepting:
             why = self.error or (f"the server is shutting down ({self.shutdown_reason})"
                                  if self.shutdown_reason else "the engine is not running")
             raise APIError(503, f"not accepting requests: {why}", None, "service_unavailable")
         if self.num_waiting() >= self.config.max_waiting:
             self.num_refused += 1
+            self.metrics.refused()
             raise APIError(429, f"{self.config.max_waiting} requests are already waiting for admission "
                                 f"(--max-waiting {self.config.max_waiting}); retry later", None,
                            "rate_limit_exceeded", headers={"Retry-After": "1"})
-        stop_ids = () if gen.ignore_eos or self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,)
+        eos = () if gen.ignore_eos or self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,)
+        stop_ids = tuple(dict.fromkeys(eos + tuple(gen.stop_token_ids)))
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
         req = Request(rid, gen.prompt_ids, gen.max_tokens, 0.0,
@@ -231,7 +293,7 @@ class EngineRunner:
         if reason is not None:
             raise APIError(400, f"this server can never run this request: {reason}",
                            "messages" if gen.kind == "chat" else "prompt")
-        handle = Handle(rid, gen, req, time.time() if received_unix is None else received_unix)
+        handle = Handle(rid, gen, req, time.time() if received_unix is None else received_unix, x_request_id)
         self.handles[rid] = handle
         try:
             self.inbox.add(req)
@@ -245,15 +307,23 @@ class EngineRunner:
     def abort(self, request_id: str, reason: str) -> None:
         self.inbox.abort(request_id, reason)
 
+    def stop_string_matched(self, handle: Handle) -> None:
+        """The handler's detokenizer found a stop string: the request ends with "stop"."""
+        handle.stop_string_matched = True
+        self.abort(handle.request_id, "stop string matched")
+
     # --- reporting --------------------------------------------------------------------------------
     def timings(self, handle: Handle, req: Request, release: float) -> dict:
-        """The server's own times for one request (engine clock, seconds), for the extension field."""
+        """The server's own times for one request (engine clock, seconds), for the extension field,
+        and how it ended (the one place the runner reads a request's end state)."""
+        end = end_state(req)
         arrival, first = req.arrival_time, req.first_scheduled_time
         first_token = req.token_times[0] if req.token_times else None
         if not self.streams and req.token_times:
             first_token = release               # handed back whole at release
         return {
             "request_id": req.request_id,
+            "x_request_id": handle.x_request_id,
             "received_unix": handle.received_unix,
             # unix time = engine time + this (the engine's clock counts from its start)
             "engine_clock_unix_offset": time.time() - self.engine.clock.now(0.0),
@@ -266,8 +336,9 @@ class EngineRunner:
             "ttft_s": None if first_token is None else first_token - arrival,
             "token_times": list(req.token_times),
             "token_ids": list(req.output_ids),
-            "engine_finish_reason": req.finish_reason,
-            "engine_finish_detail": req.finish_detail,
+            "status": end.status,
+            "finish_reason": end.finish_reason,
+            "finish_detail": end.detail,
             "policy": self.config.policy,
         }
 
@@ -278,4 +349,5 @@ class EngineRunner:
                 "in_flight": len(self.handles), "waiting": self.num_waiting(),
                 "accepted": self.num_accepted, "refused_429": self.num_refused,
                 "kv_used_tokens": kv.used_tokens, "kv_capacity_tokens": kv.capacity_tokens,
-                "max_model_len": self.config.max_model_len}
+                "max_model_len": self.config.max_model_len, "trace_window": self.config.trace_window,
+                "trace_forgotten": self.window.num_forgotten}

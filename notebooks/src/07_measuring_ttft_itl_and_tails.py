@@ -24,7 +24,7 @@
 #   stress different phases: the first spends its time before the first token, the second after.
 # - Means against percentiles: a run where the typical first token comes quickly and one request
 #   in a hundred waits about ten times longer, while the mean still looks fine.
-# - Why vLLM, LLMPerf and GuideLLM report different "ITL" numbers for the same run, and which
+# - Why vLLM, LLMPerf, GuideLLM and AIPerf report different "ITL" numbers for the same run, and which
 #   one includes the wait for the first token.
 # - **Goodput** under service-level objectives (SLOs), and how two runs with the same
 #   throughput can differ in it.
@@ -36,6 +36,8 @@
 # small runs; the simulator, calibrated on the same model, serves the full-scale ones.
 
 # %%
+import dataclasses
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -318,7 +320,7 @@ for name in ("p50", "mean", "p99"):
 plt.show()
 
 # %% [markdown]
-# ## One run, three tools, three "ITL"s
+# ## One run, four tools, four "ITL"s
 #
 # Tools that all say "inter-token latency" compute different things
 # (`metrics.itl_definitions` documents each with the source it follows):
@@ -345,6 +347,52 @@ assert np.isclose((by_hand["e2e"] / n).mean(), defs.loc["llmperf_inter_token_lat
 assert np.isclose(defs.loc["guidellm_inter_token_latency", "mean"], defs.loc["vllm_itl", "mean"])
 # GuideLLM's time per output token, weighted by n: total E2E over total tokens.
 assert np.isclose(defs.loc["guidellm_time_per_output_token", "mean"], by_hand["e2e"].sum() / n.sum())
+
+# %% [markdown]
+# **AIPerf** (NVIDIA's benchmark client, `ai-dynamo/aiperf`, `docs/metrics_reference.md`) adds two:
+#
+# - *inter_token_latency*: per request `(request_latency - TTFT) / (n - 1)`, one number per
+#   request, so the same formula as vLLM's TPOT, reported as "ITL".
+# - *inter_chunk_latency*: every gap between two successive response chunks (server-sent
+#   events), pooled. It counts chunks, not tokens: when each chunk carries one token it is
+#   vLLM's ITL; when a server packs several tokens into a chunk, it sees fewer, longer gaps.
+#
+# On a trace a chunk is the set of tokens that became visible at the same moment.
+
+# %%
+def aiperf_rows(trace, percentiles=(50, 99)):
+    """AIPerf's ITL and inter-chunk latency of a trace, as rows of the definitions table."""
+    visible = [np.asarray(r.visible_token_times) for r in trace.requests if r.status == "finished"]
+    itl = np.array([(v[-1] - v[0]) / (len(v) - 1) for v in visible if len(v) > 1])
+    chunks = [np.unique(v) for v in visible]                 # tokens seen together: one chunk
+    icl = np.concatenate([np.diff(c) for c in chunks])
+    rows = {}
+    for name, reported, formula, values in (
+            ("aiperf_inter_token_latency", "inter_token_latency", "(E2E - TTFT) / (n - 1)", itl),
+            ("aiperf_inter_chunk_latency", "inter_chunk_latency", "chunk[i+1] - chunk[i], every gap", icl)):
+        stats = {f"p{p}": np.percentile(values, p) if len(values) else np.nan for p in percentiles}
+        rows[name] = {"tool": "AIPerf", "reported_as": reported, "formula": formula, "includes_first_token": False,
+                      "count": len(values), "mean": values.mean() if len(values) else np.nan, **stats}
+    return pd.DataFrame(rows).T
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+all_defs = pd.concat([defs, aiperf_rows(trace)])
+all_defs[["tool", "reported_as", "includes_first_token", "count", "mean", "p50", "p99"]]
+
+# %% [markdown]
+# AIPerf's ITL is vLLM's TPOT under another name. Its inter-chunk latency equals vLLM's ITL here,
+# where every chunk carried one token; the same tokens handed over whole at the end (a
+# non-streaming server) give vLLM zero-second gaps and AIPerf none at all.
+
+# %%
+assert np.isclose(all_defs.loc["aiperf_inter_token_latency", "mean"], defs.loc["vllm_tpot", "mean"])
+assert all_defs.loc["aiperf_inter_chunk_latency", "count"] == defs.loc["vllm_itl", "count"]
+assert np.isclose(all_defs.loc["aiperf_inter_chunk_latency", "mean"], defs.loc["vllm_itl", "mean"])
+whole = dataclasses.replace(trace, requests=[dataclasses.replace(r, streamed=False) for r in trace.requests])
+whole_defs = pd.concat([metrics.itl_definitions(whole), aiperf_rows(whole)])
+assert whole_defs.loc["vllm_itl", "count"] > 0 and whole_defs.loc["vllm_itl", "p99"] == 0
+assert whole_defs.loc["aiperf_inter_chunk_latency", "count"] == 0
 
 # %% [markdown]
 # Where the difference is dramatic is the article's prefill-heavy request: 20 output tokens
@@ -488,7 +536,8 @@ plt.show()
 # - Under bursty traffic at half of capacity, the p99 TTFT was many times the median, and the
 #   mean hid it. Report p50, p90 and p99, not the mean.
 # - "ITL" is not one number: LLMPerf's includes the first token's wait (`E2E / n`), vLLM's does
-#   not, and GuideLLM weights requests by their length. Compare like with like.
+#   not, GuideLLM weights requests by their length, and AIPerf's is vLLM's TPOT; AIPerf's
+#   inter-chunk latency counts chunks, not tokens. Compare like with like.
 # - Goodput counts only requests that met their SLOs. The same requests at the same average rate
 #   gave the same throughput with calm and with bursty arrivals, but bursts broke many more
 #   first-token promises.

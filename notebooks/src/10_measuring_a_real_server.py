@@ -24,7 +24,10 @@
 # - **Open loop against closed loop**: a benchmark with a fixed number of concurrent users
 #   never offers the server more than it can hold, so it hides queueing. Real users arrive on
 #   their own clock.
-# - The same load against **vLLM** on the same model, side by side, when vLLM is set up.
+# - What the server says about itself on **`/metrics`** (vLLM's Prometheus metrics), and what a
+#   histogram's p99 can and cannot tell you.
+# - **vLLM's own benchmark client** (`vllm bench serve`) against batchlab's server, beside the
+#   course's client, and the same load against **vLLM** on the same model, when vLLM is set up.
 
 # %% [markdown]
 # ## Setup
@@ -42,11 +45,12 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis import metrics
+from batchlab.analysis.claims import expect, expect_true
 from batchlab.exercises import check
 from batchlab.loadgen import plan_requests, run_load
 from batchlab.model import load_model
-from batchlab.serve import start_server
-from batchlab.serve.vllm_ref import start_vllm, vllm_status
+from batchlab.serve import prom, start_server
+from batchlab.serve.vllm_ref import start_vllm, vllm_bench_serve, vllm_status
 
 # %% [markdown]
 # The model is loaded once (a few seconds); every section below uses it.
@@ -54,6 +58,8 @@ from batchlab.serve.vllm_ref import start_vllm, vllm_status
 # %%
 lm = load_model()
 tok = lm.tokenizer
+VLLM_READY, why = vllm_status()          # vLLM's venv, for the last two sections
+print(why)
 ON_GPU = lm.device == "cuda"
 N_REQUESTS = 32 if ON_GPU else 12        # requests per load
 PROMPT_LEN, OUTPUT_LEN = 32, 12
@@ -92,16 +98,16 @@ text_chunks = [e for e in events if e["choices"]]
 print(f"{len(text_chunks)} chunks; the answer: {''.join(c['choices'][0]['text'] for c in text_chunks)!r}")
 
 # %% [markdown]
-# Each chunk carried one token (the running count goes up by one), and one more chunk, with no
-# new token, carries the finish reason and the server's own timings for this request in an
-# extension field, `"batchlab"`: when it arrived at the engine, was first scheduled, got its
-# first token, finished. Those are what the engine's trace would record.
+# Each chunk carried one token (the running count goes up by one). The last token's chunk also
+# carries the finish reason and the server's own timings for this request in an extension
+# field, `"batchlab"`: when it arrived at the engine, was first scheduled, got its first token,
+# finished. Those are what the engine's trace would record.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 timing = text_chunks[-1]["batchlab"]
 counts = [e["usage"]["completion_tokens"] for e in text_chunks]
-assert counts == list(range(1, OUTPUT_LEN + 1)) + [OUTPUT_LEN]
+assert counts == list(range(1, OUTPUT_LEN + 1))
 assert text_chunks[-1]["choices"][0]["finish_reason"] == "length"
 assert timing["token_ids"] and len(timing["token_ids"]) == OUTPUT_LEN
 assert timing["arrival_time"] <= timing["first_scheduled_time"] <= timing["first_token_time"]
@@ -119,7 +125,9 @@ pd.Series({k: timing[k] for k in ("queue_s", "ttft_s")}).round(4)
 # %%
 # NBVAL_IGNORE_OUTPUT
 reqs = plan_requests(N_REQUESTS, PROMPT_LEN, OUTPUT_LEN, tok, arrival="poisson", rate=2.0, seed=10)
+scrape_before = prom.scrape(server.url)          # the server's /metrics, for later
 poisson = run_load(server.url, reqs, target_rate=2.0, max_duration=120)
+scrape_after = prom.scrape(server.url)
 print(poisson.summary())
 client = metrics.per_request_metrics(poisson.trace).set_index("request_id")
 engine = metrics.per_request_metrics(poisson.server_trace()).set_index("request_id")
@@ -157,6 +165,60 @@ ax.legend(frameon=False)
 plt.show()
 
 # %% [markdown]
+# ## What the server says about itself: `/metrics`
+#
+# Production servers are watched through their metrics, scraped by Prometheus and drawn by
+# Grafana. batchlab's server exposes the numbers vLLM exposes, under vLLM's names: requests
+# running and waiting, KV-cache usage, token counters, and histograms of TTFT, inter-token
+# latency, end-to-end latency and queue time. `prom.scrape` reads the text format into a table;
+# we scraped just before and just after the Poisson load above.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(httpx.get(f"{server.url}/metrics").text[:700])
+families = scrape_after[scrape_after["family"].str.startswith("vllm:")]
+families.groupby(["family", "type"]).size().rename("samples").reset_index().head(12)
+
+# %% [markdown]
+# Counters only grow, so a load's share is the difference of two scrapes. It matches what the
+# client counted: 12 requests, 12 tokens each.
+
+# %%
+delta = {name: prom.counter_delta(scrape_before, scrape_after, name)
+         for name in ("vllm:request_success", "vllm:generation_tokens", "vllm:prompt_tokens")}
+print(delta)
+assert delta["vllm:request_success"] == N_REQUESTS
+assert delta["vllm:generation_tokens"] == N_REQUESTS * OUTPUT_LEN
+assert delta["vllm:prompt_tokens"] == sum(r.usage_prompt_tokens for r in poisson.records)
+
+# %% [markdown]
+# A histogram keeps counts per bucket, not the values. A dashboard's "TTFT p99" is Prometheus'
+# `histogram_quantile`: find the bucket holding the 99th-percentile rank and interpolate inside it.
+# vLLM's TTFT buckets are 0.1, 0.25, 0.5, 0.75 s... wide at exactly the latencies people care
+# about. Here is that estimate next to the exact p99 of the same requests (the engine's own
+# TTFTs, from the extension field).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+buckets = prom.histogram_buckets(scrape_after, "vllm:time_to_first_token_seconds", since=scrape_before)
+estimate = prom.histogram_quantile(0.99, buckets)
+exact = float(np.percentile(engine["ttft"], 99))
+lower, upper = prom.bucket_of(estimate, buckets)
+print(f"TTFT p99 from the histogram: {estimate * 1e3:.0f} ms (its bucket: {lower * 1e3:.0f} to "
+      f"{upper * 1e3:.0f} ms); exact: {exact * 1e3:.0f} ms")
+buckets[buckets.diff().fillna(buckets) > 0]
+
+# %%
+assert buckets.iloc[-1] == N_REQUESTS                         # every request observed once
+expect_true("the exact p99 lies within one bucket width of the histogram's", abs(estimate - exact) <= upper - lower,
+            f"{abs(estimate - exact) * 1e3:.0f} ms apart, bucket {(upper - lower) * 1e3:.0f} ms wide")
+
+# %% [markdown]
+# The histogram answers "which bucket", and the interpolation inside it is a guess: with a
+# handful of requests in a 150-250 ms wide bucket, the estimate can be tens of milliseconds off.
+# That is fine for an alert, not for comparing two engines: for that, measure per request, as
+# the load client does.
+#
 # ## Chunks against tokens
 #
 # batchlab's continuous server sends one chunk per token. Not every server does: a server that
@@ -241,6 +303,38 @@ ax.legend(frameon=False)
 plt.show()
 
 # %% [markdown]
+# ## vLLM's own benchmark client against batchlab's server
+#
+# Any OpenAI-compatible server can be measured by the ecosystem's standard tools. Here is
+# `vllm bench serve`, unchanged, run from vLLM's venv against batchlab's server: it finds the
+# model and its tokenizer in `/v1/models`, checks its random prompts' lengths with the server's
+# `/tokenize`, and streams them one at a time; then the course's client sends prompts of the same
+# lengths the same way. Both time a request from just before it is sent: vLLM's TTFT ends at the
+# first chunk, its ITL is the gap between chunks; the course's client counts tokens (here each
+# chunk carries one, so the two definitions meet).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+bench = None
+if VLLM_READY:
+    bench = vllm_bench_serve(server.url, [
+        "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
+        "--random-input-len", "32", "--random-output-len", str(OUTPUT_LEN), "--num-prompts", "6",
+        "--max-concurrency", "1", "--ignore-eos", "--temperature", "0", "--disable-tqdm"])
+    print(bench["stdout"][bench["stdout"].index("====="):])
+    ours = run_load(server.url, plan_requests(6, 32, OUTPUT_LEN, tok, arrival="at_once", seed=3),
+                    max_concurrency=1, warmup=1, max_duration=120).table()
+    clients = pd.DataFrame({"vllm bench serve": [bench["median_ttft_ms"], bench["median_itl_ms"]],
+                            "batchlab.loadgen": [ours.loc["ttft", "p50"] * 1e3, ours.loc["itl", "p50"] * 1e3]},
+                           index=["TTFT p50 (ms)", "ITL p50 (ms)"])
+    display(clients.round(1))
+
+# %%
+if bench is not None:
+    ratio = clients["batchlab.loadgen"] / clients["vllm bench serve"]
+    expect("the two clients' TTFT and ITL medians, ours / vLLM's", ratio, above=0.8, below=1.25)
+
+# %% [markdown]
 # ## The same load against vLLM
 #
 # vLLM's CPU build runs in a venv of its own beside the course's (`bash scripts/setup_vllm.sh`
@@ -250,8 +344,6 @@ plt.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-VLLM_READY, why = vllm_status()
-print(why)
 vllm_result = None
 if VLLM_READY:
     vllm = start_vllm(max_model_len=256, max_num_seqs=SLOTS)
@@ -293,8 +385,12 @@ _ = server.stop()
 #   `Trace` the engine writes, so every metric works on client-side data.
 # - Client TTFT was later than the engine's own for every request, by a few milliseconds at the
 #   median: HTTP and detokenizing are a sliver; the wait is inside the engine.
+# - `/metrics` speaks vLLM's metric names; counters are read as differences of two scrapes, and a
+#   histogram's p99 is only as fine as its buckets.
 # - Count tokens, not chunks: a server that sends a whole answer in one chunk shows no
 #   inter-token gaps, and its TTFT is its whole response time.
+# - vLLM's own benchmark client measures batchlab's server as it measures vLLM, and agrees with
+#   the course's client where their definitions meet.
 # - A closed loop with as many users as slots never waited longer than one step; bursty
 #   open-loop users at about the same rate queued for slots and waited much longer at the tail.
 #   Benchmark with open loops.

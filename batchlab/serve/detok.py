@@ -1,0 +1,72 @@
+"""Token ids → text as they are generated, with stop strings: the server's detokenizer.
+
+Decoding the whole output again at every token costs O(n) per token, O(n²) per response. Here
+each token is decoded once, incrementally, by the ``tokenizers`` library's ``DecodeStream``
+(it holds back a token that ends inside a multi-byte character until the character is whole).
+
+Stop strings. The text handed out must never contain a stop string, not even its first
+characters when the rest arrives later. So the last ``len(longest stop) - 1`` characters are held
+back until the next token shows they cannot begin a stop string; a match can then only start
+in the held-back text, which is all that is searched (constant work per token). On a match the
+text is cut before it (or after it, with ``include_stop``) and ``stopped`` is set.
+"""
+
+from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
+
+
+class Detokenizer:
+    """One response's text, delta by delta (``add`` per token, ``flush`` at the end)."""
+
+    def __init__(self, tokenizer, stop: list[str] | None = None, include_stop: bool = False,
+                 skip_special_tokens: bool = True, stop_token_ids: tuple[int, ...] = ()) -> None:
+        self.backend = tokenizer.backend_tokenizer          # the fast tokenizer's Rust core
+        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = list(stop or [])
+        self.include_stop = include_stop
+        self.stop_token_ids = frozenset(stop_token_ids)    # never shown (vLLM drops them too)
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.pending = ""          # decoded, not handed out yet (at most ``hold`` chars + one token)
+        self.undecoded: list[int] = []   # tokens of a character not complete yet
+        self.num_tokens = 0        # tokens added (those after a stop string included)
+        self.num_used = 0          # tokens whose text was used (up to the stop string)
+        self.stopped = False
+
+    def add(self, token: int) -> str:
+        """The text that can be sent now that ``token`` is known ("" while held back)."""
+        self.num_tokens += 1
+        if self.stopped:
+            return ""
+        self.num_used = self.num_tokens
+        if token in self.stop_token_ids:
+            return ""
+        piece = self.stream.step(self.backend, token)
+        if piece is None:                   # the token ends inside a character: wait for the rest
+            self.undecoded.append(token)
+            return ""
+        self.undecoded.clear()
+        self.pending += piece
+        if self.stop:
+            hits = [(i, s) for s in self.stop if (i := self.pending.find(s)) >= 0]
+            if hits:
+                i, s = min(hits)
+                self.stopped = True
+                out = self.pending[:i + len(s) if self.include_stop else i]
+                self.pending = ""
+                return out
+        if len(self.pending) <= self.hold:
+            return ""
+        cut = len(self.pending) - self.hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out
+
+    def flush(self) -> str:
+        """At the end of the response: whatever was held back (a character left incomplete by the
+        last tokens shows as U+FFFD, as decoding the whole output shows it)."""
+        out, self.pending = self.pending, ""
+        if self.undecoded and not self.stopped:
+            out += self.backend.decode(self.undecoded, skip_special_tokens=self.skip_special_tokens)
+            self.undecoded = []
+        return out

@@ -1,0 +1,75 @@
+"""vLLM's own benchmark client, ``vllm bench serve``, unchanged, against batchlab's server.
+
+It finds the model and its tokenizer through ``/v1/models`` (``id`` and ``root``), aligns its
+random prompts through ``/tokenize`` and ``/detokenize``, sends an ``X-Request-Id`` with each
+request and ``"logprobs": null``, ``"repetition_penalty": 1.0`` in each body. On the same server
+and workload (prompts of 32 tokens, 12 greedy output tokens with ``ignore_eos``, one request at a
+time), its TTFT and ITL medians and ``batchlab.loadgen``'s agree within 10%, runs alternated
+twice and averaged (the machine's speed drifts between runs).
+
+What each measures: both time a request from just before the POST. vLLM's TTFT ends at the first
+SSE chunk that has ``choices`` (even with empty text); its ITL is the gap between successive
+such chunks, one gap per chunk. batchlab's loadgen counts tokens, not chunks (the running usage
+count in each chunk): TTFT ends at the first chunk that carries a token, and a chunk of k tokens
+gives k - 1 gaps of 0 s. batchlab's server sends one token per chunk here, with the finish
+reason on the last token's chunk, so the two definitions meet.
+
+Skipped (with the command to set it up) where vLLM's venv is missing; a failure in CI.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from batchlab.loadgen import course_tokenizer, plan_requests, run_load
+from batchlab.serve import start_server
+from batchlab.serve.prom import scrape, value
+from batchlab.serve.vllm_ref import vllm_bench_serve, vllm_status
+
+NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 32, 12
+
+
+@pytest.fixture(scope="module")
+def server():
+    ok, message = vllm_status()
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI sets vLLM up with scripts/setup_vllm.sh, but: {message}")
+        pytest.skip(message)
+    with start_server(max_num_seqs=4, max_model_len=256, threads=1) as s:
+        yield s
+
+
+def vllm_bench(url: str, seed: int) -> dict:
+    return vllm_bench_serve(url, [
+        "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
+        "--random-input-len", str(PROMPT_LEN), "--random-output-len", str(OUTPUT_LEN),
+        "--num-prompts", str(NUM_PROMPTS), "--max-concurrency", "1", "--ignore-eos", "--temperature", "0",
+        "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el"])
+
+
+def test_vllm_bench_serve_runs_against_batchlab_and_agrees_with_loadgen(server):
+    tok = course_tokenizer()
+    before = scrape(server.url)
+    theirs, ours = [], []
+    for seed in (0, 1):                             # alternated: vLLM's client, then ours, twice
+        result = vllm_bench(server.url, seed)
+        assert result["completed"] == NUM_PROMPTS and result["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
+        assert "/tokenize unavailable" not in result["stdout"] and "tokenizer mismatch" not in result["stdout"]
+        theirs.append((result["median_ttft_ms"] / 1e3, result["median_itl_ms"] / 1e3))
+        reqs = plan_requests(NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN, tok, arrival="at_once", seed=seed)
+        load = run_load(server.url, reqs, max_concurrency=1, warmup=1, max_duration=300)
+        assert load.status_counts() == {"ok": NUM_PROMPTS}
+        table = load.table()
+        ours.append((table.loc["ttft", "p50"], table.loc["itl", "p50"]))
+    (v_ttft, v_itl), (b_ttft, b_itl) = [tuple(sum(x) / 2 for x in zip(*runs)) for runs in (theirs, ours)]
+    report = f"vLLM bench {theirs}, loadgen {ours} (TTFT, ITL medians in seconds)"
+    print(report)
+    assert abs(b_ttft / v_ttft - 1) < 0.10, report
+    assert abs(b_itl / v_itl - 1) < 0.10, report
+    # The server's /metrics saw every request of both clients (our warm-ups too).
+    after = scrape(server.url)
+    finished = value(after, "vllm:request_success") - value(before, "vllm:request_success")
+    assert finished == 2 * NUM_PROMPTS + 2 * (NUM_PROMPTS + 1)
