@@ -87,61 +87,42 @@ class TraceWindow:
         check_int("keep", keep, 1)
         self.keep = keep
         self.every = max(1, keep // 8)
-        self.run = None                 # the engine's run, once it started
+        self.engine = None              # the engine whose run it trims, once it started
         self.num_forgotten = 0          # requests dropped from the trace so far
         self._ends = 0
 
     def note_end(self) -> int:
         """A request ended (engine thread). Returns how many preemption records were dropped."""
         self._ends += 1
-        if self._ends < self.every or self.run is None:
+        if self._ends < self.every or self.engine is None:
             return 0
         self._ends = 0
         return self.trim()
 
     def trim(self) -> int:
         """Drop the oldest ended requests past ``keep``; returns the preemption records dropped."""
-        run = self.run
-        workload, times = run.workload, run.release_times
-        ended = [r for r in workload if r.is_done and times.get(r.request_id) is not None]
+        engine = self.engine
+        requests, times = engine.requests, engine.release_times      # in arrival order
+        ended = [rid for rid, r in requests.items() if r.is_done and times.get(rid) is not None]
         excess = len(ended) - self.keep
         if excess <= 0:
             return 0
-        dropped = {id(r) for r in ended[:excess]}           # the oldest arrivals go first
-        for r in ended[:excess]:
-            del run.by_id[r.request_id], times[r.request_id]
-        workload[:] = [r for r in workload if id(r) not in dropped]   # in place: the run holds it
+        for rid in ended[:excess]:                                    # the oldest arrivals go first
+            del requests[rid], times[rid]
         self.num_forgotten += excess
-        oldest = workload[0].arrival_time
-        steps = run.steps
+        oldest = next(iter(requests.values())).arrival_time
+        steps = engine.steps
         del steps[:bisect.bisect_left(steps, oldest, key=lambda s: s.start)]
-        log = run.scheduler.preemptions
+        log = engine.scheduler.preemptions
         num_old = bisect.bisect_left(log, oldest, key=lambda p: p.time)
         del log[:num_old]
         return num_old
 
 
 def run_online_bounded(engine, inbox, listener, window: TraceWindow):
-    """``engine.run_online(inbox, listener)`` with ``window`` attached to the run.
-
-    The same steps as ``Engine._serve`` for an online run; only here does the server hold the
-    run itself, which the window trims. Returns the trace of the requests still in the window.
-    """
-    from batchlab.engine import EngineError, _Run
-    if engine.clock.name != "wall":
-        raise ValueError(f"clock={engine.clock.name!r}; an online run needs the wall clock")
-    scheduler, backend = engine.scheduler, engine.backend
-    if scheduler.has_pending() or backend.kv.used_tokens:
-        raise EngineError("the scheduler or the KV cache holds work from an earlier run; use new ones")
-    backend.reset()
-    scheduler.bind(backend.kv)
-    run = _Run(engine, [], False, inbox, listener)
-    window.run = run
-    try:
-        run.loop()
-        run.check_invariants()
-        trace = run.trace()
-    finally:
-        run.close()
+    """``engine.run_online(inbox, listener)`` with ``window`` trimming the engine's run as it goes.
+    Returns the trace of the requests still in the window."""
+    window.engine = engine
+    trace = engine.run_online(inbox, listener)
     trace.meta["num_forgotten"] = window.num_forgotten
     return trace
