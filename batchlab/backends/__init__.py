@@ -7,6 +7,11 @@
 - ``cost_model``     the step-time formula and its fit to measured steps
 - ``calibration``    measure real steps, fit the cost model, check it on other traces
 - ``decode_runs``    the simulator's fast path: runs of plain decode steps predicted in bulk
+- ``roofline``       the GPU step-time formula (datasheet roofline, or grounded in measured kernels)
+- ``decoder_shape``, ``device_presets``, ``kernels``, ``grounded_step``  its pieces: models' shapes,
+                     GPU presets, one kernel's time, a whole step summed kernel by kernel
+- ``kernel_profiles``, ``kernel_fit``  measured kernel times (``data/gpu_kernels/``) read, compared
+                     with a preset, and fitted into one
 
 Why a folder: the engine sees only ``Backend``; everything that decides *how long a step takes*
 (measured or predicted) lives here, and what only the simulator needs stays out of the engine.
