@@ -84,11 +84,15 @@ def test_presets_load_and_are_sane():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d["devices"]["H100"].update(peak_tflops=-1), "'H100'.*peak_tflops=-1"),
+    (lambda d: d["devices"]["H100"].update(peak_tflops=-1), "peak_tflops=-1.*'H100'"),
     (lambda d: d["devices"]["L4"].update(memory_bandwidth_GBps="fast"), "memory_bandwidth_GBps='fast'"),
     (lambda d: d["devices"]["T4"].update(dtype="int8"), "dtype='int8'"),
     (lambda d: d["devices"]["A100"].pop("source"), "'A100' lacks \\['source'\\]"),
     (lambda d: d.update(devices={}), "non-empty 'devices'"),
+    (lambda d: d["devices"]["H200"]["kernels"].update(like="B200"), "like='B200'; must be a device with fitted"),
+    (lambda d: d["devices"]["A100"]["kernels"].update(compute_fraction=2), "compute_fraction=2; must be"),
+    (lambda d: d["devices"]["H100"]["kernels"].pop("transition_p"), "lacks \\['transition_p'\\]"),
+    (lambda d: d["step_overhead"].update(ms=-1), "step_overhead.ms=-1; must be"),
 ])
 def test_bad_presets_give_clear_errors(tmp_path, change, message):
     from batchlab.backends.roofline import DEVICE_PRESETS_PATH

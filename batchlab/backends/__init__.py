@@ -5,6 +5,11 @@
 - ``model_backend``  the real SmolLM2 model, through ``batchlab.model``'s batched step
 - ``simulator``      steps take the time a cost model predicts; nothing is computed
 - ``cost_model``     the step-time formula and its fit to measured steps
+- ``roofline``       the GPU step-time formula (datasheet roofline, or grounded in measured kernels)
+- ``decoder_shape``, ``device_presets``, ``kernels``, ``grounded_step``  its pieces: models' shapes,
+                     GPU presets, one kernel's time, a whole step summed kernel by kernel
+- ``kernel_profiles``, ``kernel_fit``  measured kernel times (``data/gpu_kernels/``) read, compared
+                     with a preset, and fitted into one
 
 Why a folder: the engine sees only ``Backend``; everything that decides *how long a step takes*
 (measured or predicted) lives here. Calibration (measuring the real model to fit a cost model)

@@ -1,7 +1,7 @@
-"""A roofline cost model: a step is as slow as the slower of reading its bytes and doing its FLOPs.
+"""A roofline cost model: a step is as slow as its bytes and FLOPs make it, on a GPU's kernels.
 
 The additive ``CostModel`` (fixed + per sequence + per token + per attention pair) describes a
-CPU well, where a step's work adds up. On a GPU a step costs about::
+CPU well, where a step's work adds up. On a GPU the datasheet's roofline says a step costs about::
 
     t_step = max(bytes_read / bandwidth, flops / peak_flops) + overhead_s
 
@@ -12,8 +12,19 @@ CPU well, where a step's work adds up. On a GPU a step costs about::
                + attention_pairs * attention_flops_per_pair     # q·k and p·v, every head of every layer
 
 A decode step at small batch is memory-bound (the weights dominate ``bytes_read``), so adding
-sequences is nearly free until ``flops / peak`` catches up: that is notebook 01's roofline. The
-``overhead_s`` (kernel launches, Python, sampling) is the one fitted number.
+sequences is nearly free until ``flops / peak`` catches up: that is notebook 01's roofline.
+
+Grounded presets (the default of ``for_device``): real kernels reach neither roof. Measured
+per-layer kernel times on an A100 and an H100 (``data/gpu_kernels/``) take 1.3x the datasheet
+roofline at one token and up to 2.5x near the ridge. With ``kernels`` (a ``KernelEfficiency``,
+fitted per device by ``scripts/fit_gpu_presets.py``) the step is summed kernel by kernel instead
+(``grounded_step.GroundedStep``: every layer's projections, small operators and attention, the
+LM head), each kernel at the fractions of the datasheet it was measured to reach, with a smooth
+transition between the two roofs and a fixed cost per kernel (``kernels``). ``grounded=False``
+gives the pure datasheet roofline above, so the two can be compared.
+
+``overhead_s`` is the per-step CPU work (scheduling, input preparation, sampling): fitted by
+``fit`` to measured steps, or the preset's stated figure (``device_presets.json``).
 
 Keys read: the simulator knows a step's ``(num_seqs, num_tokens, attention_pairs)`` only. In a
 decode step each pair is one cached key read (``num_tokens / num_seqs == 1``), so the KV bytes
@@ -24,186 +35,50 @@ divided by the queries per sequence, at most a tile. Counting every pair as a re
 is compute-bound. For a step that mixes decodes with a prompt chunk, ``num_tokens / num_seqs`` is
 an average, so the keys read are approximate there.
 
-The pieces: ``ModelShape`` (the model's sizes; ``MODEL_SHAPES`` holds SmolLM2-135M and
-Llama-3-8B, each with its source), ``DevicePreset`` (bandwidth and peak; ``load_device_presets``
-reads ``batchlab/backends/device_presets.json``: T4, L4, A100, H100, H200 from their datasheets),
-``RooflineCostModel`` (the formula, with ``predict``/``predict_features`` like ``CostModel``,
-so ``SimBackend`` takes either), and ``compare_cost_models`` (fit both forms on the same measured
-steps and score them on held-out ones).
+The pieces: ``decoder_shape`` (``ModelShape``; ``MODEL_SHAPES`` holds SmolLM2-135M, Llama-2-7B
+and Llama-3-8B, each with its source), ``device_presets`` (``DevicePreset``:
+``load_device_presets`` reads ``batchlab/backends/device_presets.json``: T4, L4, A100, H100,
+H200), ``RooflineCostModel`` (the formula, with ``predict``/``predict_features`` like
+``CostModel``, so ``SimBackend`` takes either), and ``compare_cost_models`` (fit both forms on the
+same measured steps and score them on held-out ones).
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from batchlab.backends.cost_model import FEATURES, CostModel, StepTimeModel, features_df
+from batchlab.backends.decoder_shape import MODEL_SHAPES, LayerShape, ModelShape, model_shape
+from batchlab.backends.device_presets import (DEVICE_PRESETS_PATH, DTYPE_BYTES, DevicePreset, device_preset,
+                                              load_device_presets)
+from batchlab.backends.grounded_step import GroundedStep
+from batchlab.backends.kernels import KernelEfficiency, KernelModel
+from batchlab.checks import check_bool, check_int, check_number
 from batchlab.trace import StepRecord, Trace
 
-DEVICE_PRESETS_PATH = Path(__file__).resolve().parent / "device_presets.json"   # package data
+__all__ = ["DEVICE_PRESETS_PATH", "DTYPE_BYTES", "FORMULA", "GROUNDED_FORMULA", "MODEL_SHAPES", "DevicePreset",
+           "KernelEfficiency", "LayerShape", "ModelShape", "RooflineCostModel", "compare_cost_models",
+           "device_preset", "load_device_presets", "model_shape", "profile_features"]
+
 FORMULA = ("t_step = max((weight_bytes + attention_pairs/min(query_tile, num_tokens/num_seqs)"
            "*kv_bytes_per_token) / bandwidth, "
            "(2*matmul_params*num_tokens + attention_pairs*attention_flops_per_pair) / peak_flops) "
            "+ overhead_s")
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def _positive_number(owner: str, name: str, value, integer: bool = False) -> None:
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value <= 0:
-        what = "an int" if integer else "a finite number"
-        raise ValueError(f"{owner}: {name}={value!r}; must be {what} > 0")
-
-
-# --- the model's shape ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a Llama-style decoder that decide its bytes and FLOPs per step."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_embeddings: bool
-    source: str
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "vocab_size"):
-            _positive_number(f"ModelShape {self.name!r}", name, getattr(self, name), integer=True)
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"ModelShape {self.name!r}: num_heads={self.num_heads} must be a multiple "
-                             f"of num_kv_heads={self.num_kv_heads} (grouped-query attention)")
-        if not isinstance(self.source, str) or not self.source:
-            raise ValueError(f"ModelShape {self.name!r}: source={self.source!r}; say where the sizes come from")
-
-    @property
-    def matmul_params(self) -> int:
-        """Weights of every matrix multiply: per layer q, k, v, o and the MLP's three; the LM head.
-
-        The embedding lookup reads only a few rows, so it is left out (with tied embeddings the
-        LM head *is* the embedding table, read once).
-        """
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size
-        return self.num_layers * per_layer + h * self.vocab_size
-
-    @property
-    def num_params(self) -> int:
-        """All parameters as usually counted (adds the embedding table when it is not tied; norms)."""
-        norms = (2 * self.num_layers + 1) * self.hidden_size
-        embed = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
-        return self.matmul_params + embed + norms
-
-    def weight_bytes(self, dtype_bytes: int) -> int:
-        return self.matmul_params * dtype_bytes
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """A key and a value per KV head per layer."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
-
-    @property
-    def attention_flops_per_pair(self) -> int:
-        """q·k and p·v for one query-key pair: 2 multiply-adds of ``head_dim`` per query head per layer."""
-        return 4 * self.num_layers * self.num_heads * self.head_dim
-
-    @classmethod
-    def from_llama_config(cls, config, name: str, source: str) -> "ModelShape":
-        """From ``batchlab.model.llama.LlamaConfig`` (e.g. ``weights.config`` of the loaded model)."""
-        return cls(name, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
-                   config.head_dim, config.intermediate_size, config.vocab_size, True, source)
-
-
-MODEL_SHAPES: dict[str, ModelShape] = {
-    "SmolLM2-135M": ModelShape(
-        "SmolLM2-135M", num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,
-        intermediate_size=1536, vocab_size=49152, tie_embeddings=True,
-        source="HuggingFaceTB/SmolLM2-135M-Instruct config.json; the same as the course's loaded "
-               "model's config (tests/test_roofline.py checks it)"),
-    "Llama-3-8B": ModelShape(
-        "Llama-3-8B", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
-        intermediate_size=14336, vocab_size=128256, tie_embeddings=False,
-        source="meta-llama/Meta-Llama-3-8B config.json (an 8B-class shape)"),
-}
-
-
-def model_shape(name: str) -> ModelShape:
-    if name not in MODEL_SHAPES:
-        raise ValueError(f"model shape {name!r} is unknown; known: {sorted(MODEL_SHAPES)}")
-    return MODEL_SHAPES[name]
-
-
-# --- the device ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DevicePreset:
-    """A device's roofline: memory bandwidth (bytes/s) and dense peak (FLOP/s) in ``dtype``."""
-
-    name: str
-    memory_bandwidth_Bps: float
-    peak_flops: float
-    dtype: str
-    memory_bytes: float
-    source: str
-
-    def __post_init__(self) -> None:
-        owner = f"device preset {self.name!r}"
-        for name in ("memory_bandwidth_Bps", "peak_flops", "memory_bytes"):
-            _positive_number(owner, name, getattr(self, name))
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"{owner}: dtype={self.dtype!r}; must be one of {sorted(DTYPE_BYTES)}")
-        if not isinstance(self.source, str) or not self.source:
-            raise ValueError(f"{owner}: source={self.source!r}; name the datasheet the numbers come from")
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-
-_PRESET_KEYS = {"memory_bandwidth_GBps", "peak_tflops", "dtype", "memory_GB", "source"}
-
-
-def load_device_presets(path: str | Path = DEVICE_PRESETS_PATH) -> dict[str, DevicePreset]:
-    """Read the presets file (GB/s, dense TFLOPS, GB, as datasheets state them) into ``DevicePreset``s."""
-    data = json.loads(Path(path).read_text())
-    devices = data.get("devices") if isinstance(data, dict) else None
-    if not isinstance(devices, dict) or not devices:
-        raise ValueError(f"{path}: expected an object with a non-empty 'devices' object")
-    presets = {}
-    for name, entry in devices.items():
-        if not isinstance(entry, dict):
-            raise ValueError(f"{path}: device {name!r} must be an object with keys {sorted(_PRESET_KEYS)}")
-        missing, extra = _PRESET_KEYS - entry.keys(), entry.keys() - _PRESET_KEYS
-        if missing or extra:
-            raise ValueError(f"{path}: device {name!r} lacks {sorted(missing)} / has unknown {sorted(extra)}; "
-                             f"the keys are {sorted(_PRESET_KEYS)}")
-        for key in ("memory_bandwidth_GBps", "peak_tflops", "memory_GB"):
-            _positive_number(f"{path}: device {name!r}", key, entry[key])
-        presets[name] = DevicePreset(name, entry["memory_bandwidth_GBps"] * 1e9, entry["peak_tflops"] * 1e12,
-                                     entry["dtype"], entry["memory_GB"] * 1e9, entry["source"])
-    return presets
-
-
-def device_preset(name: str, path: str | Path = DEVICE_PRESETS_PATH) -> DevicePreset:
-    presets = load_device_presets(path)
-    if name not in presets:
-        raise ValueError(f"device preset {name!r} is unknown; known: {sorted(presets)}")
-    return presets[name]
+GROUNDED_FORMULA = ("t_step = num_layers*(projections(num_tokens) + small_ops(num_tokens) + attention(keys_read, "
+                    "attention_pairs)) + lm_head(num_seqs) + embedding_and_final_norm(num_tokens) + overhead_s; "
+                    "each kernel latency + ((bytes/(bandwidth_fraction*bandwidth))^p + "
+                    "(flops/(compute_fraction*peak_flops))^p)^(1/p)")
 
 
 # --- the cost model ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RooflineCostModel(StepTimeModel):
-    """Seconds per step from the roofline (see the module docstring); a drop-in for ``CostModel``."""
+    """Seconds per step from the roofline, or from measured kernels when ``kernels`` is given (see
+    the module docstring); a drop-in for ``CostModel``."""
 
     shape: ModelShape
     bandwidth_Bps: float
@@ -213,33 +88,52 @@ class RooflineCostModel(StepTimeModel):
     source: str = ""
     fit_stats: dict | None = field(default=None, compare=False)
     query_tile: int = 128
+    kernels: KernelEfficiency | None = None
 
     def __post_init__(self) -> None:
-        _positive_number("RooflineCostModel", "query_tile", self.query_tile, integer=True)
+        check_int("query_tile", self.query_tile)
         if not isinstance(self.shape, ModelShape):
             raise ValueError(f"shape={self.shape!r}; must be a ModelShape (e.g. MODEL_SHAPES['SmolLM2-135M'])")
-        _positive_number("RooflineCostModel", "bandwidth_Bps", self.bandwidth_Bps)
-        _positive_number("RooflineCostModel", "peak_flops", self.peak_flops)
+        check_number("bandwidth_Bps", self.bandwidth_Bps, strict=True)
+        check_number("peak_flops", self.peak_flops, strict=True)
         if self.dtype_bytes not in (1, 2, 4):
             raise ValueError(f"dtype_bytes={self.dtype_bytes!r}; must be 1, 2 or 4")
-        o = self.overhead_s
-        if isinstance(o, bool) or not isinstance(o, (int, float)) or not math.isfinite(o) or o < 0:
-            raise ValueError(f"overhead_s={o!r}: must be a finite number of seconds >= 0")
-        object.__setattr__(self, "overhead_s", float(o))
-        # The per-step constants, computed once (predict_features runs once per simulated step).
+        check_number("overhead_s", self.overhead_s, hint="seconds per step")
+        object.__setattr__(self, "overhead_s", float(self.overhead_s))
+        if self.kernels is not None and not isinstance(self.kernels, KernelEfficiency):
+            raise ValueError(f"kernels={self.kernels!r}; must be a KernelEfficiency or None (the datasheet roofline)")
+        kernels = KernelModel(self.bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels) \
+            if self.kernels else None
+        object.__setattr__(self, "_grounded", GroundedStep(self.shape, kernels) if kernels else None)
+        # The roofs the kernels reach (the datasheet's without kernels), and the per-step constants.
+        object.__setattr__(self, "_bandwidth", self.bandwidth_Bps * (self.kernels.bandwidth_fraction
+                                                                    if self.kernels else 1.0))
+        object.__setattr__(self, "_peak", self.peak_flops * (self.kernels.compute_fraction if self.kernels else 1.0))
         object.__setattr__(self, "_weight_bytes", self.shape.weight_bytes(self.dtype_bytes))
         object.__setattr__(self, "_kv_bytes", self.shape.kv_bytes_per_token(self.dtype_bytes))
         object.__setattr__(self, "_flops_per_token", 2 * self.shape.matmul_params)
         object.__setattr__(self, "_flops_per_pair", self.shape.attention_flops_per_pair)
 
     @classmethod
-    def for_device(cls, shape: ModelShape | str, device: DevicePreset | str,
-                   overhead_s: float = 0.0) -> "RooflineCostModel":
-        """The roofline of ``shape`` on a preset device, in the preset's dtype."""
+    def for_device(cls, shape: ModelShape | str, device: DevicePreset | str, overhead_s: float | None = None,
+                   grounded: bool = True) -> "RooflineCostModel":
+        """``shape`` on a preset device, in the preset's dtype. By default grounded: the device's
+        kernels as measured and the preset's stated per-step overhead. ``grounded=False``: the
+        datasheet's pure roofline, with no overhead. A given ``overhead_s`` replaces either."""
+        check_bool("grounded", grounded)
         shape = model_shape(shape) if isinstance(shape, str) else shape
         device = device_preset(device) if isinstance(device, str) else device
+        if grounded and device.kernels is None:
+            raise ValueError(f"grounded=True; must be False for device {device.name!r}, which has no kernels")
+        if overhead_s is None:
+            overhead_s = device.step_overhead_s if grounded else 0.0
+            what = f"kernels: {device.kernels_source}; overhead: {device.step_overhead_source}" \
+                if grounded else "datasheet roofline"
+        else:
+            what = f"kernels: {device.kernels_source}" if grounded else "datasheet roofline"
         return cls(shape, device.memory_bandwidth_Bps, device.peak_flops, device.dtype_bytes, overhead_s,
-                   source=f"{shape.name} on {device.name} ({device.dtype}; {device.source})")
+                   source=f"{shape.name} on {device.name} ({device.dtype}; {device.source}; {what})",
+                   kernels=device.kernels if grounded else None)
 
     # --- predicting --------------------------------------------------------------------------
     def keys_read(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
@@ -249,14 +143,20 @@ class RooflineCostModel(StepTimeModel):
         return attention_pairs / min(self.query_tile, max(1.0, num_tokens / num_seqs))
 
     def memory_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
+        """The step's bytes at the bandwidth its kernels reach (the datasheet's without kernels)."""
         keys = self.keys_read(num_seqs, num_tokens, attention_pairs)
-        return (self._weight_bytes + keys * self._kv_bytes) / self.bandwidth_Bps
+        return (self._weight_bytes + keys * self._kv_bytes) / self._bandwidth
 
     def compute_seconds(self, num_tokens: int, attention_pairs: int) -> float:
-        return (self._flops_per_token * num_tokens + self._flops_per_pair * attention_pairs) / self.peak_flops
+        """The step's FLOPs at the peak its kernels reach (the datasheet's without kernels)."""
+        return (self._flops_per_token * num_tokens + self._flops_per_pair * attention_pairs) / self._peak
 
     def roofline_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
-        """The step without its overhead: the slower of memory and compute."""
+        """The step without its overhead: with kernels, the sum of its kernels' times; without,
+        the slower of memory and compute."""
+        if self._grounded is not None:
+            keys = self.keys_read(num_seqs, num_tokens, attention_pairs)
+            return self._grounded.seconds(num_seqs, num_tokens, attention_pairs, keys)
         return max(self.memory_seconds(num_seqs, num_tokens, attention_pairs),
                    self.compute_seconds(num_tokens, attention_pairs))
 
@@ -273,9 +173,9 @@ class RooflineCostModel(StepTimeModel):
 
     # --- fitting -----------------------------------------------------------------------------
     def fit(self, steps: Trace | Iterable[StepRecord] | pd.DataFrame, source: str = "") -> "RooflineCostModel":
-        """This roofline with ``overhead_s`` fitted to measured steps (minimising relative error).
+        """This model with ``overhead_s`` fitted to measured steps (minimising relative error).
 
-        With ``r_i`` the roofline time and ``y_i`` the measured one, minimising
+        With ``r_i`` the predicted time without overhead and ``y_i`` the measured one, minimising
         ``sum(((r_i + o - y_i) / y_i)**2)`` gives ``o = sum((y_i - r_i) / y_i**2) / sum(1 / y_i**2)``,
         clipped at 0 (an overhead cannot be negative).
         """
@@ -284,32 +184,37 @@ class RooflineCostModel(StepTimeModel):
         r = np.array([self.roofline_seconds(*row) for row in _feature_rows(table)])
         w = 1.0 / y**2
         overhead = max(0.0, float(np.sum((y - r) * w) / np.sum(w)))
-        pred = r + overhead
-        fitted = RooflineCostModel(self.shape, self.bandwidth_Bps, self.peak_flops, self.dtype_bytes,
-                                   overhead, source or self.source, query_tile=self.query_tile)
-        object.__setattr__(fitted, "fit_stats", _fit_stats(y, pred))
+        fitted = replace(self, overhead_s=overhead, source=source or self.source)
+        object.__setattr__(fitted, "fit_stats", _fit_stats(y, r + overhead))
         return fitted
 
     # --- saving ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"formula": FORMULA, "shape": asdict(self.shape), "bandwidth_Bps": self.bandwidth_Bps,
-                "peak_flops": self.peak_flops, "dtype_bytes": self.dtype_bytes, "overhead_s": self.overhead_s,
-                "query_tile": self.query_tile, "source": self.source, "fit_stats": self.fit_stats}
+        return {"formula": GROUNDED_FORMULA if self.kernels else FORMULA, "shape": asdict(self.shape),
+                "bandwidth_Bps": self.bandwidth_Bps, "peak_flops": self.peak_flops,
+                "dtype_bytes": self.dtype_bytes, "overhead_s": self.overhead_s, "query_tile": self.query_tile,
+                "kernels": asdict(self.kernels) if self.kernels else None, "source": self.source,
+                "fit_stats": self.fit_stats}
 
     @classmethod
     def from_dict(cls, data: dict) -> "RooflineCostModel":
-        if data.get("formula") != FORMULA:
-            raise ValueError(f"roofline data is for formula {data.get('formula')!r}, not {FORMULA!r}")
+        formula, kernels = data.get("formula"), data.get("kernels")
+        if formula != (GROUNDED_FORMULA if kernels else FORMULA):
+            raise ValueError(f"formula={formula!r}; must be {FORMULA!r}, or {GROUNDED_FORMULA!r} with kernels")
         model = cls(ModelShape(**data["shape"]), data["bandwidth_Bps"], data["peak_flops"],
                     data["dtype_bytes"], data["overhead_s"], data.get("source", ""),
-                    query_tile=data.get("query_tile", 128))
+                    query_tile=data.get("query_tile", 128),
+                    kernels=KernelEfficiency(**kernels) if kernels else None)
         object.__setattr__(model, "fit_stats", data.get("fit_stats"))
         return model
 
     def __repr__(self) -> str:
         text = (f"RooflineCostModel({self.shape.name}: {self._weight_bytes / 1e6:.0f} MB weights, "
-                f"{self.bandwidth_Bps / 1e9:.0f} GB/s, {self.peak_flops / 1e12:.3g} TFLOP/s, "
-                f"overhead {self.overhead_s * 1e3:.3g} ms")
+                f"{self.bandwidth_Bps / 1e9:.0f} GB/s, {self.peak_flops / 1e12:.3g} TFLOP/s")
+        if self.kernels:
+            text += (f"; measured kernels reach {self.kernels.bandwidth_fraction:.0%} and "
+                     f"{self.kernels.compute_fraction:.0%} of them")
+        text += f", overhead {self.overhead_s * 1e3:.3g} ms"
         if self.fit_stats:
             text += (f"; fit on {self.fit_stats['num_steps']} steps, median error "
                      f"{self.fit_stats['median_rel_error']:.1%}")
