@@ -177,10 +177,10 @@ def measure_detokenizer(lm) -> None:
             tok.decode(ids[:k], skip_special_tokens=True)
         return (time.perf_counter() - t) / n * 1e6
 
-    print("µs per token (median of 5 runs):")
+    print("µs per token (the fastest of 9 runs: on a shared machine, noise only adds):")
     for n in (64, 1024):
-        inc = statistics.median(incremental(n) for _ in range(5))
-        whole = statistics.median(whole_each_token(n) for _ in range(5))
+        inc = min(incremental(n) for _ in range(9))
+        whole = min(whole_each_token(n) for _ in range(9))
         print(f"  {n:5d} tokens: incremental {inc:6.1f} µs, whole output decoded again per token {whole:7.1f} µs")
 
 

@@ -13,3 +13,17 @@ def lm():
 def weights(lm):
     from batchlab.model.llama import LlamaWeights
     return LlamaWeights.from_hf(lm.model)
+
+
+@pytest.fixture(scope="session")
+def vllm_ready():
+    """vLLM's venv is set up: skipped without it (with the command that sets it up); in CI,
+    which sets it up, a missing vLLM is a failure."""
+    import os
+
+    from batchlab.serve.vllm_ref import vllm_status
+    ok, message = vllm_status()
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI sets vLLM up with scripts/setup_vllm.sh, but: {message}")
+        pytest.skip(message)

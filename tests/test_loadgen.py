@@ -195,7 +195,7 @@ def test_errors_mid_run_are_counted_by_status_never_dropped(lm):
     with ServerThread(ServerConfig(max_num_seqs=1, max_model_len=128, max_waiting=1), lm) as s:
         burst = run_load(s.url, reqs, max_duration=120)
         counts = burst.status_counts()
-        assert counts["ok"] >= 2 and counts["HTTP 429"] >= 1 and sum(counts.values()) == 8
+        assert counts["ok"] >= 1 and counts["HTTP 429"] >= 1 and sum(counts.values()) == 8
         assert "HTTP 429" in burst.summary()
         long = plan_requests(4, prompt_len=16, output_len=100, tokenizer=lm.tokenizer, arrival="poisson", rate=4.0, seed=5)
         timer = threading.Timer(1.5, s.stop)

@@ -19,25 +19,18 @@ Skipped (with the command to set it up) where vLLM's venv is missing; a failure 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from batchlab.loadgen import course_tokenizer, plan_requests, run_load
 from batchlab.serve import start_server
 from batchlab.serve.prom import scrape, value
-from batchlab.serve.vllm_ref import vllm_bench_serve, vllm_status
+from batchlab.serve.vllm_ref import vllm_bench_serve
 
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 32, 12
 
 
 @pytest.fixture(scope="module")
-def server():
-    ok, message = vllm_status()
-    if not ok:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI sets vLLM up with scripts/setup_vllm.sh, but: {message}")
-        pytest.skip(message)
+def server(vllm_ready):
     with start_server(max_num_seqs=4, max_model_len=256, threads=1) as s:
         yield s
 

@@ -9,12 +9,10 @@ error (the end of its log).
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import pytest
 
-from batchlab.serve.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm, vllm_status
+from batchlab.serve.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def add(a, b):", "Once upon a time",
            "The best way to learn to cook is", "Water boils at", "My favourite season is", "A train timetable"]
@@ -22,12 +20,7 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def vllm():
-    ok, message = vllm_status()
-    if not ok:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI sets vLLM up with scripts/setup_vllm.sh, but: {message}")
-        pytest.skip(message)
+def vllm(vllm_ready):
     try:
         server = start_vllm(max_model_len=512, max_num_seqs=16)
     except VLLMUnavailable as e:

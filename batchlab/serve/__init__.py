@@ -63,8 +63,11 @@ def _uvicorn_server(runner: EngineRunner, host: str, port: int, api_key: str | N
 
 def serve(config: ServerConfig, host: str = HOST, port: int = 8000, api_key: str | None = None,
           threads: int | None = None, log_level: str = "warning", lm=None) -> None:
-    """Load the model and serve until SIGTERM/SIGINT (blocks)."""
+    """Load the model and serve until SIGTERM/SIGINT (blocks). The process's per-shape caches are
+    bounded first (``memory.bound_shape_caches``): a server meets many step sizes."""
     from batchlab.model import load_model
+    from batchlab.serve.memory import bound_shape_caches
+    bound_shape_caches()
     lm = lm if lm is not None else load_model(threads=threads)
     runner = EngineRunner(config, lm)
     server = _uvicorn_server(runner, host, port, api_key, log_level)

@@ -51,6 +51,29 @@ INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
                                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
+# (attribute, vLLM's name, its help text, buckets; None: the token-count buckets up to max_model_len)
+HISTOGRAMS = (
+    ("ttft", "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+     TIME_TO_FIRST_TOKEN_BUCKETS),
+    ("itl", "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+     INTER_TOKEN_LATENCY_BUCKETS),
+    ("tpot", "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+     INTER_TOKEN_LATENCY_BUCKETS),
+    ("e2e", "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS),
+    ("queue", "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+     REQUEST_LATENCY_BUCKETS),
+    ("inference", "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+     REQUEST_LATENCY_BUCKETS),
+    ("prefill", "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+     REQUEST_LATENCY_BUCKETS),
+    ("decode", "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+     REQUEST_LATENCY_BUCKETS),
+    ("prompt_hist", "vllm:request_prompt_tokens", "Number of prefill tokens processed.", None),
+    ("generation_hist", "vllm:request_generation_tokens", "Number of generation tokens processed.", None),
+    ("max_tokens_hist", "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", None),
+)
+
+
 def request_tokens_buckets(max_model_len: int) -> list[int]:
     """vLLM's ``build_1_2_5_buckets(max_model_len)``: 1, 2, 5, 10, 20, 50, ... up to the window."""
     out, scale = [], 1
@@ -88,6 +111,18 @@ class _EngineCollector(Collector):
 class ServerMetrics:
     """The server's Prometheus registry: fed by the engine thread, read by ``GET /metrics``."""
 
+    ttft: Histogram            # the histograms, made from HISTOGRAMS
+    itl: Histogram
+    tpot: Histogram
+    e2e: Histogram
+    queue: Histogram
+    inference: Histogram
+    prefill: Histogram
+    decode: Histogram
+    prompt_hist: Histogram
+    generation_hist: Histogram
+    max_tokens_hist: Histogram
+
     def __init__(self, model_name: str, max_model_len: int, read_stats: Callable[[], EngineStats]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = {"model_name": model_name, "engine": "0"}
@@ -112,28 +147,8 @@ class ServerMetrics:
                                   "Number of admission attempts rejected by a queue limit, by reason.",
                                   ["model_name", "reason"], registry=self.registry).labels(
             model_name=model_name, reason="max_num_queued_reqs")
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TIME_TO_FIRST_TOKEN_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             INTER_TOKEN_LATENCY_BUCKETS)
-        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
-                              "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             REQUEST_LATENCY_BUCKETS)
-        self.queue = histogram("vllm:request_queue_time_seconds",
-                               "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.inference = histogram("vllm:request_inference_time_seconds",
-                                   "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.prefill = histogram("vllm:request_prefill_time_seconds",
-                                 "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.decode = histogram("vllm:request_decode_time_seconds",
-                                "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.prompt_hist = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                     token_buckets)
-        self.generation_hist = histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                                         token_buckets)
-        self.max_tokens_hist = histogram("vllm:request_params_max_tokens",
-                                         "Histogram of the max_tokens request parameter.", token_buckets)
+        for attr, name, doc, buckets in HISTOGRAMS:
+            setattr(self, attr, histogram(name, doc, token_buckets if buckets is None else buckets))
         self.registry.register(_EngineCollector(read_stats, labels))
 
     # --- the engine's thread ------------------------------------------------------------------------

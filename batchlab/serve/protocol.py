@@ -18,7 +18,9 @@ ignored, except when they hold their do-nothing value (``"logprobs": null``,
 is among them: the engine returns sampled token ids, not the model's log-probabilities, so
 answering it would need the engine core to hand back logits.
 
-``/tokenize`` and ``/detokenize`` bodies are checked here too (vLLM's: ``prompt`` or
+``model`` may be the served name or the model's ``root`` (its folder, as ``/v1/models`` lists it:
+``vllm bench serve`` names the model by it). ``/tokenize`` and ``/detokenize`` bodies are
+checked here too (vLLM's: ``prompt`` or
 ``messages``, ``add_special_tokens``, ``add_generation_prompt``, ``return_token_strs``; ``tokens``).
 """
 

@@ -214,10 +214,12 @@ expect_true("the exact p99 lies within one bucket width of the histogram's", abs
             f"{abs(estimate - exact) * 1e3:.0f} ms apart, bucket {(upper - lower) * 1e3:.0f} ms wide")
 
 # %% [markdown]
-# The histogram answers "which bucket", and the interpolation inside it is a guess: with a
-# handful of requests in a 150-250 ms wide bucket, the estimate can be tens of milliseconds off.
-# That is fine for an alert, not for comparing two engines: for that, measure per request, as
-# the load client does.
+# The histogram answers "which bucket"; the interpolation inside it assumes the bucket's
+# observations are spread evenly from its lower to its upper bound. The p99 of a dozen requests
+# is the slowest of them, and its rank sits near the top of its bucket, so the estimate lands
+# near the bucket's upper bound wherever the slowest request really was: it can be off by almost
+# a bucket's width, a quarter of a second with vLLM's TTFT buckets. Good enough to raise an
+# alert; to compare two engines, measure per request, as the load client does.
 #
 # ## Chunks against tokens
 #
