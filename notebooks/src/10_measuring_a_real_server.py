@@ -319,6 +319,10 @@ plt.show()
 # NBVAL_IGNORE_OUTPUT
 bench = None
 if VLLM_READY:
+    # Warm the server first (not measured), so that neither client meets the first steps'
+    # one-time costs (the CPU kernels' per-shape set-up): the client that ran first would.
+    run_load(server.url, plan_requests(6, 32, OUTPUT_LEN, tok, arrival="at_once", seed=2),
+             max_concurrency=1, max_duration=120)
     bench = vllm_bench_serve(server.url, [
         "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
         "--random-input-len", "32", "--random-output-len", str(OUTPUT_LEN), "--num-prompts", "6",
