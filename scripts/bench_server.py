@@ -20,8 +20,9 @@ Goals: the first difference <= 10 ms; the throughput ratio >= 0.9.
 
 Two more measurements, chosen with ``--measure``:
 
-- ``metrics``: what scraping ``/metrics`` once a second costs. 64 streams (32 prompt + 64 output
-  tokens) are served with and without a scraper, alternately, ``--rounds`` times each; printed:
+- ``metrics``: what scraping ``/metrics`` once a second costs. 64 streams (32 prompt + 32 output
+  tokens) are served with and without a scraper (a process of its own, as Prometheus would be),
+  alternately, ``--rounds`` times each; printed:
   the throughput ratio per pair (goal: the scraped runs keep >= 98%), and the exposition's own
   time per scrape and the engine thread's time per token spent on the metrics.
 - ``detokenizer``: the server's incremental detokenizer, per token, at outputs of 64 and 1,024
@@ -36,10 +37,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
+import subprocess
+import sys
 import time
 
-import httpx
 import numpy as np
 
 from batchlab.analysis import metrics
@@ -87,31 +88,34 @@ def over_http(url: str, workload) -> dict:
 
 
 # --- /metrics: what a scrape a second costs ----------------------------------------------------------
-METRICS_STREAMS, METRICS_PROMPT, METRICS_OUTPUT = 64, 32, 64
+METRICS_STREAMS, METRICS_PROMPT, METRICS_OUTPUT = 64, 32, 32
+
+
+# A scraper in a process of its own, as Prometheus is: GET /metrics once a second, a line per scrape.
+SCRAPER = ("import sys, time, httpx\n"
+           "with httpx.Client(timeout=10) as c:\n"
+           "    while True:\n"
+           "        c.get(sys.argv[1] + '/metrics').raise_for_status()\n"
+           "        print('scraped', flush=True)\n"
+           "        time.sleep(1.0)\n")
 
 
 def scraped_load(url: str, workload, scrape: bool) -> tuple[float, int]:
     """(output tokens/s, scrapes made) of one 64-stream load, with a 1 Hz scraper or without."""
-    stop = threading.Event()
-    scrapes = [0]
-
-    def scraper() -> None:
-        while not stop.wait(1.0):
-            httpx.get(f"{url}/metrics", timeout=10).raise_for_status()
-            scrapes[0] += 1
-
-    thread = threading.Thread(target=scraper, daemon=True)
+    scraper = None
     if scrape:
-        thread.start()
+        scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, url], stdout=subprocess.PIPE, text=True)
+        scraper.stdout.readline()                   # started and scraped once before the load begins
     try:
         result = run_load(url, from_workload(workload), mode="closed", concurrency=METRICS_STREAMS, max_duration=900)
     finally:
-        stop.set()
-        if scrape:
-            thread.join()
+        scrapes = 0
+        if scraper is not None:
+            scraper.terminate()
+            scrapes = len(scraper.communicate()[0].splitlines())
     if not all(r.ok for r in result.records):
         raise RuntimeError(f"not every request finished: {result.status_counts()}")
-    return float(metrics.throughput(result.trace)["output_throughput"]), scrapes[0]
+    return float(metrics.throughput(result.trace)["output_throughput"]), scrapes
 
 
 def exposition_costs(lm) -> tuple[float, float]:

@@ -223,3 +223,12 @@ def test_the_command_line_sweeps_rates_and_writes_its_results(server, tmp_path, 
         assert len(rows) == 4 and set(rows["outcome"]) == {"ok"}
     assert main(["--url", server.url, "--rates", "2,-1"]) == 2
     assert "rates='2,-1'; must be" in capsys.readouterr().err
+
+
+def test_a_load_cut_at_max_duration_says_so(server, lm):
+    reqs = plan_requests(4, prompt_len=16, output_len=100, tokenizer=lm.tokenizer, arrival="poisson", rate=2.0, seed=6)
+    with pytest.warns(UserWarning, match="CUT: the load reached max_duration=1.0 s"):
+        result = run_load(server.url, reqs, target_rate=2.0, max_duration=1.0)
+    assert result.cut and "CUT:" in result.summary()
+    assert sum(result.status_counts().values()) == 4 and "ok" not in result.status_counts()
+    assert all(r.error and r.error.startswith(("cancelled", "not sent")) for r in result.records)

@@ -56,9 +56,11 @@ def test_vllm_bench_serve_runs_against_batchlab_and_agrees_with_loadgen(server):
         load = run_load(server.url, reqs, max_concurrency=1, warmup=1, max_duration=300)
         assert load.status_counts() == {"ok": NUM_PROMPTS}
         table = load.table()
-        ours.append((table.loc["ttft", "p50"], table.loc["itl", "p50"]))
+        ours.append((float(table.loc["ttft", "p50"]), float(table.loc["itl", "p50"])))
     (v_ttft, v_itl), (b_ttft, b_itl) = [tuple(sum(x) / 2 for x in zip(*runs)) for runs in (theirs, ours)]
-    report = f"vLLM bench {theirs}, loadgen {ours} (TTFT, ITL medians in seconds)"
+    def ms(runs):
+        return ", ".join(f"{ttft * 1e3:.1f} / {itl * 1e3:.1f}" for ttft, itl in runs)
+    report = f"TTFT / ITL medians (ms): vLLM bench {ms(theirs)}; loadgen {ms(ours)}"
     print(report)
     assert abs(b_ttft / v_ttft - 1) < 0.10, report
     assert abs(b_itl / v_itl - 1) < 0.10, report
