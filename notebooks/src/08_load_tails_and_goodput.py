@@ -228,16 +228,19 @@ poisson_table.pivot_table(index="load", columns="policy",
 # Why the difference? The inter-token latency is the length of a decode step. More traffic means
 # fuller steps, and on this CPU a fuller step is slower: each sequence adds its own share of the
 # step (the fitted per-sequence and per-token costs, next to the fixed cost), so from 10% to 95%
-# of capacity ITL p50 grows too, by more than half here (the growth table below). (On a GPU a decode step of 16 sequences costs
-# about what a step of one does, and ITL grows far less; notebook 01.) The time to first token
+# of capacity ITL p50 grows too: by a fifth to three quarters here, depending on the calibration
+# (the growth table below). (On a GPU a decode step of 16 sequences costs about what a step of
+# one does, and ITL grows far less; notebook 01.) The time to first token
 # contains the decode-free part of that *and* the wait in the queue, and a queue grows without
 # bound as the arrival rate approaches the service rate. So the first token grows by far more:
 # at the peak hour it is what users notice.
 #
 # The claims, for each policy and arrival process, from 10% to 95% of the policy's capacity
-# (bounds with room for the spread across calibrations, on a busy machine or a quiet one): TTFT p50 grows more than ten times and TTFT p99 more than four; ITL grows
-# by a smaller factor at the same percentile, under a third of TTFT's growth at p50 and under
-# three quarters at p99.
+# (bounds with room for the spread we measured across calibrations, which put TTFT p50's growth
+# between 10 and 27 and TTFT p99's between 3.9 and 21): TTFT p50 grows more than six times and
+# TTFT p99 more than two and a half times; on a CPU, ITL p50 grows by more than a tenth; and ITL
+# grows by a smaller factor at the same percentile, under a third of TTFT's growth at p50 and
+# under three quarters at p99.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -250,9 +253,10 @@ growth = pd.DataFrame(growth_rows).set_index(["policy", "arrivals"])
 growth.round(2)
 
 # %%
-expect("TTFT p50 growth, 10% to 95% load", growth["ttft_p50_growth"], above=10)
-expect("TTFT p99 growth, 10% to 95% load", growth["ttft_p99_growth"], above=4)
-expect("ITL p50 growth, 10% to 95% load (fuller steps are slower on this CPU)", growth["itl_p50_growth"], above=1.5)
+expect("TTFT p50 growth, 10% to 95% load", growth["ttft_p50_growth"], above=6)
+expect("TTFT p99 growth, 10% to 95% load", growth["ttft_p99_growth"], above=2.5)
+if lm.device == "cpu":
+    expect("ITL p50 growth, 10% to 95% load (fuller steps are slower on a CPU)", growth["itl_p50_growth"], above=1.1)
 expect("ITL p50 growth / TTFT p50 growth", growth["itl_p50_growth"] / growth["ttft_p50_growth"], below=1 / 3)
 expect("ITL p99 growth / TTFT p99 growth", growth["itl_p99_growth"] / growth["ttft_p99_growth"], below=0.75)
 
@@ -434,8 +438,8 @@ explore(show_load, rate=(0.2, round(1.5 * chat_capacity["continuous"], 1), 0.1),
 #   policies and returns a tidy table. Placing rates as fractions of measured `capacity` makes
 #   the sweep mean the same on any machine.
 # - Peak-hour queueing shows up in the first token: from 10% to 95% of capacity, TTFT p50 grew
-#   more than tenfold and TTFT p99 more than fourfold, while ITL grew by a smaller factor at the
-#   same percentile (more than 1.5 times at p50 on this CPU, whose fuller decode steps are slower),
+#   more than sixfold and TTFT p99 more than 2.5-fold, while ITL grew by a smaller factor at the
+#   same percentile (by more than a tenth at p50 on this CPU, whose fuller decode steps are slower),
 #   for both policies and both arrival processes. Under continuous batching the ITL tail is
 #   prefill interference: ITL p99 more than 1.8 times ITL p50 under load, wider than
 #   dynamic batching's. Bursty traffic (gamma gaps, burstiness 0.25) made TTFT p99 worse at the

@@ -271,9 +271,10 @@ bursty = run_load(server.url, bursty_reqs, target_rate=rate, max_duration=120)
 print(closed.summary(), bursty.summary(), sep="\n")
 rows = {}
 for name, res in (("closed loop, 4 users", closed), ("open loop, bursty", bursty)):
-    client_m = metrics.per_request_metrics(res.trace)
+    # queue: the server's own (arrival at the engine to its first step); TTFT: what the client saw
+    server_m, client_m = (metrics.per_request_metrics(t) for t in (res.server_trace(), res.trace))
     rows[name] = {"achieved_rate": res.rate_report()["achieved_rate"],
-                  "queue_p90": client_m["queue_time"].quantile(0.9), "queue_max": client_m["queue_time"].max(),
+                  "queue_p90": server_m["queue_time"].quantile(0.9), "queue_max": server_m["queue_time"].max(),
                   "ttft_p50": client_m["ttft"].median(), "ttft_p90": client_m["ttft"].quantile(0.9)}
 loops = pd.DataFrame(rows).T
 loops.round(3)
@@ -289,9 +290,12 @@ loops.round(3)
 # NBVAL_IGNORE_OUTPUT
 longest_step = metrics.itl_values(closed.server_trace()).max()
 print(f"longest gap between the engine's steps in the closed loop: {longest_step:.3f} s")
-assert loops.loc["closed loop, 4 users", "queue_max"] <= 1.1 * longest_step + 0.02
-assert loops.loc["open loop, bursty", "queue_max"] > 2 * loops.loc["closed loop, 4 users", "queue_max"]
-assert loops.loc["open loop, bursty", "ttft_p90"] > 1.3 * loops.loc["closed loop, 4 users", "ttft_p90"]
+expect("closed loop: longest queue wait / longest gap between steps",
+       loops.loc["closed loop, 4 users", "queue_max"] / longest_step, below=1.1)
+expect("longest queue wait, bursty open loop / closed loop",
+       loops.loc["open loop, bursty", "queue_max"] / loops.loc["closed loop, 4 users", "queue_max"], above=2)
+expect("TTFT p90, bursty open loop / closed loop",
+       loops.loc["open loop, bursty", "ttft_p90"] / loops.loc["closed loop, 4 users", "ttft_p90"], above=1.3)
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.2))
