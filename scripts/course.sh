@@ -5,10 +5,12 @@
 #                                      further options go to jupyter lab, e.g. --no-browser)
 #   bash scripts/course.sh --headless  set up, then execute every notebook in order and write the
 #                                      executed copies (with all outputs) to executed/
+#   bash scripts/course.sh --site      the same, then build the static copy of the course from
+#                                      them: site/index.html and one page per notebook
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BATCHLAB_ENTRY=course.sh bash scripts/setup.sh
-if [ "${1:-}" = "--headless" ]; then
+if [ "${1:-}" = "--headless" ] || [ "${1:-}" = "--site" ]; then
   mkdir -p executed
   for nb in notebooks/[0-9][0-9]_*.ipynb; do
     echo "== running $nb"
@@ -19,6 +21,9 @@ if [ "${1:-}" = "--headless" ]; then
     echo "   done in $(( $(date +%s) - start )) s -> executed/$(basename "$nb")"
   done
   echo "Executed notebooks are in executed/ (open them in JupyterLab or any notebook viewer)."
+  if [ "$1" = "--site" ]; then
+    .venv/bin/python scripts/build_site.py --check
+  fi
 else
   exec bash scripts/lab.sh "$@"
 fi

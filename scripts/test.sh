@@ -7,7 +7,11 @@ BATCHLAB_ENTRY=test.sh bash scripts/setup.sh
 # vLLM's CPU build in its own venv (.venv-vllm/), the reference server the tests and notebook 10
 # measure beside batchlab's (BATCHLAB_SKIP_VLLM=1 skips it; those tests then skip, except in CI).
 bash scripts/setup_vllm.sh
-export MPLBACKEND=Agg
+# The notebooks' kernels draw with matplotlib's inline backend, as in JupyterLab (MPLBACKEND=Agg
+# would draw nothing); they are written with their outputs to executed/, which the static copy of
+# the course is built from and checked against (scripts/build_site.py).
+unset MPLBACKEND
+export BATCHLAB_EXECUTED_DIR=${BATCHLAB_EXECUTED_DIR:-$PWD/executed}
 # The suite's claims are fp32's (bit-identical answers however requests are batched, logits
 # within 2e-3 of transformers'): on a CPU with bf16 units dtype="auto" would pick bf16, so the
 # main pass names its dtype. BATCHLAB_DTYPE=bfloat16 bash scripts/test.sh runs it in bf16 instead.
@@ -16,6 +20,8 @@ export BATCHLAB_DTYPE=${BATCHLAB_DTYPE:-float32}
 # The notebook whose claims depend on the dtype, again in bf16 (README: "Which checks run in
 # bf16"); only for the whole suite, not when arguments pick some tests.
 if (( $# == 0 )); then
+    echo "test.sh: the static copy of the course, from this run's executed notebooks"
+    .venv/bin/python scripts/build_site.py --executed "$BATCHLAB_EXECUTED_DIR" --check
     echo "test.sh: notebook 04 again with BATCHLAB_DTYPE=bfloat16"
-    BATCHLAB_DTYPE=bfloat16 .venv/bin/python -m pytest --nbval-lax notebooks/04_continuous_batching.ipynb
+    BATCHLAB_EXECUTED_DIR= BATCHLAB_DTYPE=bfloat16 .venv/bin/python -m pytest --nbval-lax notebooks/04_continuous_batching.ipynb
 fi

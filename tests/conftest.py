@@ -27,3 +27,9 @@ def vllm_ready():
         if os.environ.get("CI"):
             pytest.fail(f"CI sets vLLM up with scripts/setup_vllm.sh, but: {message}")
         pytest.skip(message)
+
+
+def pytest_configure(config):
+    # The tests draw figures without a screen. (Notebook kernels keep the inline backend.)
+    import matplotlib
+    matplotlib.use("Agg")

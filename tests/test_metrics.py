@@ -273,6 +273,17 @@ def test_itl_definitions_by_hand():
     assert not df.loc["vllm_itl", "includes_first_token"]
 
 
+def test_vllm_itl_counts_chunks_not_tokens():
+    # Tokens 2-3 arrive in one chunk at 2.0 s: vLLM's client sees two gaps (1.0, 2.0), where a
+    # per-token count would add a 0-second gap; a response handed over whole has no gaps at all.
+    chunked = Trace(requests=[record("a", 0.0, [1.0, 2.0, 2.0, 4.0])])
+    df = itl_definitions(chunked, percentiles=(50,))
+    assert df.loc["vllm_itl", ["count", "mean"]].tolist() == pytest.approx([2, 1.5])
+    assert df.loc["vllm_tpot", "mean"] == pytest.approx(1.0)          # (4 - 1) / (4 - 1) tokens
+    whole = Trace(requests=[record("b", 0.0, [3.0, 3.0, 3.0])])
+    assert itl_definitions(whole).loc["vllm_itl", "count"] == 0
+
+
 def test_guidellm_percentile_takes_a_value_not_an_interpolation():
     # Two 2-token requests with gaps 1 and 3 s. vLLM interpolates its median: (1 + 3) / 2 = 2.
     # GuideLLM's weights are 1 and 1, cumulative probability 0.5 and 1: the first value whose

@@ -489,9 +489,13 @@ def itl_definitions(trace: Trace, percentiles: Iterable[float] = (50, 99)) -> pd
 
     Rows (index ``definition``):
 
-    * ``vllm_itl`` -- vLLM ``vllm bench serve`` "ITL": every gap between successive tokens, pooled
-      over requests; plain mean and ``np.percentile``. (``vllm/benchmarks/serve.py``,
-      ``calculate_metrics``: ``itls += outputs[i].itl``.)
+    * ``vllm_itl`` -- vLLM ``vllm bench serve`` "ITL": every gap between successive streamed
+      *chunks*, pooled over requests; plain mean and ``np.percentile``. The client appends one gap
+      per chunk it receives after the first (``vllm/benchmarks/lib/endpoint_request_func.py``:
+      ``output.itl.append(timestamp - most_recent_timestamp)``; ``vllm/benchmarks/serve.py``,
+      ``calculate_metrics``: ``itls += outputs[i].itl``). A chunk is the tokens that became visible
+      at the same moment: with one token per chunk these are the gaps between tokens; a response
+      handed over whole has none.
     * ``vllm_tpot`` -- vLLM "TPOT (excl. 1st token)": per request ``(E2E - TTFT) / (n - 1)`` for
       ``n > 1``; one value per request. (same function.)
     * ``llmperf_inter_token_latency`` -- LLMPerf ``inter_token_latency_s``: per request, the sum of
@@ -527,7 +531,7 @@ def itl_definitions(trace: Trace, percentiles: Iterable[float] = (50, 99)) -> pd
     last = np.array([v[-1] for v in visible], dtype=float)
     multi = n > 1
 
-    gaps = np.concatenate([np.diff(v) for v in visible]) if visible else np.empty(0)
+    chunk_gaps = np.concatenate([np.diff(np.unique(v)) for v in visible]) if visible else np.empty(0)
     vllm_tpot = ((last - first)[multi] / (n[multi] - 1))
     llmperf = (last - arrival) / n if len(n) else np.empty(0)
     guide_itl, guide_itl_w = vllm_tpot, n[multi] - 1
@@ -547,8 +551,8 @@ def itl_definitions(trace: Trace, percentiles: Iterable[float] = (50, 99)) -> pd
 
     rows = [
         {"definition": "vllm_itl", "tool": "vLLM bench serve", "reported_as": "ITL",
-         "formula": "t[i+1] - t[i], every gap", "includes_first_token": False,
-         "population": "all gaps pooled", **plain(gaps)},
+         "formula": "chunk[i+1] - chunk[i], every gap", "includes_first_token": False,
+         "population": "all chunk gaps pooled", **plain(chunk_gaps)},
         {"definition": "vllm_tpot", "tool": "vLLM bench serve", "reported_as": "TPOT",
          "formula": "(E2E - TTFT) / (n - 1)", "includes_first_token": False,
          "population": "one per request with n > 1", **plain(vllm_tpot)},

@@ -170,9 +170,26 @@ print(f"admission step: {1e3 * whole_stall['admission_gap']:.0f} ms against a me
       f"{1e3 * whole_stall['running_itl_median']:.0f} ms ({whole_stall['stall_ratio']:.1f}x)")
 
 # %% [markdown]
-# A user streaming one of those answers sees the text freeze for a moment. The median gap
-# (what TPOT and mean ITL mostly report) barely moved: only the maximum tells. Now imagine a
-# busy server where prompts arrive all the time: these freezes come again and again.
+# A user streaming one of those answers sees the text freeze for a moment. The numbers most
+# dashboards show hardly notice it: spread over some fifty gaps per request, the one long gap
+# moves the mean gap (which TPOT and mean ITL report) a little and the median not at all. Here
+# are the running requests' gaps in this run, with and without the step that admitted the
+# prompt:
+
+# %%
+whole_gaps = token_gaps(whole)
+running_gaps = whole_gaps[whole_gaps["request_id"] != scenario.long_id]
+without = running_gaps[running_gaps["step_prefill_tokens"] < prompt_len]
+with_vs_without = {stat: running_gaps["gap"].agg(stat) / without["gap"].agg(stat)
+                   for stat in ("mean", "median", "max")}
+print({stat: f"x{r:.2f}" for stat, r in with_vs_without.items()})
+expect("running requests' max gap, with / without the admission step", with_vs_without["max"], above=2)
+expect("their mean gap (TPOT), with / without it", with_vs_without["mean"], below=1.5)
+expect("their median gap, with / without it", with_vs_without["median"], below=1.05)
+
+# %% [markdown]
+# Only the maximum tells. Now imagine a busy server where prompts arrive all the time: these
+# freezes come again and again.
 #
 # (If your figure shows a spike somewhere else too, that is the machine: a step measured while
 # another program had the CPU. Those spikes are why we compare runs by the gaps *while the
@@ -361,6 +378,7 @@ print(f"simulator, budget {int(budgets[0])} → {int(budgets[-1])}: newcomer TTF
 # The simulator is a model: on the real machine individual steps are noisier (the red stars sit
 # near, not on, the curve), but the direction and the size of the trade agree.
 
+# %% [markdown]
 # ## On a GPU: the same knob, another reason
 #
 # Everything above was measured on this device and simulated with a formula fitted to it, where
@@ -482,14 +500,16 @@ expect("the preset's / the measured 8-chunk price", eight_vs_one["predicted_ms"]
 # %% [markdown]
 # So the advice to "take the largest budget that meets the running requests' target" holds on
 # both, but for different reasons and with different prices. On this CPU every chunk costs a
-# fixed overhead, so chunking always costs the newcomer. On a GPU, budgets above the ridge
+# fixed overhead, so by the fitted formula chunking always costs the newcomer (and the medians
+# of the real runs above agree). On a GPU, budgets above the ridge
 # (a few hundred tokens for bf16 on an H100) are far cheaper for the newcomer than budgets below
 # it, where each chunk pays a whole weight read; but they are not free, as the datasheet's
 # roofline suggests: each chunk pays the per-step overhead and the kernels' slow turn onto their
 # compute roof, and each later chunk's attention re-reads the keys of the chunks before it. This
-# is why vLLM's defaults sit at hundreds to thousands of tokens, and why Sarathi-Serve sizes its
-# chunks to the point where a step turns compute-bound.
-##
+# is why vLLM's defaults sit at hundreds to thousands of tokens. Sarathi-Serve picks its budget
+# the way this notebook's advice does: from the time-between-tokens target, as the largest
+# budget whose steps, profiled on the device, stay within it.
+#
 # ## Explorer: the token budget
 #
 # The slider re-runs the experiment on the simulator with your budget and redraws the running
@@ -529,8 +549,8 @@ explore(show_budget, max_num_batched_tokens=(NUM_RUNNING + 4, 2 * (prompt_len + 
 #
 # - A step lasts as long as all the tokens it computes. When continuous batching admits a long
 #   prompt whole, the running requests get their next token only after the prefill: on the real
-#   model their gap at the admission step was several times their median gap, while the median
-#   itself barely moved (watch the maximum, not the mean).
+#   model their gap at the admission step was several times their median gap, while their mean
+#   gap (TPOT) moved a little and their median not at all (watch the maximum, not the mean).
 # - Chunked prefill computes a prompt in pieces under a per-step token budget, decodes first.
 #   The running requests' worst gap dropped; the newcomer's first token came later, because
 #   every extra step pays the fixed cost again.

@@ -23,7 +23,7 @@
 # - Why 2,000 tokens in / 20 out and 20 in / 2,000 out, with about the same number of tokens,
 #   stress different phases: the first spends its time before the first token, the second after.
 # - Means against percentiles: a run where the typical first token comes quickly and one request
-#   in a hundred waits about ten times longer, while the mean still looks fine.
+#   in a hundred waits many times longer, while the mean still looks fine.
 # - Why vLLM, LLMPerf, GuideLLM and AIPerf report different "ITL" numbers for the same run, and which
 #   one includes the wait for the first token.
 # - **Goodput** under service-level objectives (SLOs), and how two runs with the same
@@ -41,9 +41,11 @@ import dataclasses
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from batchlab.analysis import metrics
 from batchlab.analysis.claims import expect, expect_close
+from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
@@ -275,12 +277,97 @@ expect("full size: E2E decode-heavy / prefill-heavy",
 # in total. If users complain that answers *start* late, look at prompts and queues; if they
 # complain that answers *crawl*, look at decode.
 #
+# ### As traffic: what each one does to everyone else
+#
+# Served alone, each request keeps only itself waiting. On a server it shares every step with
+# the others. Fifteen chat users start together on the real model; their prompts are computed
+# in the first step, and from the second step on all of them are streaming their answers. We
+# serve them three times: alone, with a prefill-heavy request arriving during that first step,
+# and with a decode-heavy one arriving then. Either newcomer joins at the second step (it
+# arrived while the first was running), next to fifteen streams, on any machine.
+
+# %%
+CHAT_USERS = MAX_NUM_SEQS - 1                 # room for every chat user and the newcomer
+
+
+def chat_with(neighbour=None):
+    """CHAT_USERS chat requests at t = 0, plus one request of the `neighbour` preset arriving
+    1 ms later (during the first step), served on the real model with a budget that holds all
+    the chat prompts in the first step."""
+    reqs = make_workload(CHAT_USERS, "chat", scale="cpu", arrival="at_once", seed=6, tokenizer=lm.tokenizer)
+    if neighbour is not None:
+        extra = alone(neighbour, "cpu", lm.tokenizer)[0]
+        extra.arrival_time = 1e-3
+        reqs = reqs + [extra]
+    return serve_real(reqs, max_num_batched_tokens=4096)
+
+
+neighbours = {"no neighbour": None, "prefill-heavy": "prefill_heavy", "decode-heavy": "decode_heavy"}
+traffic = {name: chat_with(preset) for name, preset in tqdm(neighbours.items(), desc="chat runs")}
+
+# %% [markdown]
+# For each run: the chat users' gaps between tokens (mean, p99, max); the chat users' worst gap
+# ending in the step that first served the neighbour, over their median gap in the same run
+# (how hard the neighbour's arrival hit them); and how many steps the neighbour held a place in
+# the batch.
+
+# %%
+def neighbour_effect(trace, neighbour):
+    """The chat users' gaps, and what the request whose id starts with `neighbour` did to them."""
+    gaps = token_gaps(trace)
+    chat_gaps = gaps[~gaps["request_id"].str.startswith(neighbour or "-")]
+    row = {"itl_mean": chat_gaps["gap"].mean(), "itl_p99": chat_gaps["gap"].quantile(0.99),
+           "itl_max": chat_gaps["gap"].max()}
+    if neighbour is not None:
+        held = [s.index for s in trace.steps if any(c.request_id.startswith(neighbour) for c in s.chunks)]
+        hit = chat_gaps.loc[chat_gaps["step"] == held[0], "gap"].max()
+        row |= {"hit_at_arrival": hit / chat_gaps["gap"].median(), "steps_held": len(held)}
+    return row
+
+
+effects = pd.DataFrame({name: neighbour_effect(traffic[name], preset)
+                        for name, preset in neighbours.items()}).T
+effects.round(3)
+
+# %%
+pf, dc, none = effects.loc["prefill-heavy"], effects.loc["decode-heavy"], effects.loc["no neighbour"]
+# The prefill-heavy request hits everyone at once: the step with its prompt freezes every stream...
+expect("prefill-heavy neighbour: chat users' gap at its first step / their median gap",
+       pf["hit_at_arrival"], above=4)
+# ...the decode-heavy one barely: its first step carries a prompt of a few tokens...
+expect("decode-heavy neighbour: the same", dc["hit_at_arrival"], below=2)
+# ...but it stays in the batch, one token per step, many times as long.
+expect("steps in the batch, decode-heavy / prefill-heavy", dc["steps_held"] / pf["steps_held"], above=10)
+# And the means hide the freeze: the chat users' mean gap stays far below their worst one.
+expect("prefill-heavy neighbour: chat users' worst gap / mean gap", pf["itl_max"] / pf["itl_mean"], above=3)
+
+# %% [markdown]
+# The two requests stress the server in different phases, and so they hurt others differently.
+# The prefill-heavy one costs a burst of work in a single step: every user who is streaming at
+# that moment sees their text stop for several of their usual gaps (notebook 06 takes this
+# apart and cures it with chunked prefill). The decode-heavy one costs a little in every step,
+# for a long time: on this CPU each sequence in a step adds its own share of the step's time, so
+# the others' gaps grow a little while it runs; on a GPU, where a decode step of a few more
+# sequences costs about the same, the larger cost is that it holds its place in the batch and
+# its KV cache for all those steps, room that queued requests wait for when memory caps the
+# batch (notebook 05). And a dashboard that shows only the mean gap would have shown none of the
+# freeze.
+#
 # ## Means hide tails
 #
 # The article's warning: if most requests finish in a second and a few take ten, users remember
 # the few. Let's make such a run. Traffic on a real service comes in clumps, so we send chat
-# requests at full size with bursty arrivals (gamma gaps with `burstiness=0.2`) at half of what
-# the server can sustain: on average it has plenty of room, but the bursts queue.
+# requests at full size with bursty arrivals at half of what the server can sustain: on average
+# it has plenty of room, but the bursts queue. Two words for that sentence, both used again in
+# notebook 08:
+#
+# - **Burstiness** `b`: the gaps between arrivals are drawn from a gamma distribution with the
+#   mean gap `1 / rate` and a coefficient of variation (standard deviation over mean) of
+#   `1 / sqrt(b)`. `b = 1` is a Poisson process, independent clients; `b = 0.2` packs the same
+#   requests into clumps separated by silences.
+# - **Capacity**: the most requests per second the server can finish. `capacity(...)` measures
+#   it by sending every request at once, so the server never idles, and counting finished
+#   requests per second.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -313,7 +400,8 @@ print(f"{slow_share:.1%} of requests waited more than 5x the median for their fi
 
 # %%
 ax = plot_latency_cdf({"bursty chat": bursty}, metric="ttft", unit="s", logx=True,
-                      title="Most first tokens come fast; the tail is ten times later")
+                      title=f"Most first tokens come fast; p99 is {tails['p99'] / tails['p50']:.0f} "
+                            "times the median")
 for name in ("p50", "mean", "p99"):
     ax.axvline(tails[name], linestyle=":", color="gray")
     ax.text(tails[name], 0.05, f" {name}", rotation=90, fontsize=8)
@@ -325,27 +413,36 @@ plt.show()
 # Tools that all say "inter-token latency" compute different things
 # (`metrics.itl_definitions` documents each with the source it follows):
 #
-# - **vLLM** (`vllm bench serve`): *ITL* is every gap between tokens, pooled; *TPOT* is per
-#   request `(E2E - TTFT) / (n - 1)`. Neither includes the first token's wait.
+# - **vLLM** (`vllm bench serve`): *ITL* is every gap between two successive streamed chunks,
+#   pooled (a server that sends one token per chunk makes these the gaps between tokens);
+#   *TPOT* is per request `(E2E - TTFT) / (n - 1)`, counting tokens. Neither includes the first
+#   token's wait.
 # - **LLMPerf**: *inter_token_latency* is per request the sum of all gaps *starting with the
 #   wait for the first token*, over the number of tokens: `E2E / n`. It includes TTFT.
 # - **GuideLLM**: *inter_token_latency* is per request vLLM's TPOT, but its statistics weight
-#   each request by its number of gaps, so its mean equals vLLM's pooled ITL mean;
-#   *time_per_output_token* is `E2E / n`, like LLMPerf's, weighted by `n`.
+#   each request by its number of gaps, so its mean equals vLLM's pooled ITL mean when every
+#   chunk carries one token; *time_per_output_token* is `E2E / n`, like LLMPerf's, weighted by `n`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 defs = metrics.itl_definitions(trace)
 defs[["tool", "reported_as", "includes_first_token", "mean", "p50", "p99"]].round(4)
 
+# %% [markdown]
+# The first check below is a finding about this run: how much the first token's wait inflates
+# LLMPerf's number. The other three are identities of the definitions, true of every trace
+# (GuideLLM's, of every trace streamed one token per chunk); they are checked to show that the
+# table computes what the list above says.
+
 # %%
 # LLMPerf's number includes the wait for the first token, so it is larger than vLLM's TPOT.
-assert defs.loc["llmperf_inter_token_latency", "mean"] > defs.loc["vllm_tpot", "mean"], defs
-# By hand: LLMPerf is E2E / n per request.
+expect("LLMPerf's mean inter_token_latency / vLLM's mean TPOT",
+       defs.loc["llmperf_inter_token_latency", "mean"] / defs.loc["vllm_tpot", "mean"], above=1)
+# Identity: LLMPerf is E2E / n per request.
 assert np.isclose((by_hand["e2e"] / n).mean(), defs.loc["llmperf_inter_token_latency", "mean"])
-# GuideLLM weights each request by its gaps: its mean is vLLM's pooled ITL mean.
+# Identity (one token per chunk): GuideLLM's weighted mean is vLLM's pooled ITL mean.
 assert np.isclose(defs.loc["guidellm_inter_token_latency", "mean"], defs.loc["vllm_itl", "mean"])
-# GuideLLM's time per output token, weighted by n: total E2E over total tokens.
+# Identity: GuideLLM's time per output token, weighted by n, is total E2E over total tokens.
 assert np.isclose(defs.loc["guidellm_time_per_output_token", "mean"], by_hand["e2e"].sum() / n.sum())
 
 # %% [markdown]
@@ -354,8 +451,8 @@ assert np.isclose(defs.loc["guidellm_time_per_output_token", "mean"], by_hand["e
 # - *inter_token_latency*: per request `(request_latency - TTFT) / (n - 1)`, one number per
 #   request, so the same formula as vLLM's TPOT, reported as "ITL".
 # - *inter_chunk_latency*: every gap between two successive response chunks (server-sent
-#   events), pooled. It counts chunks, not tokens: when each chunk carries one token it is
-#   vLLM's ITL; when a server packs several tokens into a chunk, it sees fewer, longer gaps.
+#   events), pooled: vLLM's ITL under another name. It counts chunks, not tokens: when a
+#   server packs several tokens into a chunk, it sees fewer, longer gaps.
 #
 # On a trace a chunk is the set of tokens that became visible at the same moment.
 
@@ -381,9 +478,12 @@ all_defs = pd.concat([defs, aiperf_rows(trace)])
 all_defs[["tool", "reported_as", "includes_first_token", "count", "mean", "p50", "p99"]]
 
 # %% [markdown]
-# AIPerf's ITL is vLLM's TPOT under another name. Its inter-chunk latency equals vLLM's ITL here,
-# where every chunk carried one token; the same tokens handed over whole at the end (a
-# non-streaming server) give vLLM zero-second gaps and AIPerf none at all.
+# Two pairs of names for the same numbers: AIPerf's ITL is vLLM's TPOT, and its inter-chunk
+# latency is vLLM's ITL. What differs is what a chunk holds. Here every chunk carried one token,
+# so the chunk gaps are the token gaps and there are as many of them as TPOT's tokens minus one.
+# The same tokens handed over whole at the end (a non-streaming server) leave both clients with
+# no gaps at all, while TPOT, which divides by the token count the server reports, still has a
+# value.
 
 # %%
 assert np.isclose(all_defs.loc["aiperf_inter_token_latency", "mean"], defs.loc["vllm_tpot", "mean"])
@@ -391,8 +491,8 @@ assert all_defs.loc["aiperf_inter_chunk_latency", "count"] == defs.loc["vllm_itl
 assert np.isclose(all_defs.loc["aiperf_inter_chunk_latency", "mean"], defs.loc["vllm_itl", "mean"])
 whole = dataclasses.replace(trace, requests=[dataclasses.replace(r, streamed=False) for r in trace.requests])
 whole_defs = pd.concat([metrics.itl_definitions(whole), aiperf_rows(whole)])
-assert whole_defs.loc["vllm_itl", "count"] > 0 and whole_defs.loc["vllm_itl", "p99"] == 0
-assert whole_defs.loc["aiperf_inter_chunk_latency", "count"] == 0
+assert whole_defs.loc["vllm_itl", "count"] == 0 == whole_defs.loc["aiperf_inter_chunk_latency", "count"]
+assert whole_defs.loc["vllm_tpot", "count"] == defs.loc["vllm_tpot", "count"] > 0
 
 # %% [markdown]
 # Where the difference is dramatic is the article's prefill-heavy request: 20 output tokens

@@ -139,15 +139,20 @@ split.describe().loc[["mean", "50%", "max"]].round(4)
 
 # %% [markdown]
 # Every request's first token reached the client later than the engine computed it, and the
-# difference, what HTTP, tokenizing the prompt, detokenizing and the event loop add, is a few
-# milliseconds at the median: small next to one decode step. Most of a first token's wait is
+# difference, what HTTP, tokenizing the prompt, detokenizing and the event loop add, is
+# milliseconds at the median: under half of one decode step (printed below). Most of a first token's wait is
 # inside the engine: queueing for a slot (when requests arrive faster than slots free up), the
 # step in progress, then the prompt's own step.
 
 # %%
+decode_step = np.median(metrics.itl_values(poisson.server_trace()))
+print(f"outside the engine: {1e3 * split['outside_engine'].median():.1f} ms at the median; "
+      f"a decode step: {1e3 * decode_step:.1f} ms")
 assert (split["outside_engine"] > 0).all()
-assert split["outside_engine"].median() < 0.05
-assert split["outside_engine"].median() < split["engine_ttft"].median()
+expect("time outside the engine / one decode step (medians)", split["outside_engine"].median() / decode_step,
+       below=0.5)
+expect("time outside the engine / the engine's own TTFT (medians)",
+       split["outside_engine"].median() / split["engine_ttft"].median(), below=1)
 assert (poisson.trace.requests_df()["num_output_tokens"] == OUTPUT_LEN).all()
 
 # %%
@@ -349,8 +354,12 @@ if bench is not None:
 #
 # vLLM's CPU build runs in a venv of its own beside the course's (`bash scripts/setup_vllm.sh`
 # makes `.venv-vllm/`; CI sets it up). `start_vllm` starts its OpenAI server on the same converted
-# model folder, in fp32, with the same 4 sequences at most, and waits until it is healthy (a minute
-# or more: it compiles the model). The load client does not care whose server it measures.
+# model folder, in fp32, with the same 4 sequences at most, and waits until it is healthy (about
+# 80 s on two cores). It starts vLLM *eager* (`--enforce-eager`: no torch.compile, which would
+# add over a minute to every start on this machine) and with its periodic stats log off
+# (`--disable-log-stats`). In one side-by-side run on this machine eager decoding was about 15%
+# slower than compiled, so read vLLM's decode latencies below as a little pessimistic. The load
+# client does not care whose server it measures.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -393,8 +402,9 @@ _ = server.stop()
 #   server's own timings in an extension field.
 # - The load client measures any such server with the course's definitions and builds the same
 #   `Trace` the engine writes, so every metric works on client-side data.
-# - Client TTFT was later than the engine's own for every request, by a few milliseconds at the
-#   median: HTTP and detokenizing are a sliver; the wait is inside the engine.
+# - Client TTFT was later than the engine's own for every request, by milliseconds at the
+#   median, under half a decode step: HTTP and detokenizing are a sliver; the wait is inside
+#   the engine.
 # - `/metrics` speaks vLLM's metric names; counters are read as differences of two scrapes, and a
 #   histogram's p99 is only as fine as its buckets.
 # - Count tokens, not chunks: a server that sends a whole answer in one chunk shows no

@@ -47,6 +47,7 @@ import pandas as pd
 # The course's package: the modules this notebook's sections use.
 import batchlab
 from batchlab.analysis import metrics
+from batchlab.analysis.claims import expect
 from batchlab.analysis.diagnosis import (excess_latency, excess_share_before_first_token, idle_while_waiting,
                                          lone_decode_time, lone_ttft, num_waiting_at, steps_with_waiting,
                                          token_gaps)
@@ -271,11 +272,12 @@ print(f"doubling the batch from {b} to {2 * b} would raise throughput by {gain -
 assert gain < 1.25, gain    # the device is nearly full: a bigger batch would not absorb the peak
 
 # %% [markdown]
-# That answer belongs to the device the traces were made on: a CPU, where the fitted formula
-# makes a decode step mostly per-sequence work, so twice the sequences cost nearly twice the
-# time. On a GPU the same question has the opposite answer. A decode step of an 8B model on an
+# That answer belongs to the device the traces were made on: a CPU, where at the example's
+# batch the fitted formula puts most of a decode step's time in per-sequence work (a step of a
+# few sequences is mostly the fixed cost, as notebook 06 found; a step of this many is not), so
+# twice the sequences cost nearly twice the time. On a GPU the same question has the opposite answer. A decode step of an 8B model on an
 # H100 (the course's grounded preset of notebook 01: kernels as measured, and 2 ms of CPU work
-# per step) is bound by reading the 15 GB of weights; the sequences ride along almost free, so
+# per step) is bound by reading the 16 GB of weights; the sequences ride along almost free, so
 # doubling the batch nearly doubles throughput, until the KV memory (notebook 05) or the compute
 # roof stops it. The measured kernels move the answer only a little from the bare datasheet
 # roofline's (printed below): the weight read they add, and the overhead, are paid once per step
@@ -306,10 +308,10 @@ spread = gaps["gap"].quantile(0.99) / gaps["gap"].median()
 print(f"median gap {gaps['gap'].median() / STEP_S:.1f}x a lone step; p99 gap {spread:.1f}x the median")
 assert spread < 5, spread
 
+# The diagnosis, put together from the checks above (a summary of them, not a new check).
 pinned = at_largest > 0.8
 diagnosis = {"slow": "ttft" if share_before > 0.5 else "itl",
              "knob": "more_max_num_seqs" if pinned and gain > 1.25 else "more_capacity"}
-assert diagnosis == {"slow": "ttft", "knob": "more_capacity"}, diagnosis
 diagnosis
 
 # %% [markdown]
@@ -328,7 +330,7 @@ diagnosis
 # | late first token | a queue behind big, heavy steps; no idle time; a bigger batch adds little | more capacity / less load |
 # | slow stream, in bursts | rare long gaps, each produced by a step full of prompt tokens | chunked prefill with a modest token budget |
 # | slow stream, steadily | every gap several times a lone step; steps full of decodes; no queue | more capacity / less load |
-# | late first token, or a stream that stalls and restarts | the batch stops growing at the KV cache's size; preemptions recorded | more KV memory (budget, replicas), fewer `max_num_seqs`, keep blocks free at admission |
+# | late first token, or a stream that stalls and restarts | the batch stops growing at the KV cache's size; with a paged cache, preemptions recorded (a cache that reserves each request's whole length admits no more instead, and the queue grows) | more KV memory (budget, replicas), fewer `max_num_seqs`, keep blocks free at admission |
 #
 # `batchlab.analysis.diagnosis` has the tools: `excess_latency`, `excess_share_before_first_token`,
 # `idle_while_waiting`, `steps_with_waiting`, `num_waiting_at`, `token_gaps`.
@@ -397,8 +399,10 @@ assert narrow_pr["ttft"].median() > 3 * wide_pr["ttft"].median(), real
 assert (narrow_pr["queue_time"] / narrow_pr["ttft"]).median() > 0.8, narrow_pr
 # Wide: no queue, but every stream shares bigger steps.
 assert wide_pr["queue_time"].max() == 0.0, wide_pr["queue_time"].max()
-assert wide_pr["tpot"].median() > narrow_pr["tpot"].median(), real
-print("narrow server: a late first token (queueing); wide server: a slower stream (shared steps)")
+slower = wide_pr["tpot"].median() / narrow_pr["tpot"].median()
+if lm.device == "cpu":   # on a CPU each sequence adds its share of the step: a tenth slower or more
+    expect(f"TPOT p50, max_num_seqs={NUM} / max_num_seqs=2", slower, above=1.1)
+print(f"narrow server: a late first token (queueing); wide server: a stream x{slower:.2f} slower (shared steps)")
 
 # %% [markdown]
 # Neither is wrong in general: which one users prefer depends on what they feel more, a late

@@ -1,0 +1,108 @@
+"""Build a static, executed copy of the course: one HTML page per notebook, with every figure and
+printed result, and an index page, readable in any browser without running anything.
+
+    python scripts/build_site.py [--executed executed] [--out site] [--check]
+
+It reads executed notebooks (`bash scripts/course.sh --headless` writes them to executed/, and so
+does `bash scripts/test.sh`, from the run that checks the notebooks' claims) and converts them
+with nbconvert, which the course already installs: each page is one self-contained file with its
+figures embedded, so the folder can be opened locally, zipped or served as it is. (Jupyter Book
+would add a Sphinx toolchain for a navigation bar this course does not need.)
+
+--check fails (exit 1) unless every notebook in notebooks/ has an executed copy without errors,
+every cell that shows a figure (`plt.show()`) produced an image, and every image reached the
+page. `bash scripts/course.sh --site` runs the notebooks and then this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+from nbconvert import HTMLExporter
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURE_CALL = re.compile(r"^\s*plt\.show\(\)", re.MULTILINE)
+EMBEDDED_IMAGE = re.compile(r'<img[^>]+src="data:image/png;base64,')
+
+
+def title_of(nb: nbformat.NotebookNode, fallback: str) -> str:
+    """The notebook's first '# ' heading."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return fallback
+
+
+def png_outputs(cell: nbformat.NotebookNode) -> int:
+    return sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
+
+
+def problems_in(nb: nbformat.NotebookNode, page: str, name: str) -> list[str]:
+    """What is missing from one executed notebook and its page."""
+    problems = []
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for i, cell in enumerate(code):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            problems.append(f"{name}: code cell {i} raised {errors[0].get('ename')}: {errors[0].get('evalue')}")
+        if FIGURE_CALL.search(cell.source) and png_outputs(cell) == 0:
+            problems.append(f"{name}: code cell {i} calls plt.show() but produced no image "
+                            "(was it run with MPLBACKEND=Agg, which draws nothing?)")
+    images = sum(png_outputs(c) for c in code)
+    shown = len(EMBEDDED_IMAGE.findall(page))
+    if shown < images:
+        problems.append(f"{name}: {images} images in the executed notebook, {shown} on its page")
+    return problems
+
+
+def build(executed: Path, out: Path, check: bool) -> list[str]:
+    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    if not sources:
+        raise SystemExit(f"no notebooks in {ROOT / 'notebooks'}")
+    out.mkdir(parents=True, exist_ok=True)
+    exporter = HTMLExporter(template_name="lab")
+    rows, problems = [], []
+    for source in sources:
+        path = executed / source.name
+        if not path.exists():
+            problems.append(f"{source.name}: no executed copy in {executed} (run `bash scripts/course.sh "
+                            "--headless` or `bash scripts/test.sh` first)")
+            continue
+        nb = nbformat.read(str(path), as_version=4)
+        page, _ = exporter.from_notebook_node(nb)
+        (out / f"{source.stem}.html").write_text(page, encoding="utf-8")
+        rows.append((source.stem, title_of(nb, source.stem)))
+        if check:
+            problems += problems_in(nb, page, source.name)
+    links = "\n".join(f'<li><a href="{stem}.html">{html.escape(title)}</a></li>' for stem, title in rows)
+    (out / "index.html").write_text(
+        "<!doctype html><meta charset='utf-8'><title>batchlab: the course, executed</title>\n"
+        "<h1>batchlab: the course, executed</h1>\n"
+        "<p>Every notebook as it ran, with its figures and printed results. To run them yourself, "
+        "see the README.</p>\n"
+        f"<ol start='0'>\n{links}\n</ol>\n", encoding="utf-8")
+    print(f"{len(rows)} of {len(sources)} notebooks -> {out}/ (open {out / 'index.html'})")
+    return problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--executed", type=Path, default=ROOT / "executed", help="executed notebooks")
+    parser.add_argument("--out", type=Path, default=ROOT / "site", help="where the pages go")
+    parser.add_argument("--check", action="store_true", help="fail unless every notebook and figure made it")
+    args = parser.parse_args()
+    problems = build(args.executed, args.out, args.check)
+    if problems:
+        print("The static copy is incomplete:\n  " + "\n  ".join(problems), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
