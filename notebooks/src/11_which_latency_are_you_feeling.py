@@ -400,8 +400,8 @@ assert (narrow_pr["queue_time"] / narrow_pr["ttft"]).median() > 0.8, narrow_pr
 # Wide: no queue, but every stream shares bigger steps.
 assert wide_pr["queue_time"].max() == 0.0, wide_pr["queue_time"].max()
 slower = wide_pr["tpot"].median() / narrow_pr["tpot"].median()
-if lm.device == "cpu":   # on a CPU each sequence adds its share of the step: a tenth slower or more
-    expect(f"TPOT p50, max_num_seqs={NUM} / max_num_seqs=2", slower, above=1.1)
+if lm.device == "cpu":   # on a CPU each sequence adds its share of the step (the fitted costs say 1.2-1.3x)
+    expect(f"TPOT p50, max_num_seqs={NUM} / max_num_seqs=2", slower, above=1.05)
 print(f"narrow server: a late first token (queueing); wide server: a stream x{slower:.2f} slower (shared steps)")
 
 # %% [markdown]
