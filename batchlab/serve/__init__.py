@@ -68,10 +68,12 @@ def serve(config: ServerConfig, host: str = HOST, port: int = 8000, api_key: str
     from batchlab.model import load_model
     from batchlab.serve.memory import bound_shape_caches
     bound_shape_caches()
-    lm = lm if lm is not None else load_model(threads=threads)
+    if config.simulate is None:
+        lm = lm if lm is not None else load_model(threads=threads)
     runner = EngineRunner(config, lm)
     server = _uvicorn_server(runner, host, port, api_key, log_level)
-    print(f"batchlab.serve: {runner.scheduler!r} on {lm.name}, http://{host}:{port}", flush=True)
+    on = lm.name if runner.device is None else f"a simulated device ({runner.device.spec}; placeholder tokens)"
+    print(f"batchlab.serve: {runner.scheduler!r} on {on}, http://{host}:{port}", flush=True)
     server.run()
 
 

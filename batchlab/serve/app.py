@@ -131,7 +131,8 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
         return {"object": "list", "data": [{
             "id": runner.config.model_name, "object": "model", "created": int(runner.started_unix),
             "owned_by": "batchlab", "root": runner.model_root, "parent": None,
-            "max_model_len": runner.config.max_model_len}]}
+            "max_model_len": runner.config.max_model_len,
+            "simulated_device": None if runner.device is None else runner.device.card()}]}
 
     @app.get("/metrics")
     async def prometheus_metrics():
