@@ -182,7 +182,7 @@ def wait_router(url: str, proc: subprocess.Popen, log_path: str, timeout: float)
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
-            tail = Path(log_path).read_text(errors="replace")[-3000:]
+            tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-12:])
             raise RuntimeError(f"vllm-router at {url} exited with code {proc.returncode} before it was ready:\n{tail}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
