@@ -112,6 +112,7 @@ class LoopbackCluster:
         self.router: subprocess.Popen | None = None
         self.router_log_path = ""
         self.url = ""
+        self.policy = config.policy
 
     @property
     def replica_urls(self) -> list[str]:
@@ -134,12 +135,19 @@ class LoopbackCluster:
             raise
         return self
 
+    def use_policy(self, policy: str) -> None:
+        """Restart the router alone with another policy; the replicas (and their caches) stay."""
+        LoopbackConfig(self.config.num_replicas, policy, self.config.simulate)     # checks the name
+        self._stop_router()
+        self.policy = policy
+        self._start_router(router_binary())
+
     def _start_router(self, binary: str) -> None:
         c = self.config
         port = free_port()
         self.url = f"http://{HOST}:{port}"
         self.router_log_path = tempfile.NamedTemporaryFile(prefix="vllm-router-", suffix=".log", delete=False).name
-        cmd = [binary, "--host", HOST, "--port", str(port), "--policy", c.policy,
+        cmd = [binary, "--host", HOST, "--port", str(port), "--policy", self.policy,
                "--worker-urls", *self.replica_urls, "--worker-startup-timeout-secs", str(int(c.startup_timeout)),
                "--log-level", "warning", *c.router_args]
         with open(self.router_log_path, "w") as log:
@@ -158,6 +166,11 @@ class LoopbackCluster:
         proc.wait()
 
     def stop(self) -> None:
+        self._stop_router()
+        for replica in self.replicas:
+            replica.stop()
+
+    def _stop_router(self) -> None:
         if self.router is not None and self.router.poll() is None:
             self.router.terminate()
             try:
@@ -165,8 +178,6 @@ class LoopbackCluster:
             except subprocess.TimeoutExpired:
                 self.router.kill()
                 self.router.wait()
-        for replica in self.replicas:
-            replica.stop()
 
     def __enter__(self) -> "LoopbackCluster":
         return self.start()

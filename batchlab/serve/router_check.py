@@ -31,12 +31,13 @@ from batchlab.serve.prom import counter_delta, scrape
 HIT_FAMILIES = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries")
 
 
-def in_process_twin(config: LoopbackConfig, seed: int = 0) -> Cluster:
-    """The in-process ``Cluster`` that ``config`` stands for (see the module docstring)."""
+def in_process_twin(config: LoopbackConfig, seed: int = 0, policy: str | None = None) -> Cluster:
+    """The in-process ``Cluster`` that ``config`` stands for (see the module docstring), with
+    ``policy`` instead of the config's when given."""
     spec = ReplicaSpec(config.device().cost_model, config.kv_capacity_tokens(), config.block_size,
                        config.enable_prefix_caching, config.max_num_seqs, config.max_num_batched_tokens,
                        config.max_model_len)
-    return Cluster(ClusterConfig(config.num_replicas, config.policy, seed=seed), spec)
+    return Cluster(ClusterConfig(config.num_replicas, policy or config.policy, seed=seed), spec)
 
 
 def _hits(urls: list[str]) -> list:
@@ -57,9 +58,10 @@ def serve_through_router(lb: LoopbackCluster, requests: list[Request]) -> dict:
             "num_errors": len(errors), "num_requests": len(result.records), "wall_s": result.wall_seconds}
 
 
-def serve_in_process(config: LoopbackConfig, requests: list[Request], seed: int = 0) -> dict:
+def serve_in_process(config: LoopbackConfig, requests: list[Request], seed: int = 0,
+                     policy: str | None = None) -> dict:
     """The same numbers from the in-process twin (virtual clock)."""
-    result = in_process_twin(config, seed).run(requests)
+    result = in_process_twin(config, seed, policy).run(requests)
     df = per_request_metrics(result.merged)
     return {"ttft_p50_s": float(df["ttft"].median()), "ttft_p90_s": float(df["ttft"].quantile(0.9)),
             "prefix_hit_share": result.hit_summary()["admitted_hit_share"],
