@@ -34,12 +34,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlab.checks import check_choice, check_int, check_number
-from batchlab.serve import HOST, ServerProcess, free_port, launch_server, wait_ready
+from batchlab.serve import HOST, ServerProcess, _wait_healthy, free_port, launch_server, wait_ready
 from batchlab.serve.simulated import SimulatedDevice
 
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
@@ -189,21 +188,18 @@ class LoopbackCluster:
 def wait_router(url: str, proc: subprocess.Popen, log_path: str, timeout: float) -> None:
     """Wait until the router answers ``GET /health`` with 200 (it does once every worker is
     healthy); a RuntimeError with its log if it exits, a TimeoutError if it never answers."""
-    import httpx
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-12:])
-            raise RuntimeError(f"vllm-router at {url} exited with code {proc.returncode} before it was ready:\n{tail}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise TimeoutError(f"vllm-router at {url} was not ready after {timeout:.0f} s (log: {log_path})")
-        time.sleep(0.1)
+
+    def why_dead() -> str | None:
+        if proc.poll() is None:
+            return None
+        tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-12:])
+        return f"vllm-router exited with code {proc.returncode} before it was ready:\n{tail}"
+
+    try:
+        _wait_healthy(url, timeout, why_dead)
+    except TimeoutError:
+        proc.kill()
+        raise
 
 
 def check_replica(url: str, timeout: float = 5.0) -> None:

@@ -255,7 +255,7 @@ plt.show()
 # Through the real router as in the simulation, `cache_aware` found far more of the prompts
 # cached than `round_robin`, and the two sides agree: TTFT p50 within 15% (the real side is a
 # little slower: HTTP, the client and the servers' own Python time are not in the simulation;
-# in repeated runs on this shared machine it was 4-14% above) and prefix hits within 5 points
+# in nine runs on this shared machine it was 2-14% above) and prefix hits within 5 points
 # (identical in every run). The router itself, one request at a time, added well under a
 # millisecond to TTFT (the medians of six requests straight to a replica and six through the
 # router).
