@@ -1,18 +1,21 @@
 """Checkers for notebook 12 (one model, many replicas).
 
 Each checker runs the simulation the exercise describes (the same seeded workload and replicas,
-so the expected answer is exact) and compares. They take a few seconds (12.1) to about half a
-minute (12.2), and run only once an answer is given.
+so the expected answer is exact) and compares, once per session (cached). They take a few
+seconds (12.1) to about half a minute (12.2), and run only once an answer is given.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from batchlab.exercises import Verdict, compare, exercise
 
 SLO_P90 = 1.0
-SIZING_REPLICAS = (2, 3, 4, 5, 6, 7, 8, 9, 10)
+SIZING_REPLICAS = (2, 3, 4, 5, 6, 7, 8)
 
 
+@lru_cache(maxsize=4)
 def mixed_fleet_ratio(session_rate: float = 40.0, num_sessions: int = 800, seed: int = 0) -> float:
     """12.1: round robin's TTFT p99 / least outstanding's on the notebook's mixed fleet."""
     from batchlab.analysis.metrics import per_request_metrics
@@ -31,6 +34,7 @@ def mixed_fleet_ratio(session_rate: float = 40.0, num_sessions: int = 800, seed:
     return float(p99["round_robin"] / p99["least_outstanding"])
 
 
+@lru_cache(maxsize=4)
 def replicas_needed(session_rate: float = 25.0, num_sessions: int = 750) -> int:
     """12.2: the fewest L4 replicas (of ``SIZING_REPLICAS``) keeping TTFT p90 under ``SLO_P90``."""
     from batchlab.cluster.sweep import cluster_point, grid, run_sweep

@@ -383,7 +383,7 @@ check("12.1", answer)
 # %% [markdown]
 # **12.2** With the capacity-planning sweep above, how many L4 replicas does 25 conversations a
 # second need (`session_rate=25.0`, `num_sessions=750`, `cache_aware`, everything else as
-# above) to keep TTFT p90 under 1 s? Try 2 to 10 replicas. Answer with one integer.
+# above) to keep TTFT p90 under 1 s? Try 2 to 8 replicas. Answer with one integer.
 
 # %%
 answer = None  # your code here
