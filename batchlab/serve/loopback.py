@@ -16,8 +16,10 @@ start-up and every ``--health-check-interval-secs``, default 60), ``GET /get_loa
 load-aware policies poll ``{"load": N}``) and the OpenAI routes it forwards, with the SGLang
 fields it adds to every body (``no_stop_trim``, ``separate_reasoning``, ...).
 
+``start_router(urls, policy)`` starts the router alone in front of servers already running.
+
 Errors: a policy, replica count or simulate spec that is not allowed fails before anything
-starts; a missing router binary, a router that exits or a replica that never becomes healthy
+starts; a replica URL that does not answer ``/health`` is named; a missing router binary, a router that exits or a replica that never becomes healthy
 raise one error naming it, with the tail of its log, and stop what was started.
 ``kill_replica(i)`` ends a replica with SIGKILL: the requests it was serving end at the client
 with the error the router passes on (its stream is cut), and the router's retries send new
@@ -108,10 +110,12 @@ class LoopbackCluster:
             raise ValueError(f"config={config!r}; must be a LoopbackConfig")
         self.config = config
         self.replicas: list[ServerProcess] = []
-        self.router: subprocess.Popen | None = None
-        self.router_log_path = ""
-        self.url = ""
+        self.router: RouterProcess | None = None
         self.policy = config.policy
+
+    @property
+    def url(self) -> str:
+        return self.router.url if self.router is not None else ""
 
     @property
     def replica_urls(self) -> list[str]:
@@ -128,7 +132,7 @@ class LoopbackCluster:
                     wait_ready(replica, c.startup_timeout)
                 except (RuntimeError, TimeoutError) as e:
                     raise RuntimeError(f"replica {i} ({replica.url}) did not become healthy: {e}") from None
-            self._start_router(binary)
+            self.router = start_router(self.replica_urls, self.policy, c.router_args, c.startup_timeout, binary)
         except BaseException:
             self.stop()
             raise
@@ -137,24 +141,13 @@ class LoopbackCluster:
     def use_policy(self, policy: str) -> None:
         """Restart the router alone with another policy; the replicas (and their caches) stay."""
         LoopbackConfig(self.config.num_replicas, policy, self.config.simulate)     # checks the name
-        self._stop_router()
+        if self.router is not None:
+            self.router.stop()
         self.policy = policy
-        self._start_router(router_binary())
-
-    def _start_router(self, binary: str) -> None:
-        c = self.config
-        port = free_port()
-        self.url = f"http://{HOST}:{port}"
-        self.router_log_path = tempfile.NamedTemporaryFile(prefix="vllm-router-", suffix=".log", delete=False).name
-        cmd = [binary, "--host", HOST, "--port", str(port), "--policy", self.policy,
-               "--worker-urls", *self.replica_urls, "--worker-startup-timeout-secs", str(int(c.startup_timeout)),
-               "--log-level", "warning", *c.router_args]
-        with open(self.router_log_path, "w") as log:
-            self.router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        wait_router(self.url, self.router, self.router_log_path, c.startup_timeout)
+        self.router = start_router(self.replica_urls, policy, self.config.router_args, self.config.startup_timeout)
 
     def router_log(self) -> str:
-        return Path(self.router_log_path).read_text(errors="replace") if self.router_log_path else ""
+        return self.router.log() if self.router is not None else ""
 
     def kill_replica(self, index: int) -> None:
         """SIGKILL replica ``index`` (a crash: no graceful end for its requests)."""
@@ -165,24 +158,58 @@ class LoopbackCluster:
         proc.wait()
 
     def stop(self) -> None:
-        self._stop_router()
+        if self.router is not None:
+            self.router.stop()
         for replica in self.replicas:
             replica.stop()
-
-    def _stop_router(self) -> None:
-        if self.router is not None and self.router.poll() is None:
-            self.router.terminate()
-            try:
-                self.router.wait(10)
-            except subprocess.TimeoutExpired:
-                self.router.kill()
-                self.router.wait()
 
     def __enter__(self) -> "LoopbackCluster":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@dataclass
+class RouterProcess:
+    """A started ``vllm-router``: its process, URL and log."""
+
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_router(worker_urls: list[str], policy: str = "cache_aware", router_args: tuple[str, ...] = (),
+                 timeout: float = 120.0, binary: str | None = None) -> RouterProcess:
+    """Start ``vllm-router`` on a free 127.0.0.1 port in front of ``worker_urls`` (each checked
+    first: one that does not answer ``/health`` is named) and wait until it is ready."""
+    check_choice("policy", policy, ROUTER_POLICIES)
+    if not worker_urls:
+        raise ValueError(f"worker_urls={worker_urls!r}; must name at least one replica")
+    for url in worker_urls:
+        check_replica(url)
+    binary = binary or router_binary()
+    port = free_port()
+    log_path = tempfile.NamedTemporaryFile(prefix="vllm-router-", suffix=".log", delete=False).name
+    cmd = [binary, "--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
+           "--worker-startup-timeout-secs", str(int(timeout)), "--log-level", "warning", *router_args]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    router = RouterProcess(proc, f"http://{HOST}:{port}", log_path)
+    wait_router(router.url, proc, log_path, timeout)
+    return router
 
 
 def wait_router(url: str, proc: subprocess.Popen, log_path: str, timeout: float) -> None:
@@ -214,4 +241,5 @@ def check_replica(url: str, timeout: float = 5.0) -> None:
         raise ValueError(f"replica url={url!r} answers GET /health with HTTP {status}; must answer 200")
 
 
-__all__ = ["LoopbackCluster", "LoopbackConfig", "ROUTER_POLICIES", "check_replica", "router_binary", "wait_router"]
+__all__ = ["LoopbackCluster", "LoopbackConfig", "ROUTER_POLICIES", "RouterProcess", "check_replica", "router_binary",
+           "start_router", "wait_router"]

@@ -5,7 +5,8 @@ through ``batchlab.cluster``'s in-process twin, and the router's own added laten
 number of replicas, the same cost model, KV blocks, prefix caching and batching knobs, and
 batchlab's own version of the router's policy (same name, same published rule and defaults).
 ``serve_through_router`` runs a session workload through the router on its arrival times and
-reads TTFT at the client and prefix hits from the replicas' ``/metrics``;
+reads TTFT at the client (every request's, and p50 / p90) and prefix hits from the replicas'
+``/metrics``;
 ``serve_in_process`` runs it through the twin on the virtual clock. ``agreement`` puts the two
 side by side. ``router_added_latency`` sends requests one at a time (low load), alternating
 straight to a replica and through the router, and reports the difference of TTFT medians.
@@ -54,7 +55,7 @@ def serve_through_router(lb: LoopbackCluster, requests: list[Request]) -> dict:
     df = per_request_metrics(result.trace)
     errors = [r for r in result.records if r.error]
     return {"ttft_p50_s": float(df["ttft"].median()), "ttft_p90_s": float(df["ttft"].quantile(0.9)),
-            "prefix_hit_share": hits / queries if queries else float("nan"),
+            "ttft_s": df["ttft"].to_numpy(), "prefix_hit_share": hits / queries if queries else float("nan"),
             "num_errors": len(errors), "num_requests": len(result.records), "wall_s": result.wall_seconds}
 
 
@@ -64,7 +65,7 @@ def serve_in_process(config: LoopbackConfig, requests: list[Request], seed: int 
     result = in_process_twin(config, seed, policy).run(requests)
     df = per_request_metrics(result.merged)
     return {"ttft_p50_s": float(df["ttft"].median()), "ttft_p90_s": float(df["ttft"].quantile(0.9)),
-            "prefix_hit_share": result.hit_summary()["admitted_hit_share"],
+            "ttft_s": df["ttft"].to_numpy(), "prefix_hit_share": result.hit_summary()["admitted_hit_share"],
             "num_errors": len(requests) - len(df), "num_requests": len(requests)}
 
 
