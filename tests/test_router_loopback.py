@@ -7,7 +7,7 @@ shared with other jobs (load average 4-6), one workload's TTFT p50 through the r
 +19% from the in-process twin's over eight runs (the +19% when the other jobs were heaviest),
 and the prefix-hit shares identical in every run. The issue's bounds are asserted: 5 points on
 each workload's hits, 15% on the TTFT p50 of both workloads' requests together (pooling halves
-the noise of 32-request medians). The router added -0.8 to +0.06 ms to TTFT at low load; 10
+the noise of 32-request medians). The router added -0.8 to +1.4 ms to TTFT at low load; 10
 ms is allowed. The module took 70-100 s at that load, 50 s of it starting four servers (each
 imports torch and transformers for its tokenizer); about 55 s when the load was 2.
 """
