@@ -5,7 +5,9 @@ A ``SimBackend`` stands in for the real model at scales the real model cannot re
 a ``StepPlan`` and answers with a ``StepResult``. The differences:
 
 - ``duration`` is ``cost_model.predict(plan)``, times an optional random factor (``noise``);
-- every sampled token is the placeholder ``-1`` (there is no model to choose a real one);
+- every sampled token is the placeholder ``-1`` (there is no model to choose a real one), or the
+  ``placeholder_token`` given (a server simulating a device hands out a real vocabulary id, so
+  its detokenizer has text to send; the text means nothing);
 - the KV cache is only accounting: a ``TokenKVSpace`` of ``kv_capacity_tokens`` tokens that
   reserves whole lengths, or, with ``block_size`` set, a paged ``kv_blocks.BlockManager`` of
   ``kv_capacity_tokens // block_size`` blocks (on-demand growth, preemption and, with
@@ -41,12 +43,15 @@ class SimBackend(Backend):
 
     def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
                  noise: float = 0.0, seed: int = 0, block_size: int | None = None,
-                 enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
+                 enable_prefix_caching: bool = False, reserve_blocks: int = 0,
+                 placeholder_token: int = PLACEHOLDER_TOKEN) -> None:
         if not isinstance(cost_model, StepTimeModel):
             raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
                              "reads a saved fit) or a RooflineCostModel (backends.roofline)")
         check_number("noise", noise, hint="the lognormal sigma, 0 = no noise")
         check_int("seed", seed, minimum=-2**63)
+        check_int("placeholder_token", placeholder_token, minimum=PLACEHOLDER_TOKEN)
+        self.placeholder_token = placeholder_token
         self.cost_model = cost_model
         if block_size is None:
             if enable_prefix_caching or reserve_blocks:
@@ -77,7 +82,7 @@ class SimBackend(Backend):
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         """Predict the step's duration; every sampling chunk "produces" the placeholder token."""
         chunks = plan.chunks
-        new_tokens = dict.fromkeys([c.request_id for c in chunks if c.samples], PLACEHOLDER_TOKEN)
+        new_tokens = dict.fromkeys([c.request_id for c in chunks if c.samples], self.placeholder_token)
         if not chunks:
             return StepResult(new_tokens, 0.0)
         return StepResult(new_tokens, self.step_duration(*step_features(chunks)))

@@ -219,6 +219,14 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
     return LoadedModel(tokenizer, model, device, dtype, name, time.perf_counter() - t0, from_cache)
 
 
+def load_tokenizer(hub_model: str | None = None):
+    """The tokenizer alone (no weights): what a server simulating a device needs. The embedded
+    model is converted once first if its cached copy is missing, as ``load_model`` does."""
+    from transformers import AutoTokenizer
+    source = hub_model if hub_model is not None else _embedded_source(False, False)[0]
+    return AutoTokenizer.from_pretrained(source)
+
+
 def _embedded_source(rebuild_cache: bool, verbose: bool) -> tuple[Path, bool]:
     """The converted copy of the embedded model (converting it first if needed), and whether it
     was already in the cache."""

@@ -68,10 +68,12 @@ def serve(config: ServerConfig, host: str = HOST, port: int = 8000, api_key: str
     from batchlab.model import load_model
     from batchlab.serve.memory import bound_shape_caches
     bound_shape_caches()
-    lm = lm if lm is not None else load_model(threads=threads)
+    if config.simulate is None:
+        lm = lm if lm is not None else load_model(threads=threads)
     runner = EngineRunner(config, lm)
     server = _uvicorn_server(runner, host, port, api_key, log_level)
-    print(f"batchlab.serve: {runner.scheduler!r} on {lm.name}, http://{host}:{port}", flush=True)
+    on = lm.name if runner.device is None else f"a simulated device ({runner.device.spec}; placeholder tokens)"
+    print(f"batchlab.serve: {runner.scheduler!r} on {on}, http://{host}:{port}", flush=True)
     server.run()
 
 
@@ -149,9 +151,19 @@ def start_server(policy: str = "continuous", port: int | None = None, api_key: s
                  **knobs) -> ServerProcess:
     """Start ``python -m batchlab.serve`` on 127.0.0.1 in a subprocess and wait until it is healthy.
 
-    ``knobs`` are ``ServerConfig`` fields (``max_num_seqs=16``, ``batch_size=8``, ...), checked here
-    before anything starts. The server's output goes to ``log_path`` (a temporary file by default).
+    ``knobs`` are ``ServerConfig`` fields (``max_num_seqs=16``, ``batch_size=8``, ``simulate="H100"``,
+    ...), checked here before anything starts. The server's output goes to ``log_path`` (a
+    temporary file by default).
     """
+    server = launch_server(policy, port, api_key, threads, log_path, **knobs)
+    wait_ready(server, timeout)
+    return server
+
+
+def launch_server(policy: str = "continuous", port: int | None = None, api_key: str | None = None,
+                  threads: int | None = None, log_path: str | None = None, **knobs) -> ServerProcess:
+    """``start_server`` without the wait: the process is started and returned at once (start
+    several, then ``wait_ready`` each, and they load side by side)."""
     import tempfile
     ServerConfig(policy=policy, **knobs)                   # bad knobs fail here, with the reason
     port = port or free_port()
@@ -177,7 +189,13 @@ def start_server(policy: str = "continuous", port: int | None = None, api_key: s
     env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(proc, f"http://{HOST}:{port}", log_path)
+    return ServerProcess(proc, f"http://{HOST}:{port}", log_path)
+
+
+def wait_ready(server: ServerProcess, timeout: float = 120.0) -> None:
+    """Wait until ``server`` answers ``/health``; stop it and raise, with its log, if it exits or
+    does not answer within ``timeout`` seconds."""
+    proc = server.proc
 
     def why_dead():
         if proc.poll() is None:
@@ -189,8 +207,8 @@ def start_server(policy: str = "continuous", port: int | None = None, api_key: s
     except BaseException:
         server.stop()
         raise
-    return server
 
 
-__all__ = ["ServerConfig", "EngineRunner", "ServerThread", "ServerProcess", "start_server", "serve",
+__all__ = ["ServerConfig", "EngineRunner", "ServerThread", "ServerProcess", "start_server", "launch_server",
+           "wait_ready", "serve",
            "free_port", "DEFAULT_MODEL_NAME", "HOST"]

@@ -5,6 +5,8 @@
     python -m batchlab.serve --policy dynamic --max-batch-size 8 --batch-timeout 0.1 --release request
 
     python -m batchlab.serve --paged --enable-prefix-caching --block-size 16   # vLLM-style KV blocks
+    python -m batchlab.serve --simulate H100 --paged --enable-prefix-caching   # no model: steps take a
+                                     # Llama-3-8B-on-H100 step's predicted time; answers are placeholders
 
 SIGTERM or SIGINT (Ctrl-C): admission stops, requests in flight end with finish_reason "abort"
 and the reason "server shutting down" in the timings field, then the process exits.
@@ -47,6 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trace-window", type=int, default=10_000,
                    help="ended requests the engine's trace keeps (older ones are forgotten; /metrics counts all)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--simulate", default=None, metavar="SPEC",
+                   help="simulated device: no model weights; each step lasts the time a cost model predicts and "
+                        "the generated tokens are placeholders (' x'). SPEC: a GPU preset (H100: Llama-3-8B on "
+                        "it), MODEL@DEVICE (Llama-2-7B@A100), or a saved cost model's .json path")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
 
@@ -61,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout, release=args.release,
             max_waiting=args.max_waiting, model_name=args.model_name, paged=args.paged,
             block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
-            kv_cache_memory_bytes=args.kv_cache_memory_bytes, trace_window=args.trace_window)
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes, trace_window=args.trace_window,
+            simulate=args.simulate)
     except ValueError as e:
         print(f"batchlab.serve: {e}", file=sys.stderr)
         return 2

@@ -3,8 +3,9 @@
 Routes (as vLLM's OpenAI server names them): ``POST /v1/completions``, ``POST
 /v1/chat/completions`` (``"stream": true`` for server-sent events), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM's metric names: see ``metrics.py``),
-``POST /tokenize``, ``POST /detokenize``, and ``GET /batchlab/stats`` (queue and KV-cache
-occupancy, for tests and notebooks). With an API key, every ``/v1`` route needs
+``POST /tokenize``, ``POST /detokenize``, ``GET /get_load`` (what ``vllm-router`` polls for its
+load-aware policies: ``{"load": requests in flight}``, the SGLang worker's form), and ``GET
+/batchlab/stats`` (queue and KV-cache occupancy, for tests and notebooks). With an API key, every ``/v1`` route needs
 ``Authorization: Bearer <key>`` and answers 401 without it (the others stay open, as in vLLM).
 Every error, ``/health``'s 503 included, is an OpenAI error object:
 ``{"error": {"message", "type", "param", "code"}}``.
@@ -131,7 +132,8 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
         return {"object": "list", "data": [{
             "id": runner.config.model_name, "object": "model", "created": int(runner.started_unix),
             "owned_by": "batchlab", "root": runner.model_root, "parent": None,
-            "max_model_len": runner.config.max_model_len}]}
+            "max_model_len": runner.config.max_model_len,
+            "simulated_device": None if runner.device is None else runner.device.card()}]}
 
     @app.get("/metrics")
     async def prometheus_metrics():
@@ -151,6 +153,14 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
         ids = parse_detokenize(parse_json(await request.body()), served_model=runner.config.model_name,
                                tokenizer=runner.tokenizer, root=runner.model_root)
         return {"prompt": runner.tokenizer.decode(ids)}
+
+    @app.get("/get_load")
+    async def get_load():
+        # vllm-router (and SGLang's router before it) reads the integer "load" of each worker every
+        # few seconds and adds its own in-flight count; the other fields are SGLang's names.
+        stats = runner.stats()
+        return {"load": stats["in_flight"], "num_reqs": stats["in_flight"] - stats["waiting"],
+                "num_waiting_reqs": stats["waiting"], "num_tokens": stats["kv_used_tokens"]}
 
     @app.get("/batchlab/stats")
     async def stats():

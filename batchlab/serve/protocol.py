@@ -53,6 +53,11 @@ DO_NOTHING_VALUES = {
     "truncate_prompt_tokens": (None,), "echo": (None, False), "continue_final_message": (None, False),
     "chat_template": (None,), "chat_template_kwargs": (None, {}), "documents": (None,),
     "add_special_tokens": (None,), "store": (None, False), "metadata": (None, {}),
+    # vllm-router re-serializes each request with its own defaults of these SGLang fields (the
+    # reasoning ones ask for nothing here: the course's model writes no separate reasoning).
+    "no_stop_trim": (None, False), "return_hidden_states": (None, False),
+    "separate_reasoning": (None, True, False), "stream_reasoning": (None, True, False),
+    "include_reasoning": (None, True, False),
 }
 WHY_NOT = {
     "logprobs": "the engine returns sampled token ids, not the model's log-probabilities",

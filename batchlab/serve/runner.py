@@ -36,6 +36,7 @@ from batchlab.schedulers.base import Scheduler
 from batchlab.serve.engine_view import TraceWindow, end_state, new_preemptions, read_engine_stats, run_online_bounded
 from batchlab.serve.metrics import ServerMetrics
 from batchlab.serve.protocol import APIError, GenerationRequest
+from batchlab.serve.simulated import SimulatedDevice, placeholder_token_id
 
 POLICIES = ("static", "dynamic", "continuous")
 RELEASES = ("batch", "request")
@@ -65,6 +66,8 @@ class ServerConfig:
     ``trace_window``: ended requests the engine's trace keeps (older ones are forgotten; the
     ``/metrics`` counters keep counting them).
     ``model_root``: what ``/v1/models`` reports as ``root`` (default: the tokenizer's folder).
+    ``simulate``: None (the real model), or a simulated device's spec (``simulated.py``): steps
+    last the time its cost model predicts and the generated tokens are placeholders.
     """
 
     policy: str = "continuous"
@@ -85,6 +88,7 @@ class ServerConfig:
     kv_cache_memory_bytes: int | None = None
     trace_window: int = 10_000
     model_root: str | None = None
+    simulate: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -111,6 +115,9 @@ class ServerConfig:
         if self.enable_prefix_caching and not self.paged:
             raise ValueError("enable_prefix_caching=True; must come with paged=True (prefix caching "
                              "shares whole KV blocks)")
+        if self.simulate is not None:
+            SimulatedDevice.parse(self.simulate).kv_capacity_tokens(     # a bad spec or size fails here
+                self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
 
     def make_backend(self, lm) -> ModelBackend:
         return ModelBackend(lm, num_slots=self.max_num_seqs, max_seq_len=self.max_model_len,
@@ -202,12 +209,18 @@ class EngineRunner:
     def __init__(self, config: ServerConfig, lm=None) -> None:
         if not isinstance(config, ServerConfig):
             raise ValueError(f"config={config!r}; must be a ServerConfig")
-        from batchlab.model import load_model
+        from batchlab.model import load_model, load_tokenizer
         self.config = config
-        self.lm = lm if lm is not None else load_model()
-        self.tokenizer = self.lm.tokenizer
+        self.device = None if config.simulate is None else SimulatedDevice.parse(config.simulate)
+        if self.device is None:
+            self.lm = lm if lm is not None else load_model()
+            self.tokenizer = self.lm.tokenizer
+            self.backend = config.make_backend(self.lm)
+        else:                       # no weights: the tokenizer, and a backend that predicts step times
+            self.lm = None
+            self.tokenizer = lm.tokenizer if lm is not None else load_tokenizer()
+            self.backend = self.device.backend(config, placeholder_token_id(self.tokenizer))
         self.model_root = config.model_root or getattr(self.tokenizer, "name_or_path", None) or self.lm.name
-        self.backend = config.make_backend(self.lm)
         self.scheduler = config.make_scheduler()
         self.streams = self.scheduler.streams_tokens
         self.engine = Engine(self.scheduler, self.backend, clock="wall")
@@ -340,6 +353,7 @@ class EngineRunner:
             "finish_reason": end.finish_reason,
             "finish_detail": end.detail,
             "policy": self.config.policy,
+            "simulated": self.config.simulate,
         }
 
     def stats(self) -> dict:
@@ -350,4 +364,4 @@ class EngineRunner:
                 "accepted": self.num_accepted, "refused_429": self.num_refused,
                 "kv_used_tokens": kv.used_tokens, "kv_capacity_tokens": kv.capacity_tokens,
                 "max_model_len": self.config.max_model_len, "trace_window": self.config.trace_window,
-                "trace_forgotten": self.window.num_forgotten}
+                "trace_forgotten": self.window.num_forgotten, "simulated": self.config.simulate}

@@ -1,0 +1,245 @@
+"""A real router on loopback: ``vllm-router`` in front of N simulated-device batchlab replicas.
+
+``batchlab.cluster`` simulates routers; this module runs the real one. ``LoopbackCluster``
+starts ``num_replicas`` servers (``python -m batchlab.serve --simulate ...``, see
+``simulated.py``: real tokenizer, admission, paged KV and prefix cache; each step sleeps the
+time a cost model predicts) and then ``vllm-router`` (the Rust binary its PyPI wheel installs,
+pinned in ``requirements.txt``), all on 127.0.0.1 free ports, waits until the router says every
+worker is healthy, and tears everything down on exit::
+
+    with LoopbackCluster(LoopbackConfig(num_replicas=4, policy="cache_aware")) as lb:
+        result = run_load(lb.url, requests)           # through the router
+        direct = run_load(lb.replica_urls[0], more)   # or straight to one replica
+
+What the router needs from a replica, and gets from ``batchlab.serve``: ``GET /health`` (at
+start-up and every ``--health-check-interval-secs``, default 60), ``GET /get_load`` (its
+load-aware policies poll ``{"load": N}``) and the OpenAI routes it forwards, with the SGLang
+fields it adds to every body (``no_stop_trim``, ``separate_reasoning``, ...).
+
+``start_router(urls, policy)`` starts the router alone in front of servers already running.
+
+Errors: a policy, replica count or simulate spec that is not allowed fails before anything
+starts; a replica URL that does not answer ``/health`` is named; a missing router binary, a router that exits or a replica that never becomes healthy
+raise one error naming it, with the tail of its log, and stop what was started.
+``kill_replica(i)`` ends a replica with SIGKILL: the requests it was serving end at the client
+with the error the router passes on (its stream is cut), and the router's retries send new
+requests to the others.
+
+Sources: vllm-router 0.1.17's ``router_args.py`` (the policies and their defaults, such as
+``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5) and its
+``power_of_two.rs`` (load = the polled ``/get_load`` value + the router's own in-flight count).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batchlab.checks import check_choice, check_int, check_number
+from batchlab.serve import HOST, ServerProcess, _wait_healthy, free_port, launch_server, wait_ready
+from batchlab.serve.simulated import SimulatedDevice
+
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
+ROUTER_INSTALL = "pip install vllm-router==0.1.17 (requirements.txt pins it)"
+
+
+def router_binary() -> str:
+    """The ``vllm-router`` executable beside this Python, or on the PATH."""
+    here = Path(sys.executable).parent / "vllm-router"
+    found = str(here) if here.exists() else shutil.which("vllm-router")
+    if found is None:
+        raise RuntimeError(f"vllm-router is not installed in this environment ({sys.executable}); {ROUTER_INSTALL}")
+    return found
+
+
+@dataclass(frozen=True)
+class LoopbackConfig:
+    """The replicas (``ServerConfig`` knobs, continuous batching on a simulated device) and the router.
+
+    ``router_args``: more ``vllm-router`` flags, e.g. ``("--cache-threshold", "0.5")``.
+    """
+
+    num_replicas: int = 4
+    policy: str = "cache_aware"
+    simulate: str = "H100"
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kv_cache_memory_bytes: int | None = None
+    router_args: tuple[str, ...] = field(default_factory=tuple)
+    startup_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        check_int("num_replicas", self.num_replicas, hint="a router needs at least one replica")
+        check_choice("policy", self.policy, ROUTER_POLICIES)
+        if self.policy == "power_of_two" and self.num_replicas < 2:
+            raise ValueError(f"num_replicas={self.num_replicas}; policy 'power_of_two' needs at least 2 "
+                             "(vllm-router refuses fewer)")
+        check_number("startup_timeout", self.startup_timeout, strict=True, hint="seconds")
+        if not all(isinstance(a, str) for a in self.router_args):
+            raise ValueError(f"router_args={self.router_args!r}; must be a tuple of strings (vllm-router flags)")
+        self.replica_knobs()        # the server's own checks (the simulate spec among them)
+
+    def replica_knobs(self) -> dict:
+        from batchlab.serve.runner import ServerConfig
+        knobs = dict(simulate=self.simulate, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+                     max_num_batched_tokens=self.max_num_batched_tokens, paged=True, block_size=self.block_size,
+                     enable_prefix_caching=self.enable_prefix_caching,
+                     kv_cache_memory_bytes=self.kv_cache_memory_bytes)
+        ServerConfig(**knobs)
+        return knobs
+
+    def device(self) -> SimulatedDevice:
+        return SimulatedDevice.parse(self.simulate)
+
+    def kv_capacity_tokens(self) -> int:
+        return self.device().kv_capacity_tokens(self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
+
+
+class LoopbackCluster:
+    """``vllm-router`` and its replicas on 127.0.0.1 (see the module docstring); a context manager."""
+
+    def __init__(self, config: LoopbackConfig) -> None:
+        if not isinstance(config, LoopbackConfig):
+            raise ValueError(f"config={config!r}; must be a LoopbackConfig")
+        self.config = config
+        self.replicas: list[ServerProcess] = []
+        self.router: RouterProcess | None = None
+        self.policy = config.policy
+
+    @property
+    def url(self) -> str:
+        return self.router.url if self.router is not None else ""
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return [r.url for r in self.replicas]
+
+    def start(self) -> "LoopbackCluster":
+        c = self.config
+        binary = router_binary()
+        try:
+            knobs = c.replica_knobs()
+            self.replicas = [launch_server("continuous", **knobs) for _ in range(c.num_replicas)]
+            for i, replica in enumerate(self.replicas):
+                try:
+                    wait_ready(replica, c.startup_timeout)
+                except (RuntimeError, TimeoutError) as e:
+                    raise RuntimeError(f"replica {i} ({replica.url}) did not become healthy: {e}") from None
+            self.router = start_router(self.replica_urls, self.policy, c.router_args, c.startup_timeout, binary)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def use_policy(self, policy: str) -> None:
+        """Restart the router alone with another policy; the replicas (and their caches) stay."""
+        LoopbackConfig(self.config.num_replicas, policy, self.config.simulate)     # checks the name
+        if self.router is not None:
+            self.router.stop()
+        self.policy = policy
+        self.router = start_router(self.replica_urls, policy, self.config.router_args, self.config.startup_timeout)
+
+    def router_log(self) -> str:
+        return self.router.log() if self.router is not None else ""
+
+    def kill_replica(self, index: int) -> None:
+        """SIGKILL replica ``index`` (a crash: no graceful end for its requests)."""
+        if not (isinstance(index, int) and 0 <= index < len(self.replicas)):
+            raise ValueError(f"index={index!r}; must be an int in 0..{len(self.replicas) - 1}")
+        proc = self.replicas[index].proc
+        proc.kill()
+        proc.wait()
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+        for replica in self.replicas:
+            replica.stop()
+
+    def __enter__(self) -> "LoopbackCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass
+class RouterProcess:
+    """A started ``vllm-router``: its process, URL and log."""
+
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_router(worker_urls: list[str], policy: str = "cache_aware", router_args: tuple[str, ...] = (),
+                 timeout: float = 120.0, binary: str | None = None) -> RouterProcess:
+    """Start ``vllm-router`` on a free 127.0.0.1 port in front of ``worker_urls`` (each checked
+    first: one that does not answer ``/health`` is named) and wait until it is ready."""
+    check_choice("policy", policy, ROUTER_POLICIES)
+    if not worker_urls:
+        raise ValueError(f"worker_urls={worker_urls!r}; must name at least one replica")
+    for url in worker_urls:
+        check_replica(url)
+    binary = binary or router_binary()
+    port = free_port()
+    log_path = tempfile.NamedTemporaryFile(prefix="vllm-router-", suffix=".log", delete=False).name
+    cmd = [binary, "--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
+           "--worker-startup-timeout-secs", str(int(timeout)), "--log-level", "warning", *router_args]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    router = RouterProcess(proc, f"http://{HOST}:{port}", log_path)
+    wait_router(router.url, proc, log_path, timeout)
+    return router
+
+
+def wait_router(url: str, proc: subprocess.Popen, log_path: str, timeout: float) -> None:
+    """Wait until the router answers ``GET /health`` with 200 (it does once every worker is
+    healthy); a RuntimeError with its log if it exits, a TimeoutError if it never answers."""
+
+    def why_dead() -> str | None:
+        if proc.poll() is None:
+            return None
+        tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-12:])
+        return f"vllm-router exited with code {proc.returncode} before it was ready:\n{tail}"
+
+    try:
+        _wait_healthy(url, timeout, why_dead)
+    except TimeoutError:
+        proc.kill()
+        raise
+
+
+def check_replica(url: str, timeout: float = 5.0) -> None:
+    """A ValueError naming ``url`` unless it answers ``GET /health`` with 200."""
+    import httpx
+    try:
+        status = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code
+    except httpx.HTTPError as e:
+        raise ValueError(f"replica url={url!r} does not answer GET /health ({type(e).__name__}: {e}); "
+                         "must be a running server") from None
+    if status != 200:
+        raise ValueError(f"replica url={url!r} answers GET /health with HTTP {status}; must answer 200")
+
+
+__all__ = ["LoopbackCluster", "LoopbackConfig", "ROUTER_POLICIES", "RouterProcess", "check_replica", "router_binary",
+           "start_router", "wait_router"]

@@ -1,0 +1,122 @@
+"""The server's simulated-device mode: real serving code, predicted step times, placeholder text.
+
+``python -m batchlab.serve --simulate H100 --paged --enable-prefix-caching`` serves the same HTTP
+API with the same tokenizer, admission control, scheduler, paged KV accounting and prefix cache
+as the real server, but its engine runs on a ``SimBackend``: a step computes no tensors and
+lasts the wall time its cost model predicts (the wall clock sleeps the difference, see
+``clock.py``). A replica then costs a few milliseconds of CPU per step however large the device
+it pretends to be, so 4-8 of them fit on a 2-core machine behind a router.
+
+What it is not: the generated tokens are placeholders. Every sampled token is the id of
+``PLACEHOLDER_TEXT`` (" x"), so an answer reads " x x x ..." and runs to ``max_tokens`` (it never
+samples an end-of-sequence token). ``/v1/models`` says so (``"simulated_device"``), and so does
+every response's ``"batchlab"`` timings field (``"simulated": "<spec>"``).
+
+``--simulate SPEC`` takes:
+
+- ``DEVICE``, a GPU preset (``T4``, ``L4``, ``A100``, ``H100``, ``H200``): ``DEFAULT_SHAPE``
+  (Llama-3-8B) on that device, the grounded roofline (``RooflineCostModel.for_device``);
+- ``MODEL@DEVICE``, a model shape from ``MODEL_SHAPES`` on a preset, e.g. ``Llama-2-7B@A100``;
+- a path to a saved cost model (``*.json``: ``CostModel.save``'s additive fit, or a
+  ``RooflineCostModel.to_dict()``).
+
+Token counts come from the course's tokenizer (SmolLM2's), treated as the simulated model's
+tokens: the lengths are right for batching, the vocabulary is not the simulated model's. The KV
+cache holds ``--kv-cache-memory-bytes`` divided by the simulated model's bytes per token (the
+additive fit has no shape: SmolLM2-135M's), or ``--max-num-seqs`` x ``--max-model-len`` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchlab.backends import SimBackend
+from batchlab.backends.cost_model import CostModel, StepTimeModel
+from batchlab.backends.decoder_shape import MODEL_SHAPES, ModelShape, model_shape
+from batchlab.backends.device_presets import load_device_presets
+from batchlab.backends.roofline import RooflineCostModel
+
+DEFAULT_SHAPE = "Llama-3-8B"
+PLACEHOLDER_TEXT = " x"
+ADDITIVE_FIT_SHAPE = "SmolLM2-135M"     # the additive CPU fit is of the course's model
+NOTE = "simulated device: step times are a cost model's predictions; generated tokens are placeholders"
+
+
+def allowed_specs() -> str:
+    devices = ", ".join(sorted(load_device_presets()))
+    return (f"a GPU preset ({devices}), MODEL@DEVICE with MODEL one of {sorted(MODEL_SHAPES)}, or the path "
+            "of a saved cost model (.json)")
+
+
+@dataclass(frozen=True)
+class SimulatedDevice:
+    """A parsed ``--simulate`` spec: the cost model, and the shape its KV cache is sized by."""
+
+    spec: str
+    cost_model: StepTimeModel
+    shape: ModelShape
+    dtype_bytes: int
+
+    @classmethod
+    def parse(cls, spec: object) -> "SimulatedDevice":
+        """``spec`` as described in the module docstring; a ValueError naming it otherwise."""
+        if not isinstance(spec, str) or not spec.strip():
+            raise ValueError(f"simulate={spec!r}; must be {allowed_specs()}")
+        if spec.endswith(".json"):
+            return cls._from_file(spec)
+        model, _, device = spec.rpartition("@")
+        devices = load_device_presets()
+        if device not in devices or (model and model not in MODEL_SHAPES):
+            raise ValueError(f"simulate={spec!r}; must be {allowed_specs()}")
+        shape = model_shape(model or DEFAULT_SHAPE)
+        preset = devices[device]
+        return cls(spec, RooflineCostModel.for_device(shape, preset), shape, preset.dtype_bytes)
+
+    @classmethod
+    def _from_file(cls, spec: str) -> "SimulatedDevice":
+        path = Path(spec)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"simulate={spec!r}: cannot read a cost model from it ({type(e).__name__}: {e}); "
+                             f"must be {allowed_specs()}") from None
+        if isinstance(data, dict) and "shape" in data:
+            model = RooflineCostModel.from_dict(data)
+            return cls(spec, model, model.shape, model.dtype_bytes)
+        return cls(spec, CostModel.from_dict(data), model_shape(ADDITIVE_FIT_SHAPE), 4)
+
+    def kv_capacity_tokens(self, kv_cache_memory_bytes: int | None, max_num_seqs: int, max_model_len: int) -> int:
+        if kv_cache_memory_bytes is None:
+            return max_num_seqs * max_model_len
+        tokens = kv_cache_memory_bytes // self.shape.kv_bytes_per_token(self.dtype_bytes)
+        if tokens < max_model_len:
+            raise ValueError(f"kv_cache_memory_bytes={kv_cache_memory_bytes}: holds {tokens} tokens of "
+                             f"{self.shape.name}, fewer than max_model_len={max_model_len}; must hold at least one "
+                             "whole sequence")
+        return tokens
+
+    def backend(self, config, placeholder_token: int) -> SimBackend:
+        """The engine's backend for a ``ServerConfig`` (its KV cache knobs)."""
+        tokens = self.kv_capacity_tokens(config.kv_cache_memory_bytes, config.max_num_seqs, config.max_model_len)
+        return SimBackend(self.cost_model, tokens, config.max_model_len,
+                          block_size=config.block_size if config.paged else None,
+                          enable_prefix_caching=config.enable_prefix_caching,
+                          placeholder_token=placeholder_token)
+
+    def card(self) -> dict:
+        """What ``/v1/models`` says about the simulation."""
+        return {"spec": self.spec, "shape": self.shape.name, "cost_model": repr(self.cost_model),
+                "placeholder_text": PLACEHOLDER_TEXT, "note": NOTE}
+
+
+def placeholder_token_id(tokenizer) -> int:
+    """The one token every simulated step samples (``PLACEHOLDER_TEXT``)."""
+    ids = tokenizer.encode(PLACEHOLDER_TEXT, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"PLACEHOLDER_TEXT={PLACEHOLDER_TEXT!r} is {len(ids)} tokens for this tokenizer; must be one")
+    return ids[0]
+
+
+__all__ = ["SimulatedDevice", "placeholder_token_id", "allowed_specs", "DEFAULT_SHAPE", "PLACEHOLDER_TEXT", "NOTE"]

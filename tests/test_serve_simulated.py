@@ -1,0 +1,86 @@
+"""The server's simulated-device mode (``--simulate``): a real server subprocess, no model weights.
+
+Small: one server, a few short requests. Step times are asserted loosely (the machine is shared):
+a simulated decode step must last at least the cost model's prediction, since the wall clock
+sleeps up to it, and not far beyond it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from batchlab.serve import ServerConfig, start_server
+from batchlab.serve.simulated import PLACEHOLDER_TEXT, SimulatedDevice
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def sim_server():
+    with start_server(simulate="L4", paged=True, enable_prefix_caching=True, max_num_seqs=16,
+                      max_model_len=2048) as server:
+        yield server
+
+
+def test_the_model_card_and_every_response_say_the_tokens_are_placeholders(sim_server):
+    card = httpx.get(f"{sim_server.url}/v1/models", timeout=10).json()["data"][0]["simulated_device"]
+    assert card["spec"] == "L4" and card["shape"] == "Llama-3-8B" and "placeholder" in card["note"]
+    r = httpx.post(f"{sim_server.url}/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": "Tell me about rivers.", "max_tokens": 6}).json()
+    assert r["choices"][0]["text"] == PLACEHOLDER_TEXT * 6
+    assert r["choices"][0]["finish_reason"] == "length" and r["batchlab"]["simulated"] == "L4"
+
+
+def test_steps_last_the_predicted_time_and_prefix_caching_is_the_real_code(sim_server):
+    model = SimulatedDevice.parse("L4").cost_model
+    prompt = list(range(1000, 1000 + 320))                  # 20 whole blocks of 16
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8}
+    first = httpx.post(f"{sim_server.url}/v1/completions", json=body, timeout=60).json()["batchlab"]
+    gaps = np.diff(first["token_times"])
+    predicted = model.predict_features(1, 1, len(prompt) + 4)
+    assert predicted * 0.98 <= np.median(gaps) <= predicted * 1.5 + 0.02, (gaps, predicted)
+    stats_before = httpx.get(f"{sim_server.url}/metrics", timeout=10).text
+    again = httpx.post(f"{sim_server.url}/v1/completions", json=body, timeout=60).json()["batchlab"]
+    stats_after = httpx.get(f"{sim_server.url}/metrics", timeout=10).text
+
+    def hits(text: str) -> float:
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits"))
+    assert hits(stats_after) - hits(stats_before) >= 304      # all but the last block found cached
+    assert again["ttft_s"] < first["ttft_s"]                  # a 16-token prefill is shorter than 320
+
+
+def test_get_load_answers_what_vllm_router_polls(sim_server):
+    load = httpx.get(f"{sim_server.url}/get_load", timeout=10).json()
+    assert load["load"] == 0 and set(load) >= {"num_reqs", "num_waiting_reqs"}
+
+
+def test_router_added_fields_are_accepted(sim_server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "no_stop_trim": False, "separate_reasoning": True, "stream_reasoning": True,
+            "return_hidden_states": False, "include_reasoning": True}
+    assert httpx.post(f"{sim_server.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize("spec", ["X100", "Llama-9@H100", "H100@Llama-3-8B", "", "/nonexistent/model.json"])
+def test_a_bad_simulate_spec_is_named_with_what_is_allowed(spec):
+    with pytest.raises(ValueError, match="simulate=.*must be a GPU preset"):
+        ServerConfig(simulate=spec)
+
+
+def test_the_cli_refuses_a_bad_spec_before_loading_anything():
+    out = subprocess.run([sys.executable, "-m", "batchlab.serve", "--simulate", "B300"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and "simulate='B300'" in out.stderr and "H100" in out.stderr
+
+
+def test_a_saved_cost_model_can_be_simulated(tmp_path):
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(SimulatedDevice.parse("A100").cost_model.to_dict()))
+    device = SimulatedDevice.parse(str(path))
+    assert device.shape.name == "Llama-3-8B" and device.cost_model == SimulatedDevice.parse("A100").cost_model
