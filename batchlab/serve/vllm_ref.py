@@ -173,3 +173,12 @@ def _log_tail(log: str, lines: int = 25) -> str:
     rows = [r for r in log.splitlines() if r.strip()]
     errors = [r for r in rows if "Error" in r or "error" in r][-8:]
     return "\n".join(errors + ["..."] + rows[-lines:] if errors else rows[-lines:])
+
+
+def ensure_running(server: ServerProcess) -> None:
+    """Raise ``VLLMUnavailable`` with one sentence (and the log's last lines) if vLLM has exited."""
+    code = server.proc.poll()
+    if code is not None:
+        raise VLLMUnavailable(f"vLLM exited mid-run with exit code {code} (its log: {server.log_path}); "
+                              "start it again, and if it exits again, the end of its log says why:\n"
+                              f"{_log_tail(server.log(), 8)}")
