@@ -6,6 +6,8 @@
 - ``prompts.py``: prompts from a JSONL file (completions or chat), arrival times, text prompts.
 - ``sweep.py``: SLOs in vLLM's ``--goodput`` form, and a sweep over request rates with DistServe's
   goodput at the end.
+- ``calibrate.py``: the course's cost model fitted from outside a server (lone prompts, concurrent decodes).
+- ``predict.py``: a load predicted on the simulator under a server's knobs, beside what was measured.
 - ``__main__.py``: the command line.
 
 From a notebook::
