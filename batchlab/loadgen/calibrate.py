@@ -39,7 +39,7 @@ class OutsideInConfig:
 
     prompt_lens: tuple[int, ...] = (16, 128, 256, 512)
     prompt_repeats: int = 3
-    decode_batches: tuple[int, ...] = (1, 4, 16)
+    decode_batches: tuple[int, ...] = (1, 2, 4, 16)
     decode_prompt_len: int = 32
     decode_output_len: int = 40
 

@@ -65,3 +65,17 @@ def compare(predicted: Trace, measured: Trace) -> pd.DataFrame:
     df = pd.DataFrame({"predicted": load_figures(predicted), "measured": load_figures(measured)})
     df["error"] = df["predicted"] / df["measured"] - 1
     return df
+
+
+def newcomer_figures(trace: Trace, newcomer_id: str) -> dict[str, float]:
+    """A long prompt arriving among running streams: the others' ITL p99 and longest gap (s), and
+    the newcomer's TTFT (s). Works on a simulated trace and on a client's alike."""
+    records = {r.request_id: r for r in trace.requests}
+    if newcomer_id not in records:
+        raise ValueError(f"newcomer_id={newcomer_id!r}; the trace holds {sorted(records)[:8]}...")
+    newcomer = records.pop(newcomer_id)
+    if not newcomer.token_times or not all(r.token_times for r in records.values()):
+        raise ValueError("every request must have produced tokens (did the load finish?)")
+    gaps = np.concatenate([np.diff(np.asarray(r.visible_token_times, dtype=float)) for r in records.values()])
+    return {"others_itl_p99": float(np.percentile(gaps, 99)), "others_max_gap": float(gaps.max()),
+            "newcomer_ttft": float(newcomer.visible_token_times[0] - newcomer.arrival_time)}

