@@ -6,6 +6,8 @@
 - ``prompts.py``: prompts from a JSONL file (completions or chat), arrival times, text prompts.
 - ``sweep.py``: SLOs in vLLM's ``--goodput`` form, and a sweep over request rates with DistServe's
   goodput at the end.
+- ``calibrate.py``: the course's cost model fitted from outside a server (lone prompts, concurrent decodes).
+- ``predict.py``: a load predicted on the simulator under a server's knobs, beside what was measured.
 - ``__main__.py``: the command line.
 
 From a notebook::
@@ -28,12 +30,16 @@ from batchlab.requests import Request
 
 
 def plan_requests(n: int, prompt_len: int, output_len: int, tokenizer, arrival: str = "poisson",
-                  rate: float | None = None, burstiness: float = 1.0, seed: int = 0) -> list[LoadRequest]:
+                  rate: float | None = None, burstiness: float = 1.0, seed: int = 0,
+                  id_prefix: str = "r") -> list[LoadRequest]:
     """``n`` requests with corpus prompts of exactly ``prompt_len`` tokens (the course's tokenizer)
-    and ``output_len`` output tokens, arriving by ``arrival`` (see ``batchlab.workloads``)."""
+    and ``output_len`` output tokens, arriving by ``arrival`` (see ``batchlab.workloads``). A prompt's
+    text comes from its request id: give loads sent to one server other ``id_prefix`` es, so that a
+    prefix cache does not serve one load from another's prompts."""
     from batchlab.workloads import make_workload
     return from_workload(make_workload(n, prompt_len=prompt_len, output_len=output_len, arrival=arrival,
-                                       rate=rate, burstiness=burstiness, seed=seed, tokenizer=tokenizer))
+                                       rate=rate, burstiness=burstiness, seed=seed, tokenizer=tokenizer,
+                                       id_prefix=id_prefix))
 
 
 def replay_requests(path: str, tokenizer) -> list[LoadRequest]:

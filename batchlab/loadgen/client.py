@@ -56,7 +56,9 @@ LATE_SEND_S = 0.010      # a send this much after its planned time counts as lat
 class LoadRequest:
     """One request to send: ``prompt`` is text or token ids (completions only), or ``messages``
     (chat: a list of ``{"role", "content"}``); ``arrival_time`` is when to send it in open loop
-    (seconds after the load starts; ignored in closed loop); ``prompt_len`` its tokens, if known."""
+    (seconds after the load starts; ignored in closed loop); ``prompt_len`` its tokens, if known;
+    ``extra_body``: fields for this request alone (e.g. vLLM's ``{"cache_salt": "..."}``), over the
+    load's own ``extra_body``."""
 
     request_id: str
     prompt: str | list[int] | None
@@ -64,6 +66,7 @@ class LoadRequest:
     arrival_time: float = 0.0
     prompt_len: int = -1
     messages: list[dict] | None = None
+    extra_body: dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -81,6 +84,8 @@ class LoadRequest:
         if not (isinstance(self.arrival_time, (int, float)) and math.isfinite(self.arrival_time)
                 and self.arrival_time >= 0):
             raise ValueError(f"request {self.request_id!r}: arrival_time={self.arrival_time!r}; must be >= 0")
+        if self.extra_body is not None and not isinstance(self.extra_body, dict):
+            raise ValueError(f"request {self.request_id!r}: extra_body={self.extra_body!r}; must be a dict or None")
 
 
 def from_workload(requests: list[Request]) -> list[LoadRequest]:
@@ -218,7 +223,8 @@ class _Clock:
 
 def _body(lr: LoadRequest, endpoint: str, model: str, sampling: dict) -> dict:
     body = {"model": model, "max_tokens": lr.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **sampling}
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **sampling,
+            **(lr.extra_body or {})}
     if endpoint == "chat":
         if lr.messages is not None:
             body["messages"] = lr.messages

