@@ -157,6 +157,12 @@ pd.DataFrame({"control (no newcomer)": {"running_itl_median": control_gaps.media
               "whole prompt in one step": whole_stall[["running_itl_median", "running_itl_max",
                                                       "admission_gap"]]}).astype(float).round(3)
 
+# %% [markdown]
+# One number sums the stall up: `stall_ratio`, the admission gap over the running requests'
+# median gap in the same run, i.e. how many of their usual gaps the freeze lasted. (Dividing by
+# a run's own median also keeps two runs comparable when the machine's speed changes between
+# them; the `_rel` columns below do the same.)
+
 # %%
 # The step that admits the prompt makes every running request wait several typical gaps.
 assert whole_stall["stall_ratio"] >= 3, (

@@ -330,7 +330,7 @@ effects = pd.DataFrame({name: neighbour_effect(traffic[name], preset)
 effects.round(3)
 
 # %%
-pf, dc, none = effects.loc["prefill-heavy"], effects.loc["decode-heavy"], effects.loc["no neighbour"]
+pf, dc = effects.loc["prefill-heavy"], effects.loc["decode-heavy"]
 # The prefill-heavy request hits everyone at once: the step with its prompt freezes every stream...
 expect("prefill-heavy neighbour: chat users' gap at its first step / their median gap",
        pf["hit_at_arrival"], above=4)
