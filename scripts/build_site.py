@@ -10,8 +10,8 @@ figures embedded, so the folder can be opened locally, zipped or served as it is
 would add a Sphinx toolchain for a navigation bar this course does not need.)
 
 --check fails (exit 1) unless every notebook in notebooks/ has an executed copy without errors,
-every cell that shows a figure (`plt.show()`) produced an image, and every image reached the
-page. `bash scripts/course.sh --site` runs the notebooks and then this script.
+every cell that shows a figure (`plt.show()` at its top level, not inside a function it defines
+or a branch it may skip) produced an image, and every image reached the page. `bash scripts/course.sh --site` runs the notebooks and then this script.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import nbformat
 from nbconvert import HTMLExporter
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURE_CALL = re.compile(r"^\s*plt\.show\(\)", re.MULTILINE)
+FIGURE_CALL = re.compile(r"^plt\.show\(\)", re.MULTILINE)   # at the cell's top level, not in a def
 EMBEDDED_IMAGE = re.compile(r'<img[^>]+src="data:image/png;base64,')
 
 

@@ -55,3 +55,9 @@ def test_an_image_missing_from_the_page_is_reported():
     nb = notebook([new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"})])
     assert build_site.problems_in(nb, "<html>no images</html>", "99_test.ipynb") == [
         "99_test.ipynb: 1 images in the executed notebook, 0 on its page"]
+
+
+def test_a_function_that_shows_a_figure_is_not_a_figure_cell():
+    nb = notebook([])
+    nb.cells[1].source = "def draw():\n    plt.plot([1, 2])\n    plt.show()"
+    assert check(nb)[0] == []
