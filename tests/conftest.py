@@ -29,20 +29,6 @@ def vllm_ready():
         pytest.skip(message)
 
 
-def vllm_server(**start_args):
-    """A module fixture's body: vLLM started with ``start_args`` (skipped where it cannot run),
-    yielded, and stopped."""
-    from batchlab.serve.vllm_ref import VLLMUnavailable, start_vllm
-    try:
-        server = start_vllm(**start_args)
-    except VLLMUnavailable as e:
-        pytest.skip(f"vLLM cannot run on this machine: {e}")
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def pytest_configure(config):
     # The tests draw figures without a screen. (Notebook kernels keep the inline backend.)
     import matplotlib

@@ -12,8 +12,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from batchlab.serve.vllm_ref import SERVED_MODEL_NAME
-from conftest import vllm_server
+from batchlab.serve.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def add(a, b):", "Once upon a time",
            "The best way to learn to cook is", "Water boils at", "My favourite season is", "A train timetable"]
@@ -22,7 +21,14 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def vllm(vllm_ready):
-    yield from vllm_server(max_model_len=512, max_num_seqs=16)
+    try:
+        server = start_vllm(max_model_len=512, max_num_seqs=16)
+    except VLLMUnavailable as e:
+        pytest.skip(f"vLLM cannot run on this machine: {e}")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def test_vllm_greedy_outputs_equal_batchlabs(vllm, lm):
