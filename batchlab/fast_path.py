@@ -205,6 +205,9 @@ class DecodeRuns:
         kv = self.engine.scheduler.kv
         if not (self.grows and isinstance(kv, BlockManager)):
             return run.last_offset
+        # Plenty of free blocks (each sequence's growth to the run's end, plus one): no count needed.
+        if kv.num_free_blocks >= run.num_seqs * ((run.last_offset - self.offset) // kv.block_size + 2):
+            return run.last_offset
         held = [kv.num_tokens_of[rid] for rid in run.request_ids]
         return steps_before_blocks_run_out(held, kv.block_size, kv.num_free_blocks)
 

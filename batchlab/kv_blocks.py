@@ -48,6 +48,7 @@ from batchlab.checks import check_bool, check_int, is_int
 from batchlab.kv_space import KVCacheFullError
 
 DEFAULT_BLOCK_SIZE = 16   # vLLM's default block size on GPUs
+_CHAIN_MEMO_SIZE = 4096   # prompts whose block hashes are remembered (see BlockPool.block_chain)
 
 
 def check_block_size(block_size: object) -> None:
@@ -65,7 +66,8 @@ def chain_hash(parent: int | None, block_tokens: Sequence[int]) -> int:
 
 
 class BlockPool:
-    """The blocks themselves: reference counts, the free queue (LRU), and the prefix cache's hashes.
+    """The blocks themselves: reference counts, the free blocks (cached ones in LRU order), and the
+    prefix cache's hashes.
 
     A block is free when nobody references it; a free block may still hold a cached prefix (its
     hash), which is evicted only when the block is taken for something else.
@@ -78,17 +80,28 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # checks a hash hit
         self.hash_to_block: dict[int, int] = {}
-        # Blocks nobody references, least recently freed first (the next to be overwritten).
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Blocks nobody references, in the order they will be taken: first the ones that cache
+        # nothing (a stack: the last one pushed is taken first), then the cached ones, least
+        # recently freed first (the LRU end; taking one evicts its prefix).
+        self.free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.free_cached: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
+        # Each prompt's chained block hashes, computed once: a scheduler asks about the head of its
+        # queue every step. Keyed by the prompt list's identity (the entry holds it, so the id
+        # cannot be reused while the entry lives); cleared when it grows past _CHAIN_MEMO_SIZE.
+        self._chains: dict[int, tuple[Sequence[int], list[int], list[tuple[int, ...]]]] = {}
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return len(self.free_uncached) + len(self.free_cached)
 
     @property
     def used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_queue)
+        return self.num_blocks - self.num_free_blocks
+
+    def free_blocks_in_order(self) -> list[int]:
+        """The free blocks, the next to be taken first."""
+        return self.free_uncached[::-1] + list(self.free_cached)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -98,33 +111,70 @@ class BlockPool:
         """The cached blocks that start ``prompt_ids``: full blocks only, at most ``max_tokens``."""
         if not self.enable_prefix_caching or prompt_ids is None:
             return []
-        bs = self.block_size
         hits: list[int] = []
-        parent = None
-        for b in range(min(len(prompt_ids), max_tokens) // bs):
-            tokens = tuple(prompt_ids[b * bs:(b + 1) * bs])
-            parent = chain_hash(parent, tokens)
-            block = self.hash_to_block.get(parent)
-            if block is None or self.block_tokens[block] != tokens:
+        hash_to_block, block_tokens = self.hash_to_block, self.block_tokens
+        num_blocks = min(len(prompt_ids), max_tokens) // self.block_size
+        if num_blocks <= 0 or hash_to_block.get(self.block_chain(prompt_ids, 1)[0][0]) is None:
+            return hits                          # (the common miss, without hashing the whole prompt)
+        hashes, tokens = self.block_chain(prompt_ids, num_blocks)
+        for b in range(num_blocks):
+            block = hash_to_block.get(hashes[b])
+            if block is None or block_tokens[block] != tokens[b]:
                 break
             hits.append(block)
         return hits
 
+    def block_chain(self, prompt_ids: Sequence[int], num_blocks: int) -> tuple[list[int], list[tuple[int, ...]]]:
+        """The chained hashes and the token ids of (at least) the first ``num_blocks`` full blocks
+        of ``prompt_ids``, computed once per prompt."""
+        entry = self._chains.get(id(prompt_ids))
+        if entry is None or entry[0] is not prompt_ids:
+            if len(self._chains) >= _CHAIN_MEMO_SIZE:
+                self._chains.clear()
+            entry = self._chains[id(prompt_ids)] = (prompt_ids, [], [])
+        _, hashes, tokens = entry
+        bs = self.block_size
+        for b in range(len(hashes), min(num_blocks, len(prompt_ids) // bs)):
+            block_tokens = tuple(prompt_ids[b * bs:(b + 1) * bs])
+            hashes.append(chain_hash(hashes[-1] if hashes else None, block_tokens))
+            tokens.append(block_tokens)
+        return hashes, tokens
+
     def _take_free_block(self) -> int:
-        """The least recently freed block; if it still holds a cached prefix, that entry is evicted."""
-        block, _ = self.free_queue.popitem(last=False)
-        h = self.block_hash[block]
-        if h is not None:
-            del self.hash_to_block[h]
+        """A free block that caches nothing if there is one, else the least recently freed cached
+        block, whose prefix is evicted."""
+        if self.free_uncached:
+            block = self.free_uncached.pop()
+        else:
+            block, _ = self.free_cached.popitem(last=False)
+            del self.hash_to_block[self.block_hash[block]]
             self.block_hash[block] = self.block_tokens[block] = None
             self.num_evictions += 1
         self.ref_count[block] = 1
         return block
 
+    def _take_blocks(self, table: list[int], num_blocks: int) -> bool:
+        """Append ``num_blocks`` free blocks to ``table``, in the order they are taken; False (and
+        nothing taken) if there are not that many."""
+        uncached = self.free_uncached
+        if num_blocks <= len(uncached):          # the common case: no cached prefix is evicted
+            ref_count = self.ref_count
+            for _ in range(num_blocks):
+                block = uncached.pop()
+                ref_count[block] = 1
+                table.append(block)
+        elif num_blocks <= len(uncached) + len(self.free_cached):
+            for _ in range(num_blocks):
+                table.append(self._take_free_block())
+        else:
+            return False
+        return True
+
     def _reference(self, block: int) -> None:
-        """One more sequence holds ``block`` (a prefix hit); a free one leaves the free queue."""
+        """One more sequence holds ``block`` (a prefix hit); a free one leaves the free blocks
+        (a hit is always a cached block)."""
         if self.ref_count[block] == 0:
-            del self.free_queue[block]
+            del self.free_cached[block]
         self.ref_count[block] += 1
 
     def _cache(self, block: int, h: int, tokens: tuple[int, ...]) -> None:
@@ -158,9 +208,11 @@ class BlockManager(BlockPool):
         self.reserve_blocks = reserve_blocks
         self.tables: dict[str, list[int]] = {}
         self.num_tokens_of: dict[str, int] = {}       # token positions each sequence has room for
+        # How far each sequence can grow with nothing to do (no block to take or prompt block to hash)
+        self._room: dict[str, int] = {}               # (``grow``'s quick check: most growth is that)
         # Prefix caching: each sequence's prompt ids, and (blocks hashed so far, the last hash).
         self._prompt_of: dict[str, Sequence[int]] = {}
-        self._hashed: dict[str, tuple[int, int | None]] = {}
+        self._hashed: dict[str, int] = {}             # its full prompt blocks hashed so far
         self.num_hit_tokens = 0                       # prompt tokens served from cache, over the run
 
     @classmethod
@@ -213,7 +265,7 @@ class BlockManager(BlockPool):
     # --- admission ---------------------------------------------------------------------------------
     def _blocks_to_take(self, num_tokens: int, hits: list[int]) -> int:
         """Free blocks that admitting a sequence of ``num_tokens`` with ``hits`` would use up: new
-        blocks, plus hit blocks that sit in the free queue (reviving one takes it off the queue)."""
+        blocks, plus hit blocks that are free (reviving one takes it off the free blocks)."""
         revived = sum(1 for b in hits if self.ref_count[b] == 0)
         return blocks_for(num_tokens, self.block_size) - len(hits) + revived
 
@@ -221,10 +273,11 @@ class BlockManager(BlockPool):
                   prompt_ids: Sequence[int] | None = None) -> bool:
         """Could a new sequence get room for its first ``num_tokens`` tokens now, leaving
         ``reserve_blocks`` free? (``max_tokens``: paged admission does not reserve it.)"""
-        if not self.fits_ever(num_tokens):
-            return False
-        hits = self.prefix_hits(prompt_ids, num_tokens - 1)
-        return self._blocks_to_take(num_tokens, hits) + self.reserve_blocks <= len(self.free_queue)
+        return self._admissible(num_tokens, self.prefix_hits(prompt_ids, num_tokens - 1))
+
+    def _admissible(self, num_tokens: int, hits: list[int]) -> bool:
+        return (self.fits_ever(num_tokens)
+                and self._blocks_to_take(num_tokens, hits) + self.reserve_blocks <= self.num_free_blocks)
 
     def admit(self, request_id: str, num_tokens: int, max_tokens: int | None = None,
               prompt_ids: Sequence[int] | None = None) -> int:
@@ -232,18 +285,18 @@ class BlockManager(BlockPool):
         were already cached (prefix hits, which the sequence need not compute)."""
         if request_id in self.tables:
             raise ValueError(f"request {request_id!r} already holds {len(self.tables[request_id])} KV blocks")
-        if not self.can_admit(num_tokens, max_tokens, prompt_ids):
-            raise KVCacheFullError(
-                f"request {request_id!r} needs blocks for {num_tokens} tokens; {len(self.free_queue)} of "
-                f"{self.num_blocks} blocks of {self.block_size} are free ({self.reserve_blocks} reserved)")
         hits = self.prefix_hits(prompt_ids, num_tokens - 1)
+        if not self._admissible(num_tokens, hits):
+            raise KVCacheFullError(
+                f"request {request_id!r} needs blocks for {num_tokens} tokens; {self.num_free_blocks} of "
+                f"{self.num_blocks} blocks of {self.block_size} are free ({self.reserve_blocks} reserved)")
         for b in hits:
             self._reference(b)
         self.tables[request_id] = list(hits)
-        self.num_tokens_of[request_id] = len(hits) * self.block_size
+        self.num_tokens_of[request_id] = self._room[request_id] = len(hits) * self.block_size
         if self.enable_prefix_caching and prompt_ids is not None:
             self._prompt_of[request_id] = prompt_ids
-            self._hashed[request_id] = (len(hits), self.block_hash[hits[-1]] if hits else None)
+            self._hashed[request_id] = len(hits)
         if not self.grow(request_id, num_tokens - len(hits) * self.block_size):
             raise AssertionError("admission checked the room it needs")      # (can_admit said yes)
         self.num_hit_tokens += len(hits) * self.block_size
@@ -259,60 +312,69 @@ class BlockManager(BlockPool):
         """Could ``request_id`` hold ``num_tokens`` more tokens (using any free block)?"""
         if self.max_seq_len is not None and self.num_tokens_of[request_id] + num_tokens > self.max_seq_len:
             return False
-        return self.blocks_to_grow(request_id, num_tokens) <= len(self.free_queue)
+        return self.blocks_to_grow(request_id, num_tokens) <= self.num_free_blocks
 
     def grow(self, request_id: str, num_tokens: int) -> bool:
         """Make room for ``num_tokens`` more tokens of ``request_id``, a new block when one fills;
         False (and nothing changes) when there is no room. (Schedulers grow every running
-        sequence every step, so this is written out lean.)"""
+        sequence every step, so the common case, room left in the last block, is checked first.)"""
+        held = self.num_tokens_of[request_id] + num_tokens
+        if held <= self._room[request_id] and num_tokens >= 0:
+            self.num_tokens_of[request_id] = held
+            return True
         if num_tokens < 0:
             raise ValueError(f"request {request_id!r}: grow by num_tokens={num_tokens}; must be >= 0")
-        held = self.num_tokens_of[request_id] + num_tokens
+        if self.max_seq_len is not None and held > self.max_seq_len:
+            return False
         table = self.tables[request_id]
         new_blocks = -(-held // self.block_size) - len(table)            # blocks_for(held) - held blocks
-        if new_blocks > len(self.free_queue) or (self.max_seq_len is not None and held > self.max_seq_len):
+        if new_blocks > 0 and not self._take_blocks(table, new_blocks):
             return False
-        for _ in range(new_blocks):
-            table.append(self._take_free_block())
         self.num_tokens_of[request_id] = held
+        # The room the quick check may give: to the end of the last block (or max_seq_len); none
+        # while prompt blocks still wait to be hashed as they fill.
+        room = len(table) * self.block_size
         if request_id in self._prompt_of:
             self._hash_full_prompt_blocks(request_id)
+            if request_id in self._prompt_of:
+                room = held
+        self._room[request_id] = room if self.max_seq_len is None else min(room, self.max_seq_len)
         return True
 
     def _hash_full_prompt_blocks(self, request_id: str) -> None:
         """Register the sequence's prompt blocks that are now full (their tokens are computed in the
         step being planned) so later sequences can hit them."""
         prompt, table = self._prompt_of[request_id], self.tables[request_id]
-        bs = self.block_size
-        done = min(self.num_tokens_of[request_id], len(prompt)) // bs
-        b, parent = self._hashed[request_id]
-        while b < done:
-            tokens = tuple(prompt[b * bs:(b + 1) * bs])
-            parent = chain_hash(parent, tokens)
-            self._cache(table[b], parent, tokens)
-            b += 1
-        self._hashed[request_id] = (b, parent)
-        if b == len(prompt) // bs:           # every full prompt block is hashed: nothing left to do
+        done = min(self.num_tokens_of[request_id], len(prompt)) // self.block_size
+        start = self._hashed[request_id]
+        if done > start:
+            hashes, tokens = self.block_chain(prompt, done)
+            for b in range(start, done):
+                self._cache(table[b], hashes[b], tokens[b])
+            self._hashed[request_id] = done
+        if done >= len(prompt) // self.block_size:   # every full prompt block is hashed: no more to do
             del self._prompt_of[request_id]
 
     # --- release -----------------------------------------------------------------------------------
     def free(self, request_id: str) -> None:
-        """Drop the sequence's references. A block nobody holds joins the free queue; its tail blocks
+        """Drop the sequence's references. A block nobody holds becomes free; its tail blocks
         first, so a shared prompt's head blocks are the last of them to be evicted."""
         try:
             table = self.tables.pop(request_id)
         except KeyError:
             raise KeyError(f"request {request_id!r} holds no KV blocks (freed twice?)") from None
-        del self.num_tokens_of[request_id]
+        del self.num_tokens_of[request_id], self._room[request_id]
         self._prompt_of.pop(request_id, None)
         self._hashed.pop(request_id, None)
-        ref_count, free_queue, block_hash = self.ref_count, self.free_queue, self.block_hash
+        ref_count, block_hash = self.ref_count, self.block_hash
+        uncached, cached = self.free_uncached, self.free_cached
         for block in reversed(table):
             ref_count[block] -= 1
-            if ref_count[block] == 0:      # nobody holds it: it joins the free queue, at the front
-                free_queue[block] = None   # if it caches nothing (reuse it first), else at the back
-                if block_hash[block] is None:
-                    free_queue.move_to_end(block, last=False)
+            if ref_count[block] == 0:      # nobody holds it: it is free. One that caches nothing
+                if block_hash[block] is None:   # is reused first; a cached one waits at the LRU's
+                    uncached.append(block)      # newest end, to be hit again or evicted last
+                else:
+                    cached[block] = None
 
     def check(self) -> None:
         """Raise if the books do not balance (``check_books``)."""
@@ -334,13 +396,19 @@ def check_books(kv: BlockManager) -> None:
         if len(table) != blocks_for(kv.num_tokens_of[rid], kv.block_size):
             raise AssertionError(f"request {rid!r} holds {len(table)} blocks for "
                                  f"{kv.num_tokens_of[rid]} tokens")
+        if not kv.num_tokens_of[rid] <= kv._room[rid] <= len(table) * kv.block_size:
+            raise AssertionError(f"request {rid!r}: room {kv._room[rid]} outside its {kv.num_tokens_of[rid]} "
+                                 f"tokens and its {len(table)} blocks")
         for b in table:
             counts[b] += 1
     if counts != kv.ref_count:
         raise AssertionError("reference counts do not match the block tables")
     free = [b for b in range(kv.num_blocks) if counts[b] == 0]
-    if sorted(kv.free_queue) != free:
-        raise AssertionError("the free queue does not hold exactly the unreferenced blocks")
+    if sorted(kv.free_uncached + list(kv.free_cached)) != free:
+        raise AssertionError("the free blocks are not exactly the unreferenced blocks")
+    if any(kv.block_hash[b] is None for b in kv.free_cached) or any(kv.block_hash[b] is not None
+                                                                   for b in kv.free_uncached):
+        raise AssertionError("a free block is filed as cached when it caches nothing, or the reverse")
     for h, b in kv.hash_to_block.items():
         if kv.block_hash[b] != h:
             raise AssertionError(f"block {b} is cached under a hash it does not carry")

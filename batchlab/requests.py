@@ -120,7 +120,7 @@ class Request:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id={self.request_id!r}; must be a non-empty string")
         if self.prompt_ids is not None:
-            self.prompt_ids = [int(t) for t in self.prompt_ids]
+            self.prompt_ids = list(map(int, self.prompt_ids))
             if self.prompt_len not in (-1, len(self.prompt_ids)):
                 raise ValueError(
                     f"request {self.request_id!r}: prompt_len={self.prompt_len} but prompt_ids has "

@@ -7,7 +7,8 @@
 
 ``--cache paged`` serves on a paged cache (``--block-size`` tokens a block, prefix caching on)
 instead of reserving slots; ``--table`` runs both caches at 16 and 256 sequences, alternating,
-and prints requests simulated per second for each and the paged/slot wall-time ratio.
+and prints requests simulated per second for each and the paged/slot wall-time ratio, then the
+same number of requests through ``bench_cluster.py``'s 16-replica cluster.
 
 The workload: prompts of 100-300 tokens, answers of 100-200 tokens (uniform), Poisson arrivals
 at ``--load`` times the server's capacity. The capacity is measured first, by serving a short
@@ -118,6 +119,24 @@ def table(cost: CostModel, args: argparse.Namespace, rounds: int = 2) -> None:
     for seqs in (16, 256):
         slot, paged = best[seqs, "slot"], best[seqs, "paged"]
         print(f"{seqs:>12} {args.requests / slot:>12,.0f} {args.requests / paged:>12,.0f} {paged / slot:>15.2f}x")
+    num_replicas, wall = cluster_run(args)
+    print(f"{num_replicas} replicas (scripts/bench_cluster.py's run: chat sessions, cache-aware routing, "
+          f"Llama-3-8B on the H100 preset, paged blocks with prefix caching, 80% load): "
+          f"{args.requests / wall:,.0f} requests/s ({wall:.1f} s)")
+
+
+def cluster_run(args: argparse.Namespace, num_replicas: int = 16) -> tuple[int, float]:
+    """The many-replicas benchmark's cluster run (``bench_cluster.py``'s defaults); its wall seconds."""
+    import bench_cluster     # (beside this script)
+    from batchlab.cluster import Cluster, ClusterConfig, ReplicaSpec
+
+    spec = ReplicaSpec.for_device("Llama-3-8B", "H100", max_num_seqs=256)
+    rate = 0.8 * bench_cluster.replica_capacity(spec, args.seed) * num_replicas
+    requests, session_of = bench_cluster.workload(args.requests, rate, args.seed)
+    cluster = Cluster(ClusterConfig(num_replicas, "cache_aware", seed=args.seed), spec)
+    t0 = time.perf_counter()
+    cluster.run(requests, session_of)
+    return num_replicas, time.perf_counter() - t0
 
 
 def main() -> None:

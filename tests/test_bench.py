@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from batchlab import bench
+from batchlab.bench.config import LABELS, VLLM_CONTENDERS
 from batchlab.bench.vllm_contender import NOT_INSTALLED, vllm_ready
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,10 +45,10 @@ def test_tiny_benchmark_runs_every_contender_and_writes_its_json(lm, tmp_path, c
     assert data["dtype"] == "float32" and data["limits"]["bound_tok_s"] > 0
 
     assert data["errors"] == {}, data["errors"]
-    expected = set(bench.CONTENDERS) if vllm_ok else set(bench.CONTENDERS) - {"vllm"}
+    expected = set(bench.CONTENDERS) if vllm_ok else set(bench.CONTENDERS) - set(VLLM_CONTENDERS)
     assert set(data["contenders"]) == expected
     if not vllm_ok:
-        assert data["skipped"] == {"vllm": data["skipped"]["vllm"]} and NOT_INSTALLED in printed
+        assert set(data["skipped"]) == set(VLLM_CONTENDERS) and NOT_INSTALLED in printed
     assert everything["command"] == "python -m batchlab.bench " + " ".join(argv)
     assert data["machine"]["torch_threads"] == 1
     assert len(data["machine"]["loadavg_start"]) == 3 and data["machine"]["cpu_cores_usable"] >= 1
@@ -85,12 +86,19 @@ def test_tiny_benchmark_runs_every_contender_and_writes_its_json(lm, tmp_path, c
               for name in bench.BATCHLAB_CONTENDERS}
     assert tokens["batchlab_static"] == tokens["batchlab_dynamic"] == tokens["batchlab_continuous"]
     if vllm_ok:
-        # vLLM, in its own venv, on the same token ids: fp32 greedy tokens equal batchlab's.
-        v = data["contenders"]["vllm"]
-        assert data["greedy_agreement"]["vllm"]["matches"] == len(wanted), data["greedy_agreement"]["vllm"]
-        assert v["throughput_vs_vllm"] == pytest.approx(1.0) and v["settings"]["dtype"] == "float32"
+        # vLLM, in its own venv, eager and compiled, on the same token ids: fp32 greedy tokens
+        # equal batchlab's; the "x vLLM" ratios are to the faster of the two.
+        for name, step in (("vllm", "eager"), ("vllm_compiled", "compiled")):
+            v = data["contenders"][name]
+            assert data["greedy_agreement"][name]["matches"] == len(wanted), data["greedy_agreement"][name]
+            assert v["settings"]["dtype"] == "float32" and f"CPU build, {step}" in v["settings"]["engine"]
+            assert v["extra"]["load_seconds"] > 0 and v["peak_memory_mib"] is None
+        best = data["vllm_reference"]
+        assert best == max(VLLM_CONTENDERS, key=lambda n: data["contenders"][n]["throughput_tok_s"])
+        assert data["contenders"][best]["throughput_vs_vllm"] == pytest.approx(1.0)
+        assert all(data["contenders"][n]["throughput_vs_vllm"] <= 1.0 for n in VLLM_CONTENDERS)
         assert data["contenders"]["batchlab_continuous"]["throughput_vs_vllm"] > 0
-        assert v["extra"]["load_seconds"] > 0 and v["peak_memory_mib"] is None
+        assert f"x vLLM: against {LABELS[best]}" in printed
     # The project's goals are checked outside the library, on the same results.
     goals = _bench_peer_script().goal_report(everything)
     verdicts = [line for line in goals if line.startswith("[")]

@@ -21,6 +21,9 @@ bf16, or both in turn, each with its own table and ceiling):
                             online its OpenAI server fed by ``batchlab.loadgen``; the same
                             token ids, greedy, ``ignore_eos``, the same budgets. Without its venv:
                             one line saying how to set it up, and the others run
+``vllm_compiled``           the same with vLLM's torch.compile on (its default; eager above),
+                            compiled at start-up (minutes here, not timed); the "x vLLM" ratios
+                            are to the faster of the two, vLLM's best configuration in the run
 ``batchlab_static``         ``Engine(StaticBatcher(8), ModelBackend)``
 ``batchlab_dynamic``        ``Engine(DynamicBatcher(8, timeout), ModelBackend)``
 ``batchlab_continuous``     ``Engine(ContinuousBatcher(max_num_seqs, max_num_batched_tokens), ModelBackend)``

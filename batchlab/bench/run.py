@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.analysis import metrics
-from batchlab.bench.config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, DTYPE_CHOICES, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, VLLM_REFERENCE, bench_workload, warmup_workload
+from batchlab.bench.config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, DTYPE_CHOICES, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, VLLM_CONTENDERS, bench_workload, warmup_workload
 from batchlab.bench.engines import machine_limits, run_batchlab
 from batchlab.bench.hf import ContenderRun, run_hf_continuous_once, run_hf_generate
 from batchlab.bench.memory import PeakMemory
@@ -162,14 +162,14 @@ def _run_all(config: BenchConfig, lm, log: Callable[[str], None]) -> dict:
                 best = max(tries, key=lambda r: contender_summary(r)["throughput_tok_s"])
                 best.extra["tries"] = [{**r.settings, **r.extra, **contender_summary(r)} for r in tries]
                 keep(best)
-            elif name == "vllm":
+            elif name in VLLM_CONTENDERS:
                 ok, message = vllm_ready()
                 if not ok:   # not an error: the other contenders' numbers stand on their own
                     results["skipped"][name] = message
                     log(f"  {message}")
                     continue
                 runner = run_vllm_offline if config.mode == "offline" else run_vllm_online
-                keep(runner(requests, config, lm.dtype, warm))
+                keep(runner(requests, config, lm.dtype, warm, compiled=name == "vllm_compiled"))
             elif name in HF_CONTENDERS:
                 size, streamed = (1, True) if name == "hf_sequential" else (config.batch_size, False)
                 keep(_measured(lambda: run_hf_generate(lm, requests, size, streamed, name, warm,
@@ -198,8 +198,16 @@ def _effective(config: BenchConfig) -> BenchConfig:
                           "hf_batch_tokens": TINY["hf_batch_tokens"], "rate": max(config.rate, 20.0)})
 
 
+def fastest_vllm(contenders: dict) -> str | None:
+    """vLLM's best configuration in a run: the faster of its contenders that ran (None: none ran)."""
+    ran = [name for name in VLLM_CONTENDERS if name in contenders]
+    return max(ran, key=lambda name: contenders[name]["throughput_tok_s"]) if ran else None
+
+
 def _add_ratios(results: dict) -> None:
-    ref, vllm = results["contenders"].get(REFERENCE), results["contenders"].get(VLLM_REFERENCE)
+    results["vllm_reference"] = fastest_vllm(results["contenders"])
+    ref = results["contenders"].get(REFERENCE)
+    vllm = results["contenders"].get(results["vllm_reference"])
     for summary in results["contenders"].values():
         summary["throughput_vs_vllm"] = None if vllm is None else \
             summary["throughput_tok_s"] / vllm["throughput_tok_s"]
@@ -286,7 +294,7 @@ def format_table(results: dict) -> str:
             label += f" (mbt={s['settings']['max_batch_tokens']})"
         elif name in ("hf_static", "batchlab_static", "batchlab_dynamic"):
             label += f" of {results['config']['batch_size']}"
-        elif name == "vllm":
+        elif name in VLLM_CONTENDERS:
             label += " (LLM.generate)" if results["config"]["mode"] == "offline" else " (its server)"
         ratio = "" if s["throughput_vs_hf_continuous"] is None else f"{s['throughput_vs_hf_continuous']:.2f}x"
         vllm_ratio = "" if s["throughput_vs_vllm"] is None else f"{s['throughput_vs_vllm']:.2f}x"
@@ -332,14 +340,17 @@ def format_details(results: dict) -> str:
         ms_per_step = 1e3 * e["busy_seconds"] / max(e["num_steps"], 1)
         lines.append(f"hf_continuous: {e['num_steps']} steps, {ms_per_step:.1f} "
                      f"ms/step; model steps {e['busy_seconds']:.2f} s of {cb['wall_seconds']:.2f} s wall")
-    v = results["contenders"].get("vllm")
-    if v:
+    for name in (n for n in VLLM_CONTENDERS if n in results["contenders"]):
+        v = results["contenders"][name]
         e = v["extra"]
         rss = e.get("peak_rss_mib_with_weights")
-        lines.append(f"vllm: {v['settings']['engine']}, {v['settings']['dtype']}; start-up "
+        lines.append(f"{name}: {v['settings']['engine']}, {v['settings']['dtype']}; start-up "
                      + (f"{e['load_seconds']:.0f} s (not timed); " if "load_seconds" in e else "(not timed); ")
                      + f"TTFT from {e['ttft_source']}"
                      + ("" if rss is None else f"; its processes' peak RSS {rss:.0f} MiB with its own weights"))
+    if results.get("vllm_reference"):
+        lines.append(f"x vLLM: against {LABELS[results['vllm_reference']]}, vLLM's faster configuration "
+                     "in this run")
     for name in BATCHLAB_CONTENDERS:
         s = results["contenders"].get(name)
         if s:

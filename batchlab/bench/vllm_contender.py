@@ -71,15 +71,23 @@ def _vllm_env(config: BenchConfig) -> dict[str, str]:
     return env
 
 
+def _mode(compiled: bool) -> tuple[str, str]:
+    """The contender's name and how its step runs."""
+    return ("vllm_compiled", "compiled") if compiled else ("vllm", "eager")
+
+
 def run_vllm_offline(requests: Sequence[Request], config: BenchConfig, dtype: str,
-                     warmup: list[Request] | None, timeout: float = 1800.0) -> ContenderRun:
-    """Serve ``requests`` with ``LLM.generate`` in vLLM's venv; ``wall_seconds`` is its timed call."""
+                     warmup: list[Request] | None, compiled: bool = False,
+                     timeout: float = 1800.0) -> ContenderRun:
+    """Serve ``requests`` with ``LLM.generate`` in vLLM's venv; ``wall_seconds`` is its timed call.
+    ``compiled``: let vLLM torch.compile its model at start-up (its default; minutes here, not
+    timed) instead of running eager."""
     from batchlab.serve.vllm_ref import vllm_python
 
     everything = list(requests) + list(warmup or [])
     job = {"model_dir": str(_model_dir()), "dtype": dtype, "max_num_seqs": config.max_num_seqs,
            "max_num_batched_tokens": config.max_num_batched_tokens,
-           "max_model_len": _max_model_len(everything), "enforce_eager": True,
+           "max_model_len": _max_model_len(everything), "enforce_eager": not compiled,
            "enable_prefix_caching": False,
            "prompts": [list(r.prompt_ids) for r in requests], "max_tokens": [r.max_new_tokens for r in requests],
            "warmup_prompts": [list(r.prompt_ids) for r in warmup or []],
@@ -117,7 +125,8 @@ def run_vllm_offline(requests: Sequence[Request], config: BenchConfig, dtype: st
             records.append(_record(req, got["output_ids"], [wall] * n, wall, False, None))
     trace = Trace(requests=records, steps=[], meta={"clock": "vllm engine" if result["have_request_metrics"]
                                                      else "wall"})
-    settings = {"engine": f"vLLM {result['vllm_version']} LLM.generate (CPU build, eager)", "dtype": dtype,
+    name, step = _mode(compiled)
+    settings = {"engine": f"vLLM {result['vllm_version']} LLM.generate (CPU build, {step})", "dtype": dtype,
                 "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
                 "max_model_len": job["max_model_len"], "enable_prefix_caching": False,
                 "threads_bind": _vllm_env(config).get("VLLM_CPU_OMP_THREADS_BIND", "auto")}
@@ -127,12 +136,12 @@ def run_vllm_offline(requests: Sequence[Request], config: BenchConfig, dtype: st
              "peak_rss_mib_with_weights": (None if result["peak_rss_bytes_with_weights"] is None
                                            else result["peak_rss_bytes_with_weights"] / 2**20)}
     cpu = result["cpu_seconds"] if result["cpu_seconds"] is not None else 0.0
-    return ContenderRun("vllm", trace, result["wall_seconds"], cpu, settings,
+    return ContenderRun(name, trace, result["wall_seconds"], cpu, settings,
                         result["have_request_metrics"], extra)
 
 
 def run_vllm_online(requests: Sequence[Request], config: BenchConfig, dtype: str,
-                    warmup: list[Request] | None) -> ContenderRun:
+                    warmup: list[Request] | None, compiled: bool = False) -> ContenderRun:
     """vLLM's OpenAI server, fed the workload's arrivals by the course's load client (streaming)."""
     from batchlab.loadgen import from_workload, run_load
     from batchlab.serve.vllm_ref import start_vllm
@@ -144,7 +153,7 @@ def run_vllm_online(requests: Sequence[Request], config: BenchConfig, dtype: str
     os.environ.update({k: v for k, v in _vllm_env(config).items() if k.startswith("VLLM_CPU_")})
     try:   # start_vllm passes the course's environment on (cleaned); its thread binding is set here
         server = start_vllm(max_model_len=_max_model_len(everything), max_num_seqs=config.max_num_seqs,
-                            extra_args=args)
+                            compile=compiled, extra_args=args)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -170,10 +179,11 @@ def run_vllm_online(requests: Sequence[Request], config: BenchConfig, dtype: str
         records.append(RequestRecord(req.request_id, req.arrival_time, req.prompt_len, req.max_new_tokens,
                                      status, reason, None, times, rec.end_time, True, [], detail))
     trace = Trace(requests=records, steps=[], meta={"clock": "client"})
-    settings = {"engine": "vLLM OpenAI server (CPU build, eager), batchlab.loadgen client", "dtype": dtype,
+    name, step = _mode(compiled)
+    settings = {"engine": f"vLLM OpenAI server (CPU build, {step}), batchlab.loadgen client", "dtype": dtype,
                 "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
                 "enable_prefix_caching": False}
-    return ContenderRun("vllm", trace, wall, 0.0, settings, True,
+    return ContenderRun(name, trace, wall, 0.0, settings, True,
                         {"ttft_source": "client (batchlab.loadgen), streamed",
                          "tokens_compared": False})
 
