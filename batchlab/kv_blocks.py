@@ -99,10 +99,6 @@ class BlockPool:
     def used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 
-    def free_blocks_in_order(self) -> list[int]:
-        """The free blocks, the next to be taken first."""
-        return self.free_uncached[::-1] + list(self.free_cached)
-
     @property
     def num_cached_blocks(self) -> int:
         return len(self.hash_to_block)
@@ -210,9 +206,9 @@ class BlockManager(BlockPool):
         self.num_tokens_of: dict[str, int] = {}       # token positions each sequence has room for
         # How far each sequence can grow with nothing to do (no block to take or prompt block to hash)
         self._room: dict[str, int] = {}               # (``grow``'s quick check: most growth is that)
-        # Prefix caching: each sequence's prompt ids, and (blocks hashed so far, the last hash).
+        # Prefix caching: each sequence's prompt ids, and how many of its full blocks are hashed.
         self._prompt_of: dict[str, Sequence[int]] = {}
-        self._hashed: dict[str, int] = {}             # its full prompt blocks hashed so far
+        self._hashed: dict[str, int] = {}
         self.num_hit_tokens = 0                       # prompt tokens served from cache, over the run
 
     @classmethod

@@ -165,3 +165,20 @@ def test_top_p_keeps_the_smallest_nucleus():
         SamplingParams(temperature=1.0, top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
+
+
+def test_grouped_decode_attention_equals_torch_attention_in_fp32_and_stays_close_in_bf16():
+    import torch.nn.functional as F
+
+    from batchlab.model.step_layout import decode_attention, grouped_attention
+
+    torch.manual_seed(0)
+    S, H, KV, hd, ctx = 5, 9, 3, 16, 12
+    q, k, v = torch.randn(S, H, 1, hd), torch.randn(S, KV, ctx, hd), torch.randn(S, KV, ctx, hd)
+    lengths = torch.tensor([1, 12, 5, 7, 3])
+    mask = (torch.arange(ctx)[None, :] < lengths[:, None])[:, None, None, :]
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)[:, :, 0]
+    assert torch.allclose(grouped_attention(q[:, :, 0], k, v, mask), ref, atol=1e-5)
+    assert torch.equal(decode_attention(q, k, v, mask), ref)            # fp32 keeps torch's kernel
+    got = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)   # bf16 on a CPU: grouped
+    assert got.dtype == torch.bfloat16 and (got.float() - ref).abs().max() < 0.05

@@ -105,6 +105,39 @@ def test_prefix_blocks_are_shared_by_chained_hash_and_evicted_least_recently_fre
     kv.check()
 
 
+def test_prompt_hashes_are_remembered_per_prompt_and_give_the_same_hits_as_fresh_ones(monkeypatch):
+    import batchlab.kv_blocks as kv_blocks
+
+    kv = BlockManager(num_blocks=32, block_size=4, enable_prefix_caching=True)
+    prompt = list(range(20))
+    kv.admit("a", len(prompt), len(prompt), prompt)
+    same_tokens = list(prompt)                         # another list with the same tokens hits too
+    assert kv.cached_prefix_tokens(same_tokens, 19) == kv.cached_prefix_tokens(prompt, 19) == 16
+    hashes, tokens = kv.block_chain(prompt, 5)
+    assert kv.block_chain(prompt, 5)[0] is hashes     # computed once, then remembered
+    assert tokens == [tuple(prompt[i:i + 4]) for i in range(0, 20, 4)]
+    # A full memo is cleared, and the hits stay the same (the hashes are computed again).
+    monkeypatch.setattr(kv_blocks, "_CHAIN_MEMO_SIZE", 2)
+    for i in range(3):
+        kv.cached_prefix_tokens(list(range(100 + i, 120 + i)), 19)
+    assert len(kv._chains) <= 2 and kv.cached_prefix_tokens(list(prompt), 19) == 16
+
+
+def test_growth_takes_a_block_only_when_the_last_one_is_full_and_never_past_max_seq_len():
+    kv = BlockManager(num_blocks=4, block_size=4, max_seq_len=10, enable_prefix_caching=True)
+    kv.admit("a", 3, 10, [5, 6, 7, 8, 9, 10])          # a first chunk of 3: a prompt block not yet full
+    table = kv.block_table("a")
+    assert kv.num_cached_blocks == 0
+    assert kv.grow("a", 1) and len(table) == 1 and kv.num_cached_blocks == 1   # full: hashed
+    assert kv.grow("a", 1) and len(table) == 2          # token 5 starts a new block
+    assert kv.grow("a", 3) and len(table) == 2          # tokens 6-8 fit in it
+    assert kv.grow("a", 2) and len(table) == 3          # 10 tokens: max_seq_len
+    assert not kv.grow("a", 1) and kv.num_tokens_of["a"] == 10    # refused; nothing changed
+    kv.check()
+    with pytest.raises(ValueError, match="num_tokens=-1"):
+        kv.grow("a", -1)
+
+
 # --- schedulers on a paged simulator ------------------------------------------------------------------
 class RecordingSim(SimBackend):
     """The simulator, noting the blocks in use at every step (to check the budget is never passed)."""
