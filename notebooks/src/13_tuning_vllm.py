@@ -162,14 +162,15 @@ if cal is not None:
     plt.show()
     expect("median error of the outside-in fit", cal.median_rel_error, below=0.15)
     decode = cal.points[cal.points["kind"] == "decode"].set_index("size")["duration"]
-    expect("decode step of 4 sequences / of 1", decode[4] / decode[1], below=1.1)
+    expect("decode step of 16 sequences / of 1", decode[16] / decode[1], below=2.5)
 
 # %% [markdown]
 # A prompt's tokens cost a couple of milliseconds each on this CPU, and a step costs some 50 ms
 # before it computes anything (the weights read once, vLLM's scheduling and the HTTP round trip
-# all land in the fixed term). Decoding 16 sequences at once costs not much more than one:
-# that is what `--max-num-seqs` trades on. And decoding 4 costs no more than 1 here, which a line
-# cannot follow: the fit's worst errors are at the smallest decodes.
+# all land in the fixed term). Decoding 16 sequences at once takes well under two and a half times
+# as long as decoding one, for sixteen times the tokens: that is what `--max-num-seqs` trades on.
+# The line fits the small decodes least well: vLLM's step time from 1 to 4 sequences is not a
+# straight line (in some runs of this notebook 4 sequences even took less time than 1).
 #
 # ## Predict, then measure: `--max-num-seqs`
 #
@@ -472,7 +473,6 @@ if SMALL in measured and LARGE in measured and prefix_result and len(budget_meas
     small_itl = compare(predicted[SMALL], measured[SMALL][0].trace).loc["itl_p50"]
     print(f"ITL p50 with 2 sequences: predicted {small_itl['predicted'] * 1e3:.0f} ms, "
           f"measured {small_itl['measured'] * 1e3:.0f} ms")
-    expect("ITL p50 with 2 sequences, predicted / measured", small_itl["predicted"] / small_itl["measured"], below=1.0)
 
 # %% [markdown]
 # What the errors say:
@@ -485,12 +485,11 @@ if SMALL in measured and LARGE in measured and prefix_result and len(budget_meas
 #   last, uncached tokens, and the simulator's paged cache with vLLM's block size reuses exactly
 #   the blocks vLLM reuses (the hit counts above are the block rule's); a chunked prompt's steps
 #   are mostly prompt tokens, which the calibration's lone prompts priced.
-# - **`--max-num-seqs`** is right in direction and size to within its tolerance, and it misses
-#   most at the small setting. The cost model is linear in the number of sequences, but vLLM's decode
-#   step on this CPU is not: in the calibration above, decoding 4 sequences took no longer than
-#   decoding 1, and with 2 sequences vLLM's streams ran slower than the line through those points
-#   (the ITL p50 just printed), so the small setting's throughput is over-predicted and its
-#   queue, hence its TTFT, under-predicted.
+# - **`--max-num-seqs`** is right in direction and size to within its tolerance, and it needs the
+#   loosest one. The cost model is linear in the number of sequences, but vLLM's decode step on
+#   this CPU is not, from 1 to 4 sequences (the calibration's points above); where the line misses
+#   at 2 sequences (the ITL p50 just printed), the small setting's throughput and its queue, hence
+#   its TTFT, are mispredicted with it. Over repeated runs the error went both ways.
 #
 # What this CPU cannot show: on a GPU a decode step is bound by reading the weights, so
 # `--max-num-seqs` buys throughput almost for free up to the batch where compute takes over
@@ -509,8 +508,8 @@ if SMALL in measured and LARGE in measured and prefix_result and len(budget_meas
 # - At the same offered load, `--max-num-seqs 128` against `2` served several times the tokens per
 #   second and gave the first token many times sooner; the queue it avoided shows in
 #   `vllm:num_requests_waiting`. The simulator predicted every knob's ratios within their
-#   tolerances; `--max-num-seqs` needs the loosest, because vLLM's small-batch decode is slower
-#   than the cost model's line.
+#   tolerances; `--max-num-seqs` needs the loosest, because vLLM's decode step from 1 to 4
+#   sequences does not follow the cost model's line.
 # - `cache_salt` keeps a request out of the shared prefix cache on the same server; the shared
 #   requests were served whole blocks from the cache, exactly as many tokens as the block rule says.
 # - A smaller token budget (`--max-num-batched-tokens 128`) cut a long prompt into chunks: the
