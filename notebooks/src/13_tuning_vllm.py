@@ -170,7 +170,7 @@ if cal is not None:
 # all land in the fixed term). Decoding 16 sequences at once takes well under two and a half times
 # as long as decoding one, for sixteen times the tokens: that is what `--max-num-seqs` trades on.
 # The line fits the small decodes least well: vLLM's step time from 1 to 4 sequences is not a
-# straight line (in some runs of this notebook 4 sequences even took less time than 1).
+# straight line, and its shape moves from run to run (compare the two points with the line).
 #
 # ## Predict, then measure: `--max-num-seqs`
 #
@@ -489,7 +489,7 @@ if SMALL in measured and LARGE in measured and prefix_result and len(budget_meas
 #   loosest one. The cost model is linear in the number of sequences, but vLLM's decode step on
 #   this CPU is not, from 1 to 4 sequences (the calibration's points above); where the line misses
 #   at 2 sequences (the ITL p50 just printed), the small setting's throughput and its queue, hence
-#   its TTFT, are mispredicted with it. Over repeated runs the error went both ways.
+#   its TTFT, are mispredicted with it, in either direction.
 #
 # What this CPU cannot show: on a GPU a decode step is bound by reading the weights, so
 # `--max-num-seqs` buys throughput almost for free up to the batch where compute takes over
