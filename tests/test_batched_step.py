@@ -125,6 +125,35 @@ def test_mixed_steps_match_generate(weights, prompts, reference):
         assert outs[i] == reference[i][0], f"prompt {i} diverged"
 
 
+def test_slots_stay_packed_and_moved_sequences_keep_their_past(weights, prompts, reference):
+    """Sequences leave the slot cache at different steps, the lowest slots first; each time the
+    sequence in the highest busy slot moves into the hole with its past, the busy slots stay
+    0..n-1, and every sequence still gets transformers' tokens."""
+    n = len(prompts)
+    cache = weights.new_kv_cache(n, max(map(len, prompts)) + NEW_TOKENS)
+    budget = [4 + 4 * i for i in range(n - 1)] + [NEW_TOKENS]   # slot 0 leaves first, the last stays
+    ids = [f"r{i}" for i in range(n)]
+    for rid, p in zip(ids, prompts):
+        cache.admit(rid, len(p), len(p) + NEW_TOKENS)
+    pos, outs, moved = [0] * n, [[] for _ in range(n)], set()
+    while any(len(o) < b for o, b in zip(outs, budget)):
+        live = [i for i in range(n) if len(outs[i]) < budget[i]]
+        chunks = [cache.seq_chunk(ids[i], pos[i], prompts[i] if not outs[i] else [outs[i][-1]], True)
+                  for i in live]
+        logits = forward_step(weights, cache, chunks)
+        for row, i in enumerate(live):
+            pos[i] += len(chunks[row].token_ids)
+            outs[i].append(int(logits[row].argmax()))
+            if len(outs[i]) == budget[i]:
+                cache.free(ids[i])
+        busy = {i: cache.slot_of(ids[i]) for i in range(n) if len(outs[i]) < budget[i]}
+        moved |= {i for i, slot in busy.items() if slot != i}
+        assert sorted(busy.values()) == list(range(len(busy)))
+    assert len(moved) >= 3, moved
+    for i in range(n):
+        assert outs[i] == reference[i][0][:budget[i]], f"prompt {i} diverged"
+
+
 def test_bad_inputs_name_the_value(weights):
     cache = weights.new_kv_cache(2, 64)
     vocab = weights.config.vocab_size

@@ -53,7 +53,8 @@ def _record(req: Request, output_ids: list[int], token_times: list[float], relea
 
 # Categories of torch ops, matched against op names in this order; the rest is "other ops".
 OP_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
+                "mkldnn::_linear_pointwise")),
     ("attention", ("scaled_dot_product", "softmax")),
     ("copies & indexing", ("copy_", "index", "aten::cat", "aten::stack", "fill_", "zero_", "clone",
                            "gather", "scatter", "masked_fill", "aten::where", "aten::empty")),
@@ -63,7 +64,7 @@ OP_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 def op_category(name: str) -> str:
     """The category of a torch op name (``OP_CATEGORIES``), else ``"other ops"``."""
     for category, patterns in OP_CATEGORIES:
-        if any(p == name if p.startswith("aten::") and category == "matmul" else p in name for p in patterns):
+        if any(p == name if category == "matmul" else p in name for p in patterns):
             return category
     return "other ops"
 
