@@ -103,6 +103,20 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         return len(self.hash_to_block)
 
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def used_tokens(self) -> int:
+        """Token positions in blocks that some sequence holds (whole blocks; shared ones once)."""
+        return self.used_blocks * self.block_size
+
+    def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
+        """Leading tokens of ``prompt_ids`` already in cached blocks (a multiple of ``block_size``,
+        at most ``max_tokens``); 0 without prefix caching."""
+        return len(self.prefix_hits(prompt_ids, max_tokens)) * self.block_size
+
     def prefix_hits(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> list[int]:
         """The cached blocks that start ``prompt_ids``: full blocks only, at most ``max_tokens``."""
         if not self.enable_prefix_caching or prompt_ids is None:
@@ -223,16 +237,7 @@ class BlockManager(BlockPool):
         return cls(capacity_tokens // block_size, block_size, max_seq_len, enable_prefix_caching,
                    reserve_blocks)
 
-    # --- sizes (the KVSpace interface) -------------------------------------------------------------
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_blocks * self.block_size
-
-    @property
-    def used_tokens(self) -> int:
-        """Token positions in blocks that some sequence holds (whole blocks; shared ones once)."""
-        return self.used_blocks * self.block_size
-
+    # --- sizes (the KVSpace interface, with BlockPool's capacity_tokens and used_tokens) -------------
     @property
     def held_tokens(self) -> int:
         """Token positions sequences hold room for, summed per sequence (shared blocks count for
@@ -252,11 +257,6 @@ class BlockManager(BlockPool):
         except KeyError:
             raise KeyError(f"request {request_id!r} holds no KV blocks; a scheduler must admit it "
                            "before it runs") from None
-
-    def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
-        """Leading tokens of ``prompt_ids`` already in cached blocks (a multiple of ``block_size``,
-        at most ``max_tokens``); 0 without prefix caching."""
-        return len(self.prefix_hits(prompt_ids, max_tokens)) * self.block_size
 
     # --- admission ---------------------------------------------------------------------------------
     def _blocks_to_take(self, num_tokens: int, hits: list[int]) -> int:
@@ -299,16 +299,24 @@ class BlockManager(BlockPool):
         return len(hits) * self.block_size
 
     # --- growth ------------------------------------------------------------------------------------
-    def blocks_to_grow(self, request_id: str, num_tokens: int) -> int:
-        """New blocks ``request_id`` needs to hold ``num_tokens`` more tokens."""
-        held = self.num_tokens_of[request_id] + num_tokens
-        return -(-held // self.block_size) - len(self.tables[request_id])   # blocks_for(held) - held blocks
-
     def can_grow(self, request_id: str, num_tokens: int) -> bool:
         """Could ``request_id`` hold ``num_tokens`` more tokens (using any free block)?"""
-        if self.max_seq_len is not None and self.num_tokens_of[request_id] + num_tokens > self.max_seq_len:
+        held = self.num_tokens_of[request_id] + num_tokens
+        if self.max_seq_len is not None and held > self.max_seq_len:
             return False
-        return self.blocks_to_grow(request_id, num_tokens) <= self.num_free_blocks
+        return blocks_for(held, self.block_size) - len(self.tables[request_id]) <= self.num_free_blocks
+
+    def grow_each(self, request_ids: Sequence[str]) -> int:
+        """``grow(id, 1)`` for each sequence in turn until one finds no room; how many grew. (A
+        scheduler grows every decoding sequence every step: one call here instead of hundreds.)"""
+        tokens, room = self.num_tokens_of, self._room
+        for i, rid in enumerate(request_ids):
+            held = tokens[rid] + 1
+            if held <= room[rid]:
+                tokens[rid] = held
+            elif not self.grow(rid, 1):
+                return i
+        return len(request_ids)
 
     def grow(self, request_id: str, num_tokens: int) -> bool:
         """Make room for ``num_tokens`` more tokens of ``request_id``, a new block when one fills;

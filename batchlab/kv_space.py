@@ -8,7 +8,8 @@ return types, so a scheduler never asks which kind it has:
   The return value is how many leading prompt tokens were already cached (a prefix hit), so the
   sequence need not compute them; ``cached_prefix_tokens`` asks the same before admitting.
 - ``grow(id, n)``: room for ``n`` more tokens before a step computes them; False (and nothing
-  changes) when there is none. ``can_grow(id, n)`` asks without growing.
+  changes) when there is none. ``can_grow(id, n)`` asks without growing. ``grow_each(ids)``
+  grows each of many decoding sequences by one token, stopping at the first without room.
 - ``free(id)``: the sequence ended (or was preempted); its room is reusable at the next step.
 - ``fits_ever(n)``: could a sequence of ``n`` tokens ever fit an empty cache? (False: reject it.)
 
@@ -62,6 +63,10 @@ class KVSpace(Protocol):
     def grow(self, request_id: str, num_tokens: int) -> bool:
         """Give the sequence room for ``num_tokens`` more tokens; False (nothing changed) if none."""
 
+    def grow_each(self, request_ids: Sequence[str]) -> int:
+        """``grow(id, 1)`` for each sequence in turn, stopping at the first with no room; returns
+        how many grew (those after it are not grown)."""
+
     def free(self, request_id: str) -> None:
         """Release a sequence's space; it can be reused at the very next step."""
 
@@ -113,6 +118,9 @@ class ReservingKVSpace:
 
     def grow(self, request_id: str, num_tokens: int) -> bool:
         return True
+
+    def grow_each(self, request_ids: Sequence[str]) -> int:
+        return len(request_ids)
 
     def free(self, request_id: str) -> None:
         try:

@@ -46,6 +46,19 @@ def test_blocks_are_handed_out_as_a_sequence_grows_and_all_come_back():
         kv.free("a")
 
 
+
+def test_grow_each_grows_in_order_and_stops_at_the_first_without_room():
+    kv = BlockManager(num_blocks=4, block_size=4)
+    for rid, n in [("a", 4), ("b", 3), ("c", 4)]:
+        kv.admit(rid, n, n)                      # a, b and c hold a block each; one block is free
+    assert kv.grow_each(["b", "a", "c"]) == 2    # b fits its block, a takes the free one, c: none
+    assert [kv.num_tokens_of[r] for r in "abc"] == [5, 4, 4] and kv.num_free_blocks == 0
+    kv.check()
+    kv.free("b")
+    assert kv.grow_each(["c", "a"]) == 2                # c takes b's block, a has room in its own
+    assert [kv.num_tokens_of[r] for r in "ac"] == [6, 5] and kv.num_free_blocks == 0
+    assert TokenKVSpace(8).grow_each(["x", "y"]) == 2   # a reservation always has room
+
 def test_admission_leaves_the_reserve_and_fits_ever_counts_it():
     kv = BlockManager(num_blocks=4, block_size=4, reserve_blocks=1)
     assert kv.fits_ever(12) and not kv.fits_ever(13)     # 3 blocks + 1 reserved = the pool

@@ -145,19 +145,24 @@ class ContinuousBatcher(Scheduler):
         """1. One token for each running request past its prompt, in admission order; returns the
         requests still in their prompt (or recomputing after a preemption)."""
         in_prompt: list[Request] = []
-        chunks, grow = step.chunks, self.kv.grow
-        for req in list(self.running):      # (a copy: a preemption below changes the list)
-            if req.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            computed, rid = req.num_computed_tokens, req.request_id
+        decoding: list[Request] = []
+        for req in self.running:
+            computed = req.num_computed_tokens
             if computed < req.prompt_len or computed + 1 < req.prompt_len + len(req.output_ids):
                 in_prompt.append(req)
-                continue
-            if not grow(rid, 1) and not self._make_room(req, 1, chunks, now):
+            else:
+                decoding.append(req)
+        # Room for one more token each, in order; from the first without room on, one at a time,
+        # preempting the most recently admitted requests (``_make_room``).
+        grown, chunks = self.kv.grow_each([r.request_id for r in decoding]), step.chunks
+        for i, req in enumerate(decoding):
+            if req.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if i >= grown and not self._make_room(req, 1, chunks, now):
                 break     # it preempted itself: everyone after it is preempted too
             # The token it sampled last step is its one uncomputed token. (Written out rather than
             # step.add: this loop runs for every running request of every step.)
-            chunks.append(ScheduledChunk(rid, computed, 1, True))
+            chunks.append(ScheduledChunk(req.request_id, req.num_computed_tokens, 1, True))
         step.budget -= len(chunks)
         return in_prompt
 
