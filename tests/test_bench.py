@@ -102,7 +102,7 @@ def test_tiny_benchmark_runs_every_contender_and_writes_its_json(lm, tmp_path, c
     # The project's goals are checked outside the library, on the same results.
     goals = _bench_peer_script().goal_report(everything)
     verdicts = [line for line in goals if line.startswith("[")]
-    assert len(verdicts) == (6 if vllm_ok else 2), goals
+    assert len(verdicts) == (6 if vllm_ok else 3), goals
     assert all(line.endswith((": PASS", ": MISS")) for line in verdicts), goals
 
 
