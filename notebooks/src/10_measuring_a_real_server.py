@@ -347,7 +347,7 @@ if VLLM_READY:
 # %%
 if bench is not None:
     ratio = clients["batchlab.loadgen"] / clients["vllm bench serve"]
-    expect("the two clients' TTFT and ITL medians, ours / vLLM's", ratio, above=0.8, below=1.25)
+    expect("the two clients' TTFT and ITL medians, ours / vLLM's", ratio, above=0.75, below=1.33)
 
 # %% [markdown]
 # ## The same load against vLLM
@@ -376,14 +376,19 @@ if VLLM_READY:
 # Both servers got the same 12 requests at the same times. With greedy sampling in fp32 they
 # compute the same model, so they must produce the same text, request by request; their
 # latencies differ with their engines (vLLM here runs on one of the two cores: it reserves the
-# other for its own server process).
+# other for its own server process). When the course runs in bf16 (`BATCHLAB_DTYPE=bfloat16`, or
+# a CPU on which `dtype="auto"` picks it), batchlab's server computes in bf16 against vLLM's fp32,
+# and a text may part from vLLM's at a near-tie, as notebook 04 measured.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 if vllm_result is not None:
     assert all(r.ok for r in vllm_result.records)
     ours = {r.request_id: r.text for r in poisson.records}
-    assert {r.request_id: r.text for r in vllm_result.records} == ours
+    same = sum(r.text == ours[r.request_id] for r in vllm_result.records)
+    print(f"{same} of {len(ours)} texts identical (batchlab in {lm.dtype}, vLLM in float32)")
+    if lm.dtype == "float32":
+        assert same == len(ours) == len(vllm_result.records), same
     side = pd.DataFrame({name: metrics.summary_row(res.trace, percentiles=(50, 90))
                          for name, res in (("batchlab", poisson), ("vLLM", vllm_result))}).T
     display(side[["request_throughput", "output_throughput", "ttft_p50", "ttft_p90", "itl_p50", "e2e_p50"]].round(3))
