@@ -7,7 +7,8 @@ course runs most: decode at batch 1, 8 and 32 (context 64) and a 256-token promp
 two dtypes are measured alternately, ``--rounds`` times each, and each step's best round is kept,
 so drift on a shared machine hits both alike. Prints ms per step in each dtype and the ratio
 bf16 / fp32 (below 1: bf16 is faster), with whether this CPU reports bf16 matrix units (AMX or
-AVX512-BF16 in /proc/cpuinfo).
+AVX512-BF16 in /proc/cpuinfo), then the dtype probe's timings and verdict beside the steps' own
+(``dtype="auto"`` trusts the probe: both should pick the same dtype).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 import pandas as pd
 
 from batchlab.model import load_model
-from batchlab.model.cpu_dtype import cpu_bf16_flags
+from batchlab.model.cpu_dtype import cpu_bf16_flags, probe_cpu_dtypes
 from batchlab.model.llama import LlamaWeights
 from batchlab.model.profiler import profile_steps
 
@@ -44,6 +45,14 @@ def main() -> None:
     print(table.to_string(float_format=lambda v: f"{v:.2f}"))
     prefill = table.loc["prefill tokens 256"]
     print(f"prefill: {256 / prefill['fp32 ms'] * 1e3:.0f} tokens/s fp32, {256 / prefill['bf16 ms'] * 1e3:.0f} bf16")
+    # The probe that dtype="auto" trusts, beside the steps it stands for: do they pick the same?
+    probe = probe_cpu_dtypes()
+    print("dtype probe (ms of one step's products):",
+          {dtype: {rows: round(1e3 * s, 2) for rows, s in times.items()} for dtype, times in probe["seconds"].items()})
+    steps_pick = "bfloat16" if (table["bf16/fp32"] < 1).all() else "float32"
+    probe_pick = "bfloat16" if probe["bf16_faster"] else "float32"
+    print(f"faster at every step measured here: {steps_pick}; the probe picks {probe_pick}"
+          + ("" if steps_pick == probe_pick else " (they disagree: the probe misjudges this CPU)"))
 
 
 if __name__ == "__main__":

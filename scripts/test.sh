@@ -17,11 +17,13 @@ export BATCHLAB_EXECUTED_DIR=${BATCHLAB_EXECUTED_DIR:-$PWD/executed}
 # main pass names its dtype. BATCHLAB_DTYPE=bfloat16 bash scripts/test.sh runs it in bf16 instead.
 export BATCHLAB_DTYPE=${BATCHLAB_DTYPE:-float32}
 .venv/bin/python -m pytest tests notebooks --nbval-lax --durations=15 "$@"
-# The notebook whose claims depend on the dtype, again in bf16 (README: "Which checks run in
-# bf16"); only for the whole suite, not when arguments pick some tests.
+# Only for the whole suite, not when arguments pick some tests: the static copy of the course,
+# then the cheap checks on other machines' shapes (scripts/check_machine_shapes.sh: one core busy,
+# oneDNN capped at AVX2 and at AVX-512 bf16, and the notebooks whose claims depend on the dtype
+# in bf16; README: "Other machines").
 if (( $# == 0 )); then
     echo "test.sh: the static copy of the course, from this run's executed notebooks"
     .venv/bin/python scripts/build_site.py --executed "$BATCHLAB_EXECUTED_DIR" --check
-    echo "test.sh: notebook 04 again with BATCHLAB_DTYPE=bfloat16"
-    BATCHLAB_EXECUTED_DIR= BATCHLAB_DTYPE=bfloat16 .venv/bin/python -m pytest --nbval-lax notebooks/04_continuous_batching.ipynb
+    echo "test.sh: other machines' shapes, the cheap set"
+    bash scripts/check_machine_shapes.sh --cheap
 fi

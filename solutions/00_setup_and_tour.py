@@ -7,7 +7,7 @@ from batchlab.model.llama import LlamaWeights
 
 def solve_00_1() -> str:
     """Ask the Japan question with the greedy loop, stop at the end-of-turn token, decode."""
-    lm = load_model()
+    lm = load_model(dtype="float32")          # notebook 00 loads the model in fp32
     weights = LlamaWeights.from_hf(lm.model)
     prompt_ids = lm.chat_ids("What is the capital of Japan?")
     gen = greedy_generate(weights, prompt_ids, max_new_tokens=16,

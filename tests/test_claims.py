@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.analysis.claims import expect, expect_close, expect_true
+from batchlab.analysis.claims import expect, expect_close, expect_same_answers, expect_true
 
 
 def test_expect_prints_one_line_with_the_value_and_the_bound(capsys):
@@ -50,3 +50,16 @@ def test_expect_close_and_expect_true(capsys):
     assert capsys.readouterr().out == "ok: same requests (2 runs)\n"
     with pytest.raises(AssertionError, match="FAILED: same requests"):
         expect_true("same requests", False)
+
+
+def test_expect_same_answers_is_exact_in_fp32_and_allows_only_near_ties_otherwise(capsys):
+    expect_same_answers("fp32", {}, 4, exact=True, near_tie=0.5)
+    assert "4 of 4 identical" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="3 of 4 identical"):
+        expect_same_answers("fp32", {"r1": (7, 0.0)}, 4, exact=True, near_tie=0.5)
+    expect_same_answers("bf16", {"r1": (7, 0.125), "r2": (3, 0.0)}, 4, exact=False, near_tie=0.5)
+    assert "2 parted at a margin of 0 to 0.125" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="margin of 0.75"):
+        expect_same_answers("bf16", {"r1": (7, 0.75)}, 4, exact=False, near_tie=0.5)
+    with pytest.raises(ValueError, match="total"):
+        expect_same_answers("bf16", {"r1": (7, 0.0), "r2": (1, 0.0)}, 1, exact=False, near_tie=0.5)

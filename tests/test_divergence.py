@@ -3,7 +3,8 @@
 import pytest
 
 from batchlab.model import load_model
-from batchlab.model.divergence import DIVERGENCE_COLUMNS, compare_alone_and_together, greedy_batch_logits
+from batchlab.model.divergence import DIVERGENCE_COLUMNS, compare_alone_and_together, greedy_batch_logits, \
+    parted_between, parted_from_alone
 from batchlab.model.llama import LlamaWeights
 
 PROMPTS = ["The capital of France is", "Two plus two equals", "My favourite colour is"]
@@ -50,3 +51,18 @@ def test_a_batch_of_one_is_the_lone_run(lm, bf16_weights):
 def test_bad_input_is_named(bf16_weights, prompts, n, message):
     with pytest.raises(ValueError, match=message):
         greedy_batch_logits(bf16_weights, prompts, n)
+
+
+def test_parted_from_alone_finds_where_and_how_close_an_answer_parted(lm, bf16_weights):
+    prompts = dict(enumerate(short_prompts(lm)[:2]))
+    alone, logits = greedy_batch_logits(bf16_weights, [prompts[0]], max_new_tokens=5)
+    assert parted_from_alone(bf16_weights, prompts, {0: alone[0]}) == {}
+    runner_up = int(logits[0, 2].topk(2).indices[1])          # the lone run's second choice at token 2
+    changed = alone[0][:2] + [runner_up, 7, 7]
+    [(key, (k, margin))] = parted_from_alone(bf16_weights, prompts, {0: changed}).items()
+    assert (key, k) == (0, 2)
+    assert margin == pytest.approx(float(logits[0, 2].max() - logits[0, 2, runner_up])) and margin >= 0
+    # Between runs: only the request whose answers differ is measured, with the worse margin.
+    other, _ = greedy_batch_logits(bf16_weights, [prompts[1]], max_new_tokens=5)
+    runs = {"a": {0: alone[0], 1: other[0]}, "b": {0: changed, 1: other[0]}}
+    assert parted_between(bf16_weights, prompts, runs) == {0: (2, margin)}

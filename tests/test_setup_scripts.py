@@ -119,3 +119,25 @@ def test_course_command_starts_a_jupyterlab_that_answers(tmp_path, port_given_as
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+SHAPES = ["bash", "scripts/check_machine_shapes.sh"]
+
+
+@pytest.mark.parametrize("args, message", [(["--only", "nope"], "unknown variant 'nope'; allowed: default busy"),
+                                           (["--bad"], "unknown argument '--bad'; allowed: --cheap")])
+def test_machine_shapes_names_bad_input(args, message):
+    result = subprocess.run(SHAPES + args, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_machine_shapes_runs_a_variant_with_a_busy_core_and_ends_the_hog():
+    result = subprocess.run(SHAPES + ["--only", "busy,avx2", "--", "tests/test_claims.py"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "BATCHLAB_DTYPE=float32, a CPU hog" in result.stdout
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in result.stdout
+    for variant in ("busy", "avx2"):
+        assert re.search(rf"^{variant} +ok +\d+ s  \d+ passed", result.stdout, re.M), result.stdout[-1500:]
+    hogs = subprocess.run(["pgrep", "-f", "while True: pass"], capture_output=True, text=True)
+    assert hogs.stdout == "", "the CPU hog outlived its run"

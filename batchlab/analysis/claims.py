@@ -14,11 +14,11 @@ list, an array, a pandas Series): every one must meet the bound, and the line sh
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from batchlab.checks import check_fraction, fail
+from batchlab.checks import check_fraction, check_int, fail
 
 
 def _values(value) -> np.ndarray:
@@ -85,3 +85,23 @@ def expect_true(claim: str, condition: bool | Iterable[bool], detail: object = "
     if not all(bool(c) for c in conditions):
         raise AssertionError(f"FAILED: {claim}{shown}")
     print(f"ok: {claim}{shown}")
+
+
+def expect_same_answers(claim: str, parted: Mapping, total: int, exact: bool, near_tie: float) -> None:
+    """Check that greedy answers stayed the same, as strongly as the dtype allows; print one line.
+
+    ``parted``: answer -> ``(first different token, margin)`` for the answers that parted from
+    their lone run (``batchlab.model.divergence.parted_from_alone``), out of ``total`` compared.
+    ``exact`` (fp32): none may part. Otherwise (bf16, fp16): each may part only at a near-tie,
+    where the lone run's two best tokens were within ``near_tie`` logits.
+    """
+    check_int("total", total, max(len(parted), 1), hint="expect_same_answers: answers compared")
+    same = f"{total - len(parted)} of {total} identical"
+    if exact:
+        detail = f"needs all; parted (token, margin): {dict(parted)}" if parted else "needs all"
+        expect_true(f"{claim}: {same}", not parted, detail)
+        return
+    margins = [margin for _, margin in parted.values()]
+    shown = f"; {len(parted)} parted at a margin of {_shown(np.array(margins))} logits" if parted else ""
+    expect_true(f"{claim}: {same}{shown}", [m < near_tie for m in margins] or [True],
+                f"needs each parting at a margin < {near_tie:g}")

@@ -17,7 +17,7 @@ def _expected_japan_answer() -> str:
     from batchlab.model.generate import greedy_generate
     from batchlab.model.llama import LlamaWeights
 
-    lm = load_model()
+    lm = load_model(dtype="float32")        # as notebook 00 loads it
     weights = LlamaWeights.from_hf(lm.model)
     gen = greedy_generate(weights, lm.chat_ids(JAPAN_QUESTION), MAX_NEW_TOKENS,
                           stop_token_ids=[lm.tokenizer.eos_token_id])

@@ -11,6 +11,11 @@
 - ``generate``     one prompt, greedy, with the batched step (the simplest possible server)
 - ``profiler``     step time against batch size, prompt size and context; bandwidth and matmul peaks
 - ``environment``  what machine this is; waiting for the device before reading a timer
+- ``cpu_products`` how the step multiplies by a weight on a CPU (packed weights; bf16 widened
+                   where the CPU has no bf16 units, ``ONEDNN_MAX_CPU_ISA`` honoured)
+- ``cpu_dtype``    what ``dtype="auto"`` picks on a CPU: a warm probe of those very products
+- ``divergence``   greedy answers served alone, together, or in two runs: where they part, how
+                   near a tie (``NEAR_TIE``)
 
 Why a folder: a scheduler or the engine never imports from here, only the real-model backend
 (``batchlab.backends.model_backend``) and the notebooks that teach the model's cost do.

@@ -3,14 +3,20 @@
 bf16 halves the bytes every step reads, but a CPU computes it fast only with bf16 matrix units
 (``amx_bf16`` or ``avx512_bf16`` in /proc/cpuinfo). Without them torch emulates it, many times
 slower than fp32 (on the course's AVX2 VM a 576 x 1536 matmul of one row took 2.6 ms in bf16
-against 0.28 ms in fp32). Even with them, a batch-1 decode was measured slower in bf16 (49.6 ms
-against 33 ms), while prefill and large batches were faster. So the rule is:
+against 0.28 ms in fp32). With them, which dtype is faster depends on the CPU's kernels and on the
+batch: prefill and large batches gain most, a batch-1 decode least. So the rule is:
 
 1. no bf16 flags → fp32, nothing measured;
-2. bf16 flags → time the matmuls of one layer of the course's model, in both dtypes, at one row
-   (a batch-1 decode) and at 256 rows (a prompt); bf16 only if it is faster at BOTH sizes.
-   The verdict is saved per CPU model and torch version in the model cache, so it is measured
-   once per machine, not at every load.
+2. bf16 flags → time the products of one step of the course's model (one layer's projections
+   times its 30 layers, plus the LM head), in both dtypes, at one row (a batch-1 decode) and at
+   256 rows (a prompt), by the very routes the step takes (``batchlab.model.cpu_products``:
+   packed weights, each product warmed up first, since oneDNN creates and packs its kernel on a
+   product's first call); bf16 only if it is faster at BOTH sizes.
+   The verdict is saved per CPU model, torch version, thread count, oneDNN ISA cap and probe
+   version in the model cache, so it is measured once per machine, not at every load.
+
+``scripts/bench_dtypes.py`` times whole steps of the real model in both dtypes: the check of the
+verdict on a machine.
 """
 
 from __future__ import annotations
@@ -21,40 +27,67 @@ from pathlib import Path
 
 import torch
 
-# SmolLM2-135M's hidden size and its MLP's gate+up width, the shapes of most of a step's work.
-PROBE_SHAPES = ((576, 1536 * 2), (1536, 576), (576, 960))
+from batchlab.model.cpu_products import (cpu_bf16_flags, min_pack_rows, onednn_isa_cap, packed_product,
+                                         prepack, project, uses_packing, widens_bf16)
+
+# SmolLM2-135M's products: one layer's fused q/k/v, output, gate+up and down projections as
+# (in, out) shapes, its layer count, and the LM head.
+PROBE_SHAPES = ((576, 960), (576, 576), (576, 1536 * 2), (1536, 576))
+PROBE_LAYERS = 30
+PROBE_HEAD = (576, 49152)
 PROBE_ROWS = (1, 256)
-BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+PROBE_VERSION = 2      # part of the saved verdict's key: a new probe measures again
+def product_timer(w: torch.Tensor, rows: int):
+    """A function that computes ``x @ w`` over ``rows`` rows by the step's route for ``w``'s dtype
+    (packed from ``min_pack_rows`` rows on), warmed up: oneDNN builds and packs its kernel at a
+    product's first calls, which a steady-state step never pays."""
+    x = torch.randn(rows, w.shape[0], generator=torch.Generator().manual_seed(1)).to(w.dtype)
+    widen = widens_bf16(w.dtype, "cpu")
+    if uses_packing(w.dtype, "cpu", widen) and rows >= min_pack_rows(w.dtype):
+        packed = prepack(w)
+        def product():
+            return packed_product(x, packed)
+    else:
+        def product():
+            return project(x, w, widen)
+    for _ in range(3):
+        product()
+    return product
 
 
-def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
-    """The bf16 matrix-unit flags this CPU reports (empty when none, or no /proc/cpuinfo)."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next(line for line in f if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return []
-    return sorted(f for f in flags if f in BF16_FLAGS)
-
-
-def time_layer_matmuls(dtype: torch.dtype, rows: int, repeats: int = 5) -> float:
-    """Best-of-``repeats`` seconds for one layer's projections (``PROBE_SHAPES``) over ``rows`` rows."""
-    gen = torch.Generator().manual_seed(0)
-    mats = [torch.randn(i, o, generator=gen).to(dtype) for i, o in PROBE_SHAPES]
-    xs = [torch.randn(rows, i, generator=gen).to(dtype) for i, _ in PROBE_SHAPES]
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn``."""
     best = float("inf")
-    for _ in range(repeats + 1):                   # the first round warms up
+    for _ in range(repeats):
         t0 = time.perf_counter()
-        for x, w in zip(xs, mats):
-            x @ w
+        fn()
         best = min(best, time.perf_counter() - t0)
     return best
 
 
-def probe_cpu_dtypes(repeats: int = 5) -> dict:
-    """Measured seconds per dtype and row count, and whether bf16 won at every size."""
-    times = {name: {str(r): time_layer_matmuls(getattr(torch, name), r, repeats) for r in PROBE_ROWS}
-             for name in ("float32", "bfloat16")}
+def step_products(dtype: torch.dtype, rows: int):
+    """A function returning the seconds of one step's products of the course's model over ``rows``
+    rows in ``dtype``: ``PROBE_LAYERS`` x one layer's projections + the LM head, each timed warm."""
+    gen = torch.Generator().manual_seed(0)
+    layer = [product_timer((torch.randn(*s, generator=gen) / s[0] ** 0.5).to(dtype), rows)
+             for s in PROBE_SHAPES]
+    head = product_timer((torch.randn(*PROBE_HEAD, generator=gen) / PROBE_HEAD[0] ** 0.5).to(dtype), rows)
+    return lambda repeats: (PROBE_LAYERS * sum(best_seconds(p, repeats) for p in layer)
+                            + best_seconds(head, repeats))
+
+
+def probe_cpu_dtypes(repeats: int = 3, rounds: int = 3) -> dict:
+    """Measured seconds per dtype and row count, and whether bf16 won at every size.
+
+    The two dtypes are timed in alternating rounds and each keeps its best, so a burst of other
+    work on the machine slows both alike rather than deciding the verdict."""
+    timers = {(name, r): step_products(getattr(torch, name), r)
+              for name in ("float32", "bfloat16") for r in PROBE_ROWS}
+    best = dict.fromkeys(timers, float("inf"))
+    for _ in range(rounds):
+        for key, timer in timers.items():
+            best[key] = min(best[key], timer(repeats))
+    times = {name: {str(r): best[name, r] for r in PROBE_ROWS} for name in ("float32", "bfloat16")}
     faster = all(times["bfloat16"][str(r)] < times["float32"][str(r)] for r in PROBE_ROWS)
     return {"seconds": times, "bf16_faster": faster}
 
@@ -65,7 +98,8 @@ def pick_cpu_dtype(cache_file: Path | None = None, cpuinfo: str | Path = "/proc/
         return "float32"
     from batchlab.model.environment import device_name
 
-    key = f"{device_name('cpu')} | torch {torch.__version__} | threads {torch.get_num_threads()}"
+    key = (f"{device_name('cpu')} | torch {torch.__version__} | threads {torch.get_num_threads()}"
+           f" | oneDNN ISA {onednn_isa_cap() or 'all'} | probe {PROBE_VERSION}")
     saved = {}
     if cache_file is not None and cache_file.exists():
         try:

@@ -10,6 +10,13 @@ steps of 1/128 of the value, the logits move by up to about a logit, and greedy 
 another token wherever the two best ones were nearly tied. After the first different token the two answers
 continue from different prefixes and usually go separate ways.
 
+What may be asserted therefore depends on the dtype: in fp32, answers identical however requests
+are batched; in bf16 or fp16, an answer may part from the same request served alone, but only
+where the lone run's two best tokens were nearly tied (within ``NEAR_TIE`` logits). That holds on
+any CPU or GPU, whichever kernels it runs: oneDNN's AMX kernels, for example, tile rows together,
+so there the batch itself moves a bf16 result, not only a recompute or a cache's layout.
+``parted_from_alone`` measures it for any run's answers.
+
 ``compare_alone_and_together`` runs the same prompts twice with the same weights: each alone
 (batch of one, prefill then decode) and all together in one batch (every prompt's prefill in
 one step, then one decode step for all), keeping every step's logits, and reports per prompt
@@ -18,13 +25,17 @@ where the answers first differ and how close to a tie the lone run was there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import pandas as pd
 import torch
 
 from batchlab.checks import check_int, fail
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
+
+# Logits: the widest gap between the lone run's two best tokens at which a bf16 answer was seen to
+# part from its lone run (measured margins: notebook 04, and data/divergence/).
+NEAR_TIE = 0.5
 
 DIVERGENCE_COLUMNS = ["prompt", "prompt_len", "identical", "first_divergence", "tie_margin",
                       "max_logit_diff"]
@@ -63,6 +74,44 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 def tie_margin(logits: torch.Tensor, chosen: int, other: int) -> float:
     """How many logits ``chosen`` beat ``other`` by in one row of logits (V,): near 0, a near-tie."""
     return float(logits[chosen] - logits[other])
+
+
+def parted_from_alone(weights: LlamaWeights, prompts: Mapping[Hashable, Sequence[int]],
+                      answers: Mapping[Hashable, Sequence[int]]) -> dict[Hashable, tuple[int, float]]:
+    """Serve each answered prompt alone (greedy, as many tokens as its answer) and compare.
+
+    ``prompts`` and ``answers`` are keyed alike (a request's id, say). Returns, for every answer
+    that parts from its lone run, ``(k, margin)``: the index of its first different token and how
+    many logits the lone run's choice beat the answer's token by there (``tie_margin``, in the
+    lone run's own logits). Identical answers are left out, so ``{}`` means all were identical.
+    """
+    parted = {}
+    for key, answer in answers.items():
+        if not answer:
+            continue
+        [alone], logits = greedy_batch_logits(weights, [prompts[key]], len(answer))
+        k = first_divergence(answer, alone)
+        if k is not None:
+            parted[key] = (k, tie_margin(logits[0, k], alone[k], answer[k]))
+    return parted
+
+
+def parted_between(weights: LlamaWeights, prompts: Mapping[Hashable, Sequence[int]],
+                   runs: Mapping[str, Mapping[Hashable, Sequence[int]]]) -> dict[Hashable, tuple[int, float]]:
+    """The answers that differ between ``runs`` (run name -> key -> answer), each with where the
+    runs parted from its lone run: ``(first different token of any run, the largest margin)``.
+
+    When two runs of the same requests disagree, at least one of them parted from the request
+    served alone, so every key returned has an entry measured by ``parted_from_alone``.
+    """
+    first, *others = runs.values()
+    differ = [key for key in first if any(run[key] != first[key] for run in others)]
+    parted: dict[Hashable, tuple[int, float]] = {}
+    for run in runs.values():
+        for key, (k, margin) in parted_from_alone(weights, prompts, {d: run[d] for d in differ}).items():
+            k0, m0 = parted.get(key, (k, margin))
+            parted[key] = (min(k, k0), max(margin, m0))
+    return parted
 
 
 def compare_alone_and_together(weights: LlamaWeights, prompts: Sequence[Sequence[int]],

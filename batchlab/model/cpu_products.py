@@ -1,0 +1,106 @@
+"""How the step multiplies activations by weights on a CPU: the routes, in one place.
+
+A step's time on a CPU is mostly its products ``x @ w`` ((rows, in) activations by (in, out)
+weights). torch's plain ``x @ w`` hands the weight to oneDNN, which rearranges it into its blocked
+layout on every call. The step instead keeps a copy of each weight packed once into that layout
+and multiplies with it (``prepack`` and ``packed_product``):
+
+- fp32: packed from two rows on. On the course's 2-core AVX2 VM, one thread, a (23, 576) @ (576,
+  3072) product took 1.1-1.2 ms packed against 1.4-2.4 ms for ``x @ w``, and the LM head at 6-23
+  rows 2-3x less; at one row ``x @ w`` was as fast or faster, so a single-row product keeps it.
+- bf16 on a CPU with bf16 matrix units (``avx512_bf16``, AMX): packed from one row on. On the
+  course's AMD EPYC (AVX-512 bf16) the packed product took 0.3-0.7x the time of ``x @ w`` at 1-32
+  rows (the LM head at one row: 2.1 against 6.7 ms), 0.95-1.0x at 256-512.
+- bf16 without such units: torch's bf16 product is an emulated fallback, so the step widens the
+  weight to fp32 and rounds the result back (``project(..., widen=True)``).
+
+Which units a CPU has is read from /proc/cpuinfo (``cpu_bf16_flags``), less those above the level
+``ONEDNN_MAX_CPU_ISA`` caps oneDNN at: with ``ONEDNN_MAX_CPU_ISA=AVX2`` a CPU with bf16 units
+runs the kernels, and batchlab the routes, of one without them.
+
+``batchlab.model.llama`` uses these routes for every projection, and the dtype probe
+(``batchlab.model.cpu_dtype``) times the very same routes, so what it measures is what a step does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+PREPACK = True     # set to False to compare (the packed copies cost a second copy of the weights)
+PACK_ROWS = 32     # the row count oneDNN is told to expect (best of 1, 32, 512 measured there)
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+# oneDNN's instruction-set levels (dnnl_cpu_isa_t: each a bit mask that holds the ones below it).
+# ``ONEDNN_MAX_CPU_ISA`` caps the kernels oneDNN may run, which is how a CPU with bf16 units can
+# run the kernels of CPUs without them; a bf16 flag counts only when its level is under the cap.
+ONEDNN_ISA_LEVELS = {"SSE41": 0x1, "AVX": 0x3, "AVX2": 0x7, "AVX2_VNNI": 0xF, "AVX2_VNNI_2": 0x1F,
+                     "AVX512_CORE": 0x27, "AVX512_CORE_VNNI": 0x67, "AVX512_CORE_BF16": 0xE7,
+                     "AVX10_1_512": 0x1EF, "AVX512_CORE_FP16": 0x1EF, "AVX10_1_512_AMX": 0xFEF,
+                     "AVX512_CORE_AMX": 0xFEF, "AVX10_1_512_AMX_FP16": 0x1FEF,
+                     "AVX512_CORE_AMX_FP16": 0x1FEF}
+BF16_FLAG_LEVEL = {"avx512_bf16": "AVX512_CORE_BF16", "amx_bf16": "AVX512_CORE_AMX"}
+
+
+def onednn_isa_cap() -> str | None:
+    """The instruction-set level oneDNN is capped at (``ONEDNN_MAX_CPU_ISA``, or its older name
+    ``DNNL_MAX_CPU_ISA``), upper-cased; None when unset, ``ALL``/``DEFAULT`` or not a known level."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    return cap if cap in ONEDNN_ISA_LEVELS else None
+
+
+def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
+    """The bf16 matrix-unit flags this CPU reports and oneDNN may use (empty when none, or no
+    /proc/cpuinfo): a flag above ``ONEDNN_MAX_CPU_ISA``'s level does not count."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next(line for line in f if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return []
+    cap = onednn_isa_cap()
+    allowed = ONEDNN_ISA_LEVELS[cap] if cap else None
+
+    def usable(flag: str) -> bool:
+        level = ONEDNN_ISA_LEVELS[BF16_FLAG_LEVEL[flag]]
+        return allowed is None or level & allowed == level
+    return sorted(f for f in flags if f in BF16_FLAGS and usable(f))
+
+
+def widens_bf16(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a bf16 product on ``device`` is computed in fp32 (a CPU without usable bf16 units)."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_bf16_flags()
+
+
+def prepack_available() -> bool:
+    """Whether this torch build can pack weights for oneDNN (CPU builds with mkldnn)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def min_pack_rows(dtype: torch.dtype) -> int:
+    """From how many rows a product in ``dtype`` uses the packed copy (fp32 keeps ``x @ w`` at one)."""
+    return 2 if dtype == torch.float32 else 1
+
+
+def uses_packing(dtype: torch.dtype, device: torch.device | str, widen_bf16: bool) -> bool:
+    """Whether the step packs its weights for this dtype and device (fp32, or bf16 on bf16 units)."""
+    packable = dtype == torch.float32 or (dtype == torch.bfloat16 and not widen_bf16)
+    return PREPACK and packable and torch.device(device).type == "cpu" and prepack_available()
+
+
+def prepack(w: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed copy of an (in, out) weight, made from its (out, in) layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous(), PACK_ROWS)
+
+
+def packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``x @ w`` for a (rows, in) activation, with ``packed = prepack(w)``: (rows, out)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+def project(x: torch.Tensor, w: torch.Tensor, widen: bool = False) -> torch.Tensor:
+    """``x @ w`` for a (rows, in) activation and an (in, out) weight. ``widen``: compute in fp32
+    and round the result back to ``x``'s dtype (bf16 on a CPU without bf16 units)."""
+    if widen:
+        return (x.float() @ w.float()).to(x.dtype)
+    return x @ w
