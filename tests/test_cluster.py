@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,14 +34,18 @@ BLOCK = 16
 class FakeReports:
     """Hand-built replica reports: fixed queue depths, KV usage and stored prefix blocks."""
 
-    def __init__(self, n: int, waiting=None, usage=None, stored=None, block_size: int = BLOCK) -> None:
+    def __init__(self, n: int, waiting=None, usage=None, stored=None, block_size: int = BLOCK, load=None) -> None:
         self._waiting = list(waiting or [0] * n)
+        self._load = list(load or [0] * n)
         self._usage = list(usage or [0.0] * n)
         self._stored = list(stored or [0] * n)
         self.block_size, self.now = block_size, 0.0
 
     def waiting(self, r: int) -> int:
         return self._waiting[r]
+
+    def load(self, r: int) -> int:
+        return self._load[r]
 
     def kv_usage(self, r: int) -> float:
         return self._usage[r]
@@ -92,6 +97,29 @@ def test_power_of_two_takes_the_less_loaded_of_two():
     router.in_flight = [10, 5, 0]
     counts = Counter(router.choose(request(f"r{i}", [1]), FakeReports(3)).replica for i in range(300))
     assert counts[2] > counts[1] > counts[0] == 0       # the most loaded never wins a pair
+
+
+def test_power_of_two_polled_compares_reported_loads_not_its_own_count():
+    router = make_router("power_of_two", 2, seed=3, params={"load": "polled"})
+    assert router.metrics_interval_s == 30.0                 # vllm-router's --worker-startup-check-interval
+    router.in_flight = [0, 9]                                # its own count: ignored under "polled"
+    assert all(router.choose(request(f"r{i}", [1]), FakeReports(2, load=[4, 1])).replica == 1 for i in range(20))
+    ideal = make_router("power_of_two", 2, seed=3)
+    ideal.in_flight = [0, 9]
+    assert all(ideal.choose(request(f"r{i}", [1]), FakeReports(2, load=[4, 1])).replica == 0 for i in range(20))
+    with pytest.raises(ValueError, match="load='stale'"):
+        make_router("power_of_two", 2, params={"load": "stale"})
+
+
+def test_power_of_two_polled_reads_loads_at_each_poll_only(sessions):
+    # Polled once, at the start, when every replica is idle: every pair ties and the first drawn
+    # wins, whatever happens later. Polled often, the loads steer some choices away from that.
+    rng = random.Random(0)
+    first_drawn = [rng.sample(range(4), 2)[0] for _ in sessions.requests]
+    runs = {interval: Cluster(ClusterConfig(4, "power_of_two", {"load": "polled", "poll_interval_s": interval}),
+                              spec()).run(sessions.requests).routing["replica"].tolist() for interval in (1e6, 0.01)}
+    assert runs[1e6] == first_drawn
+    assert runs[0.01] != first_drawn
 
 
 def test_consistent_hash_keeps_sessions_and_moves_only_a_dead_replicas_keys():

@@ -87,6 +87,25 @@ def test_simulate_load_and_load_request_refuse_bad_input():
         prom.GaugeSampler("http://127.0.0.1:1", ["vllm:num_requests_running"], interval=0)
 
 
+def test_run_to_run_file_holds_every_knob_of_notebook_13_from_several_runs():
+    """Notebook 13 sets its tolerances from this file before measuring; every run must carry the
+    same knobs, each predicted and measured, and the measurements must actually vary."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    data = json.loads((root / "data" / "vllm_tuning" / "run_to_run.json").read_text())
+    source = (root / "notebooks" / "src" / "13_tuning_vllm.py").read_text()
+    knobs = {k for k in re.findall(r'"((?:max_num_seqs|prefix caching|budget) [^"]+)"', source) if ":" in k}
+    assert len(data["runs"]) >= 5 and {"cpu", "cores"} <= set(data["machine"])
+    for run in data["runs"]:
+        assert set(run["ratios"]) == knobs, sorted(set(run["ratios"]) ^ knobs)
+        assert all(v["predicted"] > 0 and v["measured"] > 0 for v in run["ratios"].values())
+    for knob in knobs:
+        assert len({run["ratios"][knob]["measured"] for run in data["runs"]}) > 1, knob
+
+
 def test_gauge_sampler_says_when_no_scrape_succeeded():
     with prom.GaugeSampler("http://127.0.0.1:9", ["vllm:num_requests_running"], interval=0.05) as sampler:
         pass

@@ -4,7 +4,8 @@
 ``round_robin``         the next replica in turn (vllm-router, SGLang)
 ``random``              a seeded uniform choice
 ``least_outstanding``   the fewest requests in flight
-``power_of_two``        the less loaded of two random replicas (vllm-router; Ray Serve's default)
+``power_of_two``        the less loaded of two random replicas (Ray Serve's default; vllm-router's
+                        reads polled loads: ``{"load": "polled"}``)
 ``consistent_hash``     a hash ring on the session, or the prompt's prefix (vllm-router)
 ``cache_aware``         prefix affinity unless load is imbalanced (vllm-router's default; SGLang)
 ``kv_aware``            the lowest prefill + decode block cost, from KV events (NVIDIA Dynamo)
@@ -21,8 +22,8 @@ from batchlab.cluster.cache_aware import CacheAwareConfig, CacheAwareRouter
 from batchlab.cluster.kv_aware import KVAwareConfig, KVAwareRouter
 from batchlab.cluster.router import Router
 from batchlab.cluster.simple_policies import (
-    ConsistentHashConfig, ConsistentHashRouter, LeastOutstandingRouter, PowerOfTwoRouter, RandomRouter,
-    RoundRobinRouter,
+    ConsistentHashConfig, ConsistentHashRouter, LeastOutstandingRouter, PowerOfTwoConfig, PowerOfTwoRouter,
+    RandomRouter, RoundRobinRouter,
 )
 from batchlab.cluster.weighted import WeightedConfig, WeightedScorerRouter
 
@@ -31,7 +32,7 @@ POLICIES: dict[str, tuple[type[Router], type | None]] = {
     "round_robin": (RoundRobinRouter, None),
     "random": (RandomRouter, None),
     "least_outstanding": (LeastOutstandingRouter, None),
-    "power_of_two": (PowerOfTwoRouter, None),
+    "power_of_two": (PowerOfTwoRouter, PowerOfTwoConfig),
     "consistent_hash": (ConsistentHashRouter, ConsistentHashConfig),
     "cache_aware": (CacheAwareRouter, CacheAwareConfig),
     "kv_aware": (KVAwareRouter, KVAwareConfig),

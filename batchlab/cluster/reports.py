@@ -1,8 +1,8 @@
 """What the replicas report to the router (``router.ReplicaReports``), read from the simulation.
 
-- **Scraped metrics** (queue depth, KV usage) are read from every replica at each scrape, every
-  ``Router.metrics_interval_s`` of simulated time, and held until the next one, as a metrics
-  scraper does. The driver brings every replica up to the scrape's time first.
+- **Scraped metrics** (queue depth, requests running and waiting, KV usage) are read from every
+  replica at each scrape, every ``Router.metrics_interval_s`` of simulated time, and held until
+  the next one, as a metrics scraper (or vllm-router polling ``/get_load``) does. The driver brings every replica up to the scrape's time first.
 - **KV events** (which prompt blocks a replica stores) are read at the moment of routing from
   the replica's block hashes (``BlockPool.hash_to_block``): the router's index of events is
   taken to be up to date, as Dynamo's and vllm-router's are meant to be.
@@ -47,11 +47,12 @@ class LiveReports:
         self.block_size = common_block_size(self.replicas)
         self.now = 0.0
         self._waiting = [0] * len(self.replicas)
+        self._load = [0] * len(self.replicas)
         self._kv_usage = [0.0] * len(self.replicas)
         self.num_scrapes = 0
 
     def scrape(self, t: float) -> None:
-        """Read every live replica's queue depth and KV usage as of ``t``."""
+        """Read every live replica's queue depth, load (running + waiting) and KV usage as of ``t``."""
         for rep in self.replicas:
             if not rep.alive:
                 continue
@@ -59,11 +60,15 @@ class LiveReports:
             rep.sync()
             scheduler, kv = rep.engine.scheduler, rep.engine.backend.kv
             self._waiting[rep.index] = len(getattr(scheduler, "waiting", ()))
+            self._load[rep.index] = self._waiting[rep.index] + len(getattr(scheduler, "running", ()))
             self._kv_usage[rep.index] = kv.used_tokens / kv.capacity_tokens
         self.num_scrapes += 1
 
     def waiting(self, replica: int) -> int:
         return self._waiting[replica]
+
+    def load(self, replica: int) -> int:
+        return self._load[replica]
 
     def kv_usage(self, replica: int) -> float:
         return self._kv_usage[replica]

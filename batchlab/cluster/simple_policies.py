@@ -8,12 +8,17 @@ Each follows a router in use, by its published rule:
 - ``random``: a uniformly random alive replica, from a seeded generator (``random``).
 - ``least_outstanding``: the replica with the fewest requests in flight (join the shortest
   queue, by the router's own count; ties broken at random so the first replica is not favoured).
-- ``power_of_two``: draw two different replicas at random and take the one with fewer requests
-  in flight, the first drawn on a tie (vllm-router's ``power_of_two``; Ray Serve's default
-  request router). Mitzenmacher ("The Power of Two Choices in Randomized Load Balancing", IEEE
-  TPDS 12(10), 2001) showed why two choices are enough: the most loaded of n bins holds about
-  ``log log n / log 2`` balls instead of ``log n / log log n`` with one random choice, an
-  exponential improvement, while the router looks at only two replicas' counts.
+- ``power_of_two``: draw two different replicas at random and take the less loaded, the first
+  drawn on a tie. By default the load is the router's own count of requests in flight, exact and
+  current: the idealised rule Mitzenmacher analysed ("The Power of Two Choices in Randomized Load
+  Balancing", IEEE TPDS 12(10), 2001; Ray Serve's default request router follows it). Two choices
+  are enough: the most loaded of n bins holds about ``log log n / log 2`` balls instead of
+  ``log n / log log n`` with one random choice, while the router looks at only two counts.
+  ``PowerOfTwoConfig(load="polled")`` gives vllm-router's view instead: it does not count its own
+  in-flight requests under this policy, it compares the ``load`` each worker last reported on
+  ``GET /get_load`` (requests running and waiting there), polled every
+  ``--worker-startup-check-interval`` (30 s by default), so between polls every choice rests on
+  the same, ageing numbers.
 - ``consistent_hash``: a hash ring with 160 virtual nodes per replica (vllm-router's
   ``VIRTUAL_NODES_PER_WORKER``); a request goes to the first point clockwise from its key's hash.
   The key is the session (vllm-router reads it from headers such as ``X-Session-ID`` first) or,
@@ -29,7 +34,7 @@ import hashlib
 from array import array
 from dataclasses import dataclass
 
-from batchlab.checks import check_int
+from batchlab.checks import check_int, check_number
 from batchlab.cluster.router import ReplicaReports, RouteRequest, Routed, Router
 
 VIRTUAL_NODES_PER_REPLICA = 160      # vllm-router's src/policies/consistent_hash.rs
@@ -64,14 +69,40 @@ class LeastOutstandingRouter(Router):
         return Routed(tied[0] if len(tied) == 1 else self.rng.choice(tied), "least_outstanding")
 
 
+VLLM_ROUTER_LOAD_POLL_S = 30.0      # vllm-router's --worker-startup-check-interval default
+
+
+@dataclass(frozen=True)
+class PowerOfTwoConfig:
+    """Which load two replicas are compared on: ``"in_flight"`` (the router's own exact count, the
+    idealised rule) or ``"polled"`` (each replica's reported load as of the last poll, every
+    ``poll_interval_s``: vllm-router's view)."""
+
+    load: str = "in_flight"
+    poll_interval_s: float = VLLM_ROUTER_LOAD_POLL_S
+
+    def __post_init__(self) -> None:
+        if self.load not in ("in_flight", "polled"):
+            raise ValueError(f"load={self.load!r}; must be 'in_flight' (the router's own count) or 'polled' "
+                             "(the replicas' reports, as vllm-router reads /get_load)")
+        check_number("poll_interval_s", self.poll_interval_s, strict=True, hint="seconds between polls")
+
+
 class PowerOfTwoRouter(Router):
     name = "power_of_two"
+
+    def __init__(self, num_replicas: int, seed: int = 0, config: PowerOfTwoConfig | None = None) -> None:
+        super().__init__(num_replicas, seed)
+        self.config = config or PowerOfTwoConfig()
+        if self.config.load == "polled":
+            self.metrics_interval_s = self.config.poll_interval_s
 
     def choose(self, req: RouteRequest, reports: ReplicaReports) -> Routed:
         if len(self.alive) == 1:
             return Routed(self.alive[0], "only_replica")
         first, second = self.rng.sample(self.alive, 2)
-        chosen = first if self.in_flight[first] <= self.in_flight[second] else second
+        load = self.in_flight.__getitem__ if self.config.load == "in_flight" else reports.load
+        chosen = first if load(first) <= load(second) else second
         return Routed(chosen, "power_of_two")
 
 
@@ -129,5 +160,6 @@ class ConsistentHashRouter(Router):
             self._build_ring()
 
 
-__all__ = ["ConsistentHashConfig", "ConsistentHashRouter", "LeastOutstandingRouter", "PowerOfTwoRouter",
-           "RandomRouter", "RoundRobinRouter", "VIRTUAL_NODES_PER_REPLICA", "stable_hash"]
+__all__ = ["ConsistentHashConfig", "ConsistentHashRouter", "LeastOutstandingRouter", "PowerOfTwoConfig",
+           "PowerOfTwoRouter", "RandomRouter", "RoundRobinRouter", "VIRTUAL_NODES_PER_REPLICA",
+           "VLLM_ROUTER_LOAD_POLL_S", "stable_hash"]

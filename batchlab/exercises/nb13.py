@@ -1,5 +1,5 @@
-"""Checkers for notebook 13 (tuning vLLM): a prefix cache's block arithmetic, and a knob's
-effect predicted on the simulator before it is measured."""
+"""Checkers for notebook 13 (tuning vLLM): a prefix cache's block arithmetic, and the smallest
+``--max-num-seqs`` the simulator predicts to keep up with a load."""
 
 from __future__ import annotations
 
@@ -38,34 +38,50 @@ def check_hit_tokens(answer) -> Verdict:
     return Verdict("correct", f"right on all {len(HIT_CASES)} cases, the last-token rule included")
 
 
-# --- 13.2 ----------------------------------------------------------------------------------------
+# --- 13.2 ---------------------------------------------------------------------------------------
+CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
 CHECK_COST = CostModel(0.048, 0.0005, 0.0022, 1e-6, source="13.2's checker")
+SLOW_COST = CostModel(0.030, 0.004, 0.0030, 1e-6, source="13.2's checker: a dearer sequence")
 
 
-@lru_cache(maxsize=1)
-def checker_load() -> tuple[LoadRequest, ...]:
-    """16 requests of 48-token prompts and 24 output tokens, arriving every 0.2 s."""
-    return tuple(LoadRequest(f"x{i}", [100 + (7 * i + j) % 900 for j in range(48)], 24, arrival_time=0.2 * i)
-                 for i in range(16))
+@lru_cache(maxsize=8)
+def checker_load(num_requests: int, rate: float) -> tuple[LoadRequest, ...]:
+    """Requests of 48-token prompts and 24 output tokens, arriving ``rate`` a second."""
+    return tuple(LoadRequest(f"x{i}", [100 + (7 * i + j) % 900 for j in range(48)], 24, arrival_time=i / rate)
+                 for i in range(num_requests))
 
 
-def expected_throughput(cost, requests, max_num_seqs: int) -> float:
+# The cases 13.2 is checked on: (cost model, requests, arrival rate, share of 128's throughput); the
+# answers are 16, 64, 16, 32, 2 and 1.
+SEQS_CASES = [(CHECK_COST, 16, 5.0, 0.95), (CHECK_COST, 48, 10.0, 0.95), (CHECK_COST, 48, 10.0, 0.8),
+              (SLOW_COST, 48, 10.0, 0.95), (CHECK_COST, 16, 1.0, 0.95), (SLOW_COST, 16, 1.0, 0.95)]
+
+
+def predicted_throughput(cost, requests, max_num_seqs: int) -> float:
     return load_figures(simulate_load(cost, list(requests), max_num_seqs=max_num_seqs))["output_tok_s"]
 
 
+@lru_cache(maxsize=16)
+def expected_seqs(cost, num_requests: int, rate: float, share: float) -> int:
+    """The smallest of ``CANDIDATES`` predicted to reach ``share`` of the largest one's output tokens/s."""
+    requests = checker_load(num_requests, rate)
+    tput = {k: predicted_throughput(cost, requests, k) for k in CANDIDATES}
+    return min(k for k in CANDIDATES if tput[k] >= share * tput[max(CANDIDATES)])
+
+
 @exercise("13.2")
-def check_predicted_throughput(answer) -> Verdict:
-    """``answer(cost, requests, max_num_seqs)`` -> float: predicted output tokens/s."""
-    if (v := not_a_function(answer, "check('13.2', predicted_throughput)")) is not None:
+def check_seqs_to_keep_up(answer) -> Verdict:
+    """``answer(cost, requests, share)`` -> int: the smallest max_num_seqs predicted to keep up."""
+    if (v := not_a_function(answer, "check('13.2', seqs_to_keep_up)")) is not None:
         return v
-    requests = list(checker_load())
-    for k in (1, 3, 16):
-        got, error = call_reader(answer, CHECK_COST, requests, k)
+    for cost, num_requests, rate, share in SEQS_CASES:
+        expected = expected_seqs(cost, num_requests, rate, share)
+        got, error = call_reader(answer, cost, list(checker_load(num_requests, rate)), share)
+        where = f"{num_requests} requests at {rate:g}/s, share={share:g}, {cost}"
         if error:
-            return Verdict("wrong", f"max_num_seqs={k}: {error}")
-        v = compare(got, expected_throughput(CHECK_COST, requests, k), rtol=1e-6,
-                    what=f"output tokens/s at max_num_seqs={k}")
-        if not v.ok:
-            return Verdict("wrong", v.message + " (simulate the load with the given max_num_seqs and vLLM's "
-                                                "other defaults, then read load_figures(...)['output_tok_s'])")
-    return Verdict("correct", "predicted throughput matches at max_num_seqs 1, 3 and 16")
+            return Verdict("wrong", f"{where}: {error}")
+        if got != expected:
+            return Verdict("wrong", f"{where}: the smallest setting predicted to reach {share:.0%} of max_num_seqs "
+                                    f"128's output tokens/s is {expected}; you returned {got!r} (compare every "
+                                    f"candidate with 128's throughput, not with the one before it)")
+    return Verdict("correct", f"right on all {len(SEQS_CASES)} loads and cost models")

@@ -3,8 +3,8 @@
 Routes (as vLLM's OpenAI server names them): ``POST /v1/completions``, ``POST
 /v1/chat/completions`` (``"stream": true`` for server-sent events), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM's metric names: see ``metrics.py``),
-``POST /tokenize``, ``POST /detokenize``, ``GET /get_load`` (what ``vllm-router`` polls for its
-load-aware policies: ``{"load": requests in flight}``, the SGLang worker's form), and ``GET
+``POST /tokenize``, ``POST /detokenize``, ``GET /get_load`` (what ``vllm-router`` polls under
+``power_of_two``: ``{"load": requests in flight}``, the SGLang worker's form), and ``GET
 /batchlab/stats`` (queue and KV-cache occupancy, for tests and notebooks). With an API key, every ``/v1`` route needs
 ``Authorization: Bearer <key>`` and answers 401 without it (the others stay open, as in vLLM).
 Every error, ``/health``'s 503 included, is an OpenAI error object:
@@ -156,8 +156,8 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
 
     @app.get("/get_load")
     async def get_load():
-        # vllm-router (and SGLang's router before it) reads the integer "load" of each worker every
-        # few seconds and adds its own in-flight count; the other fields are SGLang's names.
+        # vllm-router reads the integer "load" of each worker under its power_of_two policy only,
+        # every --worker-startup-check-interval (30 s by default); the other fields are SGLang's names.
         stats = runner.stats()
         return {"load": stats["in_flight"], "num_reqs": stats["in_flight"] - stats["waiting"],
                 "num_waiting_reqs": stats["waiting"], "num_tokens": stats["kv_used_tokens"]}

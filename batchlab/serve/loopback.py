@@ -12,9 +12,10 @@ worker is healthy, and tears everything down on exit::
         direct = run_load(lb.replica_urls[0], more)   # or straight to one replica
 
 What the router needs from a replica, and gets from ``batchlab.serve``: ``GET /health`` (at
-start-up and every ``--health-check-interval-secs``, default 60), ``GET /get_load`` (its
-load-aware policies poll ``{"load": N}``) and the OpenAI routes it forwards, with the SGLang
-fields it adds to every body (``no_stop_trim``, ``separate_reasoning``, ...).
+start-up and every ``--health-check-interval-secs``, default 60), ``GET /get_load`` (polled for
+``{"load": N}`` only under ``power_of_two``, every ``--worker-startup-check-interval``, default
+30 s) and the OpenAI routes it forwards, with the SGLang fields it adds to every body
+(``no_stop_trim``, ``separate_reasoning``, ...).
 
 ``start_router(urls, policy)`` starts the router alone in front of servers already running.
 
@@ -27,7 +28,9 @@ requests to the others.
 
 Sources: vllm-router 0.1.17's ``router_args.py`` (the policies and their defaults, such as
 ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5) and its
-``power_of_two.rs`` (load = the polled ``/get_load`` value + the router's own in-flight count).
+``src/routers/http/`` (``power_of_two`` compares the polled ``/get_load`` values; only
+``cache_aware`` counts the router's own requests in flight). ``batchlab.cluster``'s
+``PowerOfTwoConfig(load="polled")`` models that view.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@
 # ## What you will learn
 #
 # - Why a router's policy matters even at the same load: round robin against least outstanding
-#   requests and the power of two choices, on a fleet where two of eight replicas are slower.
+#   requests and the power of two choices, on a fleet where two of eight replicas are slower; and
+#   what a real router's power of two sees, which is less than the textbook rule assumes.
 # - Prefix affinity and its trap: sending a prompt to the replica that already holds its prefix
 #   saves prefill, but under heavy sharing *prefix-only* routing piles the hot prefixes onto a few
 #   replicas, while prefix affinity **with** a load check holds. Under light sharing the policies
@@ -47,9 +48,11 @@ from batchlab.workloads.sessions import SessionShape, ideal_prefix_reuse, make_s
 
 # %% [markdown]
 # Each replica is Llama-3-8B on one GPU, with as much KV cache as fits in 90% of its memory
-# after the weights (vLLM's default `--gpu-memory-utilization`), continuous batching with
-# `max_num_seqs=256` and `max_num_batched_tokens=2048`, paged blocks of 16 tokens and prefix
-# caching.
+# after the weights (vLLM's default `--gpu-memory-utilization`), paged blocks of 16 tokens,
+# prefix caching, and continuous batching with `max_num_seqs=256` and
+# `max_num_batched_tokens=2048` on every replica. Those two are chosen, the same for every GPU so
+# that replicas differ only in speed: they are vLLM's server defaults on an A100 or an L4, while
+# on an H100 vLLM would default to 1,024 and 8,192.
 
 # %%
 h100 = ReplicaSpec.for_device("Llama-3-8B", "H100")
@@ -65,10 +68,14 @@ def serve(policy: str, requests, num_replicas: int = 8, params: dict | None = No
     cluster = Cluster(config, engine_factory=engine_factory) if engine_factory else Cluster(config, spec)
     result = cluster.run(requests, session_of)
     ttft = per_request_metrics(result.merged)["ttft"]
-    share = result.routing["replica"].value_counts(normalize=True)
+    routed = result.routing.sort_values("routed_at")
+    share = routed["replica"].value_counts(normalize=True).reindex(range(num_replicas), fill_value=0.0)
+    before = routed.groupby("session")["replica"].shift()          # the same conversation's turn before
+    moved = (routed["replica"] != before)[before.notna()]
     return {"ttft": ttft.to_numpy(), "ttft_p50": ttft.median(), "ttft_p99": ttft.quantile(0.99),
-            "within_1s": float((ttft < 1.0).mean()), "hit_share": result.hit_summary()["admitted_hit_share"],
-            "busiest_share": float(share.max())}
+            "within_1s": float((ttft < 1.0).mean()), "over_1s": int((ttft >= 1.0).sum()),
+            "hit_share": result.hit_summary()["admitted_hit_share"], "share": share.to_numpy(),
+            "busiest_share": float(share.max()), "moved_turns": float(moved.mean()) if len(moved) else np.nan}
 
 # %% [markdown]
 # ## Why routing matters: the same load, three policies
@@ -81,31 +88,37 @@ def serve(policy: str, requests, num_replicas: int = 8, params: dict | None = No
 # - **power of two choices**: draw two replicas at random, take the one with fewer in flight.
 #   Mitzenmacher showed that this one extra look removes most of the imbalance of a random
 #   choice (M. Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing", IEEE TPDS
-#   12(10), 2001); vllm-router's `power_of_two` adds the load each worker reports on
-#   `/get_load` to its own in-flight count, and it is Ray Serve LLM's default.
+#   12(10), 2001). Here it is that idealised rule: the router compares its own exact, current
+#   counts, as Ray Serve LLM's default router does. What vllm-router's `power_of_two` compares
+#   is another matter, the subject of the next section.
 #
 # The fleet: eight replicas, two of them on A100s and six on H100s (a mixed fleet is common:
 # GPUs are bought in generations). The traffic: one request per user, prompts of 64-4,096
-# tokens, answers of 16-1,024 tokens, 60 new requests a second for 30 s, Poisson.
+# tokens, answers of 16-1,024 tokens, 60 new requests a second for 30 s, Poisson. A tail is
+# made by a few requests, so each policy is run on three draws of the traffic (seeds 0, 1, 2).
 
 # %%
 fleet = lambda i: (a100 if i < 2 else h100).build(i)          # replicas 0 and 1 are the slower A100s
-mixed = make_sessions(SessionShape(num_sessions=1800, turns=1, system_prompt_len=0, user_len=Range(64, 4096),
-                                   output_len=Range(16, 1024), session_rate=60.0), seed=0).requests
-tails = {p: serve(p, mixed, engine_factory=fleet) for p in ("round_robin", "least_outstanding", "power_of_two")}
-pd.DataFrame(tails).T[["ttft_p50", "ttft_p99", "within_1s"]].astype(float).round(3)
+SEEDS, FLEET_POLICIES = (0, 1, 2), ("round_robin", "least_outstanding", "power_of_two")
+mixed = {seed: make_sessions(SessionShape(num_sessions=1800, turns=1, system_prompt_len=0, user_len=Range(64, 4096),
+                                          output_len=Range(16, 1024), session_rate=60.0), seed=seed).requests
+         for seed in SEEDS}
+tails = {(seed, p): serve(p, mixed[seed], engine_factory=fleet, seed=seed) for seed in SEEDS for p in FLEET_POLICIES}
+pd.DataFrame({p: tails[(0, p)] for p in FLEET_POLICIES}).T[["ttft_p50", "ttft_p99", "within_1s"]].astype(float).round(3)
 
 # %%
-ratio_lo = tails["round_robin"]["ttft_p99"] / tails["least_outstanding"]["ttft_p99"]
-ratio_p2 = tails["round_robin"]["ttft_p99"] / tails["power_of_two"]["ttft_p99"]
+p99_ratio = pd.DataFrame({seed: {p: tails[(seed, "round_robin")]["ttft_p99"] / tails[(seed, p)]["ttft_p99"]
+                                 for p in FLEET_POLICIES[1:]} for seed in SEEDS})
+print("round robin's TTFT p99 / each policy's, by seed:\n", p99_ratio.round(1))
 fig, ax = plt.subplots(figsize=(7, 3.5))
-for policy, row in tails.items():
-    x = np.sort(row["ttft"])
+for policy in FLEET_POLICIES:
+    x = np.sort(tails[(0, policy)]["ttft"])
     ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=policy)
 ax.set_xscale("log")
-ax.set_xlabel("time to first token (s, log scale)")
+ax.set_xlabel("time to first token (s, log scale), seed 0")
 ax.set_ylabel("share of requests")
-ax.set_title(f"On a mixed fleet, round robin's TTFT p99 is {ratio_lo:.0f}x least-outstanding's")
+lo = p99_ratio.loc["least_outstanding"]
+ax.set_title(f"On a mixed fleet, round robin's TTFT p99 is {lo.min():.0f}-{lo.max():.0f}x least outstanding's (3 seeds)")
 ax.legend()
 plt.show()
 
@@ -113,13 +126,66 @@ plt.show()
 # Round robin gives the two slower replicas a full eighth of the traffic each; their queues grow
 # while the H100s have room, and the requests stuck there make the tail. Both load-aware
 # policies see the in-flight counts climb on the slow replicas and send less there. The medians
-# hardly differ: most requests meet a fast replica under every policy. Over seeds 0 and 1 the
-# ratio of p99s was 7-14 for least outstanding and 7-19 for power of two (and 3.2-6.8 in runs of
-# 20 s instead of 30: round robin's tail grows with the length of the run); the checks ask for 3.
+# hardly differ, within a quarter of each other on every seed: most requests meet a fast replica
+# under every policy. Over the three seeds round robin's p99 was 6 to 15 times least
+# outstanding's and 6 to 20 times power of two's. The ratio moves that much because a p99 of
+# 1,800 requests is set by the slowest 18: one draw of the traffic gives one value of it, not
+# the policy's effect to two digits.
 
 # %%
-expect("round robin's TTFT p99 / least outstanding's, mixed fleet", ratio_lo, above=3)
-expect("round robin's TTFT p99 / power of two's, mixed fleet", ratio_p2, above=3)
+p50_spread = [max(tails[(s, p)]["ttft_p50"] for p in FLEET_POLICIES) / min(tails[(s, p)]["ttft_p50"]
+              for p in FLEET_POLICIES) - 1 for s in SEEDS]
+expect("spread of the three policies' TTFT p50 (max/min - 1), each seed", p50_spread, below=0.25)
+expect("round robin's TTFT p99 / least outstanding's, each seed", p99_ratio.loc["least_outstanding"], above=6, below=15)
+expect("round robin's TTFT p99 / power of two's, each seed", p99_ratio.loc["power_of_two"], above=6, below=20)
+
+# %% [markdown]
+# ## What a real router's power of two sees
+#
+# The power of two above compares exact counts, updated the instant a request is sent or
+# answered. vllm-router's `power_of_two` (0.1.17, the version this course pins) sees less. It does
+# not count its own requests in flight under this policy (only `cache_aware` does); it compares
+# the `load` each worker last reported on `GET /get_load` (the requests running and waiting
+# there), and it polls that every `--worker-startup-check-interval`, 30 s by default. Between two
+# polls every choice rests on the same numbers, however many requests have been sent since.
+#
+# `PowerOfTwoConfig(load="polled")` gives the simulated router that view: each replica's load is
+# read at a poll (at 0 s, then every `poll_interval_s`, 30 s by default) and held until the next.
+# The same fleet, the same three draws of traffic:
+
+# %%
+for seed in SEEDS:
+    tails[(seed, "power_of_two, polled")] = serve("power_of_two", mixed[seed], params={"load": "polled"},
+                                                  engine_factory=fleet, seed=seed)
+views = pd.DataFrame({seed: {"p99, polled view (s)": tails[(seed, "power_of_two, polled")]["ttft_p99"],
+                             "p99, exact counts (s)": tails[(seed, "power_of_two")]["ttft_p99"],
+                             "p99, round robin (s)": tails[(seed, "round_robin")]["ttft_p99"],
+                             "A100s' share, polled view": tails[(seed, "power_of_two, polled")]["share"][:2].sum(),
+                             "A100s' share, exact counts": tails[(seed, "power_of_two")]["share"][:2].sum()}
+                      for seed in SEEDS})
+views.round(3)
+
+# %% [markdown]
+# Over a 30 s burst the only poll is the one at the start, when every replica is idle. Every
+# pair is then a tie, the first drawn wins, and the choice is a random one: on every seed the two
+# A100s got about a quarter of the requests (between 22% and 28%), their share under round robin,
+# against under a fifth with exact counts; the p99 was within a factor of two of round robin's,
+# and more than four times that of the idealised rule. In a service that runs for hours the polls land in the
+# middle of the traffic instead, and then for up to 30 s every choice reads loads that grow
+# older with each request sent, which tends to herd requests onto the replicas that looked
+# lightest at the poll (M. Mitzenmacher, "How Useful Is Old Information?", IEEE TPDS 11(1),
+# 2000). Try `poll_interval_s` in `params` to see what a fresher view buys. The loopback section
+# below runs vllm-router with `round_robin` and `cache_aware`, whose view the simulation shares.
+
+# %%
+a100_polled = [tails[(s, "power_of_two, polled")]["share"][:2].sum() for s in SEEDS]
+a100_exact = [tails[(s, "power_of_two")]["share"][:2].sum() for s in SEEDS]
+expect("A100s' share of requests, power of two on the polled view, each seed", a100_polled, above=0.22, below=0.28)
+expect("A100s' share of requests, power of two on exact counts, each seed", a100_exact, below=0.2)
+expect("TTFT p99, polled view / round robin's, each seed", views.loc["p99, polled view (s)"]
+       / views.loc["p99, round robin (s)"], above=0.5, below=2)
+expect("TTFT p99, polled view / exact counts', each seed", views.loc["p99, polled view (s)"]
+       / views.loc["p99, exact counts (s)"], above=4)
 
 # %% [markdown]
 # ## Prefix affinity, and its trap
@@ -135,14 +201,18 @@ expect("round robin's TTFT p99 / power of two's, mixed fleet", ratio_p2, above=3
 #   idlest workers differ by more than `balance_abs_threshold` (64) requests **and** by more than
 #   `balance_rel_threshold` (1.5) times, it takes the least loaded worker instead (vllm-router
 #   0.1.17's `router_args.py` defaults).
-# - NVIDIA Dynamo's KV router scores each worker by its prefix overlap (from KV events), its KV
-#   usage and its waiting requests (Dynamo's KV-router docs); llm-d's scheduler filters, then
-#   adds weighted scores for prefix cache, queue depth and KV utilisation.
+# - NVIDIA Dynamo's KV router gives each worker a cost, `overlap_score_weight x the prompt's
+#   blocks it would still have to prefill + the decode blocks it already holds active`, and takes
+#   the cheapest (Dynamo's KV-router docs); the overlap, the blocks a worker already stores, comes
+#   from the KV events workers publish. llm-d's scheduler filters, then adds weighted scores for
+#   prefix cache, queue depth and KV utilisation.
 #
 # llm-d's study ("Intelligent Inference Scheduling", llm-d blog) found that with heavy prefix
-# sharing, routing on the prefix alone overloaded the replicas that held the hot prefixes (about
-# 55% of requests succeeded, TTFT above 140 s) while prefix **and** load scoring held (100%),
-# and that with little sharing the policies were indistinguishable. We repeat the shape.
+# sharing, routing on the prefix alone overloaded the replicas that held the hot prefixes: about
+# 55% of its requests succeeded at all, with TTFT above 140 s, while prefix **and** load scoring
+# served all of them; with little sharing the policies were indistinguishable. We repeat the
+# shape, not the numbers: llm-d counted requests that succeeded, and here we count requests
+# whose first token came within 1 s, another measure.
 #
 # "Prefix only" below is `cache_aware` with its load check switched off
 # (`balance_abs_threshold` so large it never triggers); "prefix + load" is `cache_aware` with
@@ -175,35 +245,54 @@ for ax, load in zip(axes, ("heavy", "light")):
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("share of requests with TTFT < 1 s")
     ax.set_title(f"{load} sharing")
-fig.suptitle("Under heavy sharing prefix-only routing misses the 1 s target for a quarter or more of requests; prefix + load holds")
+miss = {n: 1 - sharing[("heavy", n)]["within_1s"] for n in ("prefix only", "prefix + load")}
+fig.suptitle(f"Under heavy sharing {miss['prefix only']:.0%} of requests miss the 1 s target with prefix-only "
+             f"routing, {miss['prefix + load']:.0%} with prefix + load")
 plt.tight_layout()
 plt.show()
 
 # %% [markdown]
 # Under heavy sharing, prefix-only routing sends every conversation of the hottest system prompt
-# to the replica that holds it: its busiest replica took the largest share of all requests in
-# the table, queued, and a large part of its requests waited seconds for a first token. Prefix
-# + load reuses almost as much cache (the tree still steers most prompts home) and moves work
-# off a replica once it is far busier than the idlest one. Round robin never overloads anyone,
-# and pays in cache: each replica computes every system prompt again.
+# to the replica that holds it. That replica took three fifths of all requests, the largest
+# share of any replica in any run of the table; it queued, and more than a third of all requests
+# waited a second or more for a first token. Prefix + load reuses almost as much cache (within a
+# point: the tree still steers most prompts home), moves work off a replica once it is far busier
+# than the idlest one, and served every request within the second.
 #
-# Over seeds 0-2, prefix only kept 60-76% of requests under 1 s (llm-d reported about 55%),
-# prefix + load 100%, with 3.2 points more of the prompt tokens cached than round robin. Under
-# light sharing there is nothing to be affine to: every request was under 1 s with every policy
-# and the TTFT p50s were within 3.3% of each other. The tails were not equal: the cache-aware
-# router, finding no match, takes the replica with the fewest requests in flight by its own
-# count, and two prompts that arrive close together can meet there, so its p99 was about twice
-# round robin's (0.15 s against 0.07 s), still far inside the second.
+# Round robin never overloads anyone, and pays in cache, but not for the system prompts: there
+# are four of them, so each replica computes each one once and finds it cached from then on.
+# What it loses is the conversations. Nearly 7 in 8 of the later turns landed on another replica
+# than the turn before, which had never seen that conversation and computed its earlier turns
+# again (with prefix + load, under 5% did); round robin found 3 points fewer of the prompt tokens
+# cached (91% against 94%).
+#
+# Under light sharing there is nothing to be affine to: every request was under 1 s with every
+# policy, and the TTFT p50s were within 3% of each other. The tails were not equal: the
+# cache-aware router, finding no match, takes the replica with the fewest requests in flight by
+# its own count, and two prompts that arrive close together can meet there, so its p99 was about
+# twice round robin's (0.15 s against 0.07 s), still far inside the second.
 
 # %%
 h, l = {n: sharing[("heavy", n)] for n in names}, {n: sharing[("light", n)] for n in names}
-expect("heavy sharing: prefix only, share of TTFT < 1 s", h["prefix only"]["within_1s"], below=0.85)
-expect("heavy sharing: prefix + load, share of TTFT < 1 s", h["prefix + load"]["within_1s"], above=0.99)
-expect("heavy sharing: prefix + load reuses more cache than round robin (points)",
-       100 * (h["prefix + load"]["hit_share"] - h["round robin"]["hit_share"]), above=1)
+others = [row["busiest_share"] for key, row in sharing.items() if key != ("heavy", "prefix only")]
+expect("heavy sharing: prefix only, busiest replica's share of requests", h["prefix only"]["busiest_share"],
+       above=max(0.55, *others), below=0.65)
+expect("heavy sharing: prefix only, share of TTFT < 1 s", h["prefix only"]["within_1s"], below=2 / 3)
+expect("heavy sharing: prefix + load, requests with TTFT >= 1 s", h["prefix + load"]["over_1s"], below=0.5)
+expect("heavy sharing: prefix only's cache reuse over prefix + load's (points)",
+       100 * (h["prefix only"]["hit_share"] - h["prefix + load"]["hit_share"]), above=0, below=1)
+expect("heavy sharing: round robin, later turns sent to another replica than the turn before",
+       h["round robin"]["moved_turns"], above=0.85, below=0.9)
+expect("heavy sharing: prefix + load, later turns sent to another replica", h["prefix + load"]["moved_turns"], below=0.05)
+expect("heavy sharing: prefix + load's cache reuse over round robin's (points)",
+       100 * (h["prefix + load"]["hit_share"] - h["round robin"]["hit_share"]), above=2.5, below=3.5)
+
+# %%
 p50s = np.array([l[n]["ttft_p50"] for n in names])
-expect("light sharing: share of TTFT < 1 s, every policy", [l[n]["within_1s"] for n in names], above=0.99)
-expect("light sharing: spread of the policies' TTFT p50 (max/min - 1)", p50s.max() / p50s.min() - 1, below=0.05)
+expect("light sharing: requests with TTFT >= 1 s, every policy", [l[n]["over_1s"] for n in names], below=0.5)
+expect("light sharing: spread of the policies' TTFT p50 (max/min - 1)", p50s.max() / p50s.min() - 1, below=0.03)
+expect("light sharing: cache-aware's TTFT p99 / round robin's", l["prefix + load"]["ttft_p99"] / l["round robin"]["ttft_p99"],
+       above=1.7, below=2.5)
 
 # %% [markdown]
 # ## The same routing through a real router
@@ -214,8 +303,9 @@ expect("light sharing: spread of the policies' TTFT p50 (max/min - 1)", p50s.max
 # prefix cache) but computes no tensors: each engine step sleeps for the time the cost model
 # predicts for it, so four "GPUs" fit on this 2-core machine. Its answers are placeholders
 # (`" x x x ..."`), and its `/v1/models` says so. In front of them runs `vllm-router` (0.1.17),
-# the Rust router from vLLM's project, which polls each server's `/health` and `/get_load` and
-# forwards the OpenAI requests.
+# the Rust router from vLLM's project, which checks each server's `/health` and forwards the
+# OpenAI requests. Under `round_robin` it needs no load at all, and under `cache_aware` it counts
+# its own requests in flight, as the simulation's routers do.
 #
 # `LoopbackCluster` starts four such replicas (Llama-3-8B on L4s: steps of 65-160 ms, long
 # beside the few milliseconds of HTTP and Python each request costs here) and the router, on
@@ -247,19 +337,20 @@ for k, side in enumerate(("router", "twin")):
            label={"router": "vllm-router on loopback", "twin": "in-process simulation"}[side])
 ax.set_xticks(pos + 0.2, ["round_robin", "cache_aware"])
 ax.set_ylabel("prompt tokens found cached")
-ax.set_title("The real router's cache-aware routing reuses what the simulation predicts")
+hits = {p: loopback[p]["router"]["prefix_hit_share"] for p in ("round_robin", "cache_aware")}
+ax.set_title(f"Through vllm-router, {hits['cache_aware']:.0%} of prompt tokens were found cached with cache_aware, "
+             f"{hits['round_robin']:.0%} with round_robin", fontsize=9)
 ax.legend()
 plt.show()
 
 # %% [markdown]
-# Through the real router as in the simulation, `cache_aware` found far more of the prompts
-# cached than `round_robin`, and the two sides agree: TTFT p50 within 15% over both runs'
-# requests (the real side is usually a little slower: HTTP, the client and the servers' own
-# Python time are not in the simulation; one run's p50 was -2% to +19% from the simulation's in
-# repeated runs on this shared machine, the worst when other jobs kept both cores busy) and
-# prefix hits within 5 points (identical in every run). The router itself, one request at a
-# time, added at most about a millisecond to TTFT (the medians of six requests straight to a
-# replica and six through the router: -0.8 to +1.4 ms in repeated runs).
+# Through the real router as in the simulation, `cache_aware` found at least 20 points more of
+# the prompt tokens cached than `round_robin`, and the two sides agree: prefix hits within 5
+# points for each policy, and TTFT p50 within 15% over both runs' requests. The 15% leaves room
+# for what the simulation leaves out: HTTP, the client and the servers' own Python time, which
+# grow when other work shares the machine's cores. The router itself, one request at a time,
+# added less than 5 ms to TTFT (the medians of six requests straight to a replica and six through
+# it, alternating), under a tenth of the shortest simulated step.
 
 # %%
 for policy, sides in loopback.items():
@@ -308,21 +399,29 @@ ax.set_title(f"Cache-aware routing meets the SLO with {needed['cache_aware']} re
 ax.legend()
 plt.show()
 
+# %% [markdown]
+# `needed` is, by its definition, the smallest count whose p90 is under the SLO, so the claims
+# worth checking are about the rest of the curve. The knee is sharp: at it the p90 is about
+# 0.4 s, one replica below it more than ten times that, seconds, because the queue grows for as
+# long as the traffic outruns the replicas. Every count above the knee stays under the SLO.
+# Cache-aware routing gets there with exactly one replica fewer, because its replicas compute
+# less: it keeps a conversation's turns on one replica, and at every count it found 3.5 to 7.5
+# points more of the prompt tokens cached than least outstanding (the sweep's
+# `admitted_hit_share` column).
+
 # %%
 for policy, t in sizing.groupby("policy"):
-    n = needed[policy]
-    expect(f"{policy}: TTFT p90 with {n} replicas (s)", t.loc[t["num_replicas"] == n, "ttft_p90"], below=SLO_P90)
-    expect(f"{policy}: TTFT p90 with fewer replicas (s)", t.loc[t["num_replicas"] < n, "ttft_p90"], above=SLO_P90)
+    n, p90 = needed[policy], t.set_index("num_replicas")["ttft_p90"]
+    expect(f"{policy}: TTFT p90 at the knee, {n} replicas (s)", p90[n], above=0.35, below=0.45)
+    expect(f"{policy}: TTFT p90 one below the knee / at it", p90[n - 1] / p90[n], above=10)
+    expect(f"{policy}: TTFT p90 with more than {n} replicas (s)", p90[p90.index > n], below=SLO_P90)
 expect("replicas cache-aware routing saves at this load", needed["least_outstanding"] - needed["cache_aware"],
-       above=0.5)
+       above=0.5, below=1.5)
+hit = sizing.set_index(["policy", "num_replicas"])["admitted_hit_share"]
+expect("prompt tokens found cached, cache-aware minus least outstanding, every count (points)",
+       100 * (hit["cache_aware"] - hit["least_outstanding"]), above=3.5, below=7.5)
 
 # %% [markdown]
-# Below the knee the queue grows for as long as the traffic lasts, and the tail is as long as
-# the run; one replica past it, the p90 is a few hundred milliseconds. Cache-aware routing gets
-# there with one replica fewer, because the replicas compute less: the system prompts and
-# earlier turns are found cached instead of computed again. Over seeds 0 and 1, the p90 one
-# replica below the knee was 2.2-12 s and at the knee 0.37-0.41 s, for both policies.
-#
 # ## Explore
 #
 # Change the sharing (how many system prompts, how skewed, how long), the traffic and the
@@ -357,18 +456,22 @@ explore(show_routing, policy=["round_robin", "least_outstanding", "power_of_two"
 #
 # - A router decides which queue, which batch and which KV cache a request meets. With
 #   identical replicas and steady traffic simple policies do fine; on a mixed fleet round robin
-#   fed the slower replicas their full share and its TTFT p99 was many times that of the
-#   load-aware policies (least outstanding, power of two choices).
+#   fed the slower replicas their full share and its TTFT p99 was 6 to 20 times that of the
+#   load-aware policies (least outstanding, power of two choices), by how the traffic fell.
+# - The power of two is only as good as the loads it compares. With exact, current counts it is
+#   Mitzenmacher's rule; vllm-router's `power_of_two` compares loads polled every 30 s, and over
+#   a 30 s burst that is a random choice, with round robin's tail.
 # - Prefix affinity saves prefill, but alone it is a trap under heavy sharing: the replicas that
 #   hold hot prefixes take most of the traffic and their users wait. Prefix affinity with a load
 #   check (vllm-router's `cache_aware` defaults) kept every request under 1 s here; under light
-#   sharing the policies could not be told apart.
+#   sharing the policies' medians could not be told apart. Round robin's cost under sharing is
+#   the conversations: their later turns land on replicas that never saw the earlier ones.
 # - A real router (`vllm-router`) in front of simulated-device batchlab servers routed as the
-#   simulation predicted (the same cache reuse, TTFT within 15%), and added about a millisecond
-#   or less of its own.
-# - Replicas needed for a load under an SLO: sweep the count; below the knee the tail is as long
-#   as the overload lasts. Routing that reuses the cache needed one L4 replica fewer than least
-#   outstanding requests for the same conversations.
+#   simulation predicted (prefix hits within 5 points, TTFT within 15%), and added under 5 ms of
+#   its own.
+# - Replicas needed for a load under an SLO: sweep the count; the knee is sharp, with a p90 more
+#   than ten times higher one replica below it. Routing that reuses the cache needed one L4
+#   replica fewer than least outstanding requests for the same conversations.
 
 # %% [markdown]
 # ## Exercises
@@ -376,11 +479,14 @@ explore(show_routing, policy=["round_robin", "least_outstanding", "power_of_two"
 # Worked solutions are in `solutions/12_one_model_many_replicas.py`.
 #
 # **12.1** The mixed fleet above served 60 requests a second. With the same traffic at 40 a
-# second (`make_sessions(..., session_rate=40.0)` with `num_sessions=800`, seed 0), what is
-# round robin's TTFT p99 divided by least outstanding's? Answer with one number.
+# second (`make_sessions(..., session_rate=40.0)` with `num_sessions=800`), compute round robin's
+# TTFT p99 divided by least outstanding's for each of the seeds 0 to 4 (the same seed for the
+# traffic and for `ClusterConfig`). Answer with the smallest and the largest of the five, as
+# `(smallest, largest)`. Does the mixed fleet still punish round robin at this load, and could a
+# single run have told you?
 
 # %%
-answer = None  # your code here
+answer = None  # your code here: (smallest, largest)
 check("12.1", answer)
 
 # %% [markdown]

@@ -10,8 +10,9 @@
 #
 # ## What you will learn
 #
-# - **vLLM's flags and V1's defaults**, set beside batchlab's knobs and SGLang's flags, and where
-#   V1's defaults differ from what earlier notebooks used.
+# - **vLLM's flags and V1's defaults**, set beside batchlab's knobs and SGLang's flags. V1 is the
+#   rewritten engine core that vLLM has run by default since 2025 (the only one in vLLM 0.32, used
+#   here); some of its defaults differ from what earlier notebooks used.
 # - **Outside-in calibration**: the course's four-term cost model fitted to a server you can only
 #   reach over HTTP, from lone prompts (prefill) and concurrent decodes (per-sequence cost).
 # - **Predict, then measure** `--max-num-seqs` (throughput against time to first token at the
@@ -22,7 +23,8 @@
 # - **Reading vLLM's `/metrics`**: running and waiting requests, KV-cache usage, prefix-cache
 #   queries and hits, preemptions, and its latency histograms, whose p99 we set against the
 #   client's exact p99.
-# - How big each prediction error is, including the ones that miss.
+# - **How close a prediction must come**, set before measuring from how much the measurement
+#   itself moves between runs, and which knobs a prediction can tell apart from no effect at all.
 
 # %% [markdown]
 # ## Setup
@@ -30,22 +32,27 @@
 # vLLM's CPU build runs in a venv of its own (`bash scripts/setup_vllm.sh` makes `.venv-vllm/`;
 # CI sets it up) and is never imported here: `start_vllm` runs its OpenAI server as a
 # subprocess on 127.0.0.1, on the course's converted model in fp32. Every load is bounded.
-# Three servers are started in all, one after the other: each start costs some 30-90 s on two cores.
+# Three servers are started in all, one after the other; each start is timed as it happens.
 
 # %%
+import json
 import os
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+import batchlab
 from batchlab.analysis import metrics
 from batchlab.analysis.claims import expect, expect_true
+from batchlab.backends.roofline import RooflineCostModel
 from batchlab.exercises import check
 from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, run_load
 from batchlab.loadgen.calibrate import calibrate_outside_in, fresh_prompts
 from batchlab.loadgen.predict import compare, load_figures, newcomer_figures, simulate_load
+from batchlab.model.shapes import model_shape
 from batchlab.serve import prom
 from batchlab.serve.vllm_flags import FLAG_TABLE, VLLMFlags
 from batchlab.serve.vllm_ref import VLLMUnavailable, ensure_running, start_vllm, vllm_status
@@ -86,7 +93,7 @@ FLAG_TABLE
 print(VLLMFlags(max_num_seqs=2, prefix_caching=False).args())
 
 # %% [markdown]
-# Three of vLLM V1's defaults differ from what earlier notebooks mostly used:
+# Three of V1's defaults differ from what earlier notebooks mostly used:
 #
 # - **Prefix caching is on.** Notebooks 02-11 ran with it off (only notebook 05's prefix section
 #   turns it on), so their TTFTs are those of prompts computed in full. On vLLM V1 a repeated
@@ -98,8 +105,46 @@ print(VLLMFlags(max_num_seqs=2, prefix_caching=False).args())
 #   for longer prompts or many arriving together.
 # - **`--max-num-seqs` is 128 on a CPU** (256 on most GPUs, 1,024 on an H100), where the earlier
 #   notebooks used 4-32. On a CPU the KV cache is what you give it (`VLLM_CPU_KVCACHE_SPACE`);
-#   here 2 GiB, 46,592 tokens in blocks of 128 (a GPU's block is 16 tokens).
+#   here 2 GiB, which at 46,080 bytes per token (the course's model in fp32) holds 364 blocks of
+#   128 tokens, 46,592 tokens (a GPU's block is 16 tokens).
 #
+# ## How close must a prediction come? Set before measuring
+#
+# Each knob below ends in a ratio a tuner acts on (the large setting over the small, uncached over
+# cached), predicted on the simulator and then measured on vLLM. Both are draws. The same knob
+# measured again, with new servers and a machine that is busier or quieter, gives another ratio;
+# and the prediction rests on this run's calibration, so it moves from run to run too.
+# `data/vllm_tuning/run_to_run.json` holds both ratios from whole separate runs of this notebook,
+# made one after another by `scripts/measure_vllm_spread.py`; the file names the machine and its
+# load average around the runs (printed below). From it, for each knob:
+#
+# - the **measurement's range**: how far the measured ratio spanned over those runs, as a share
+#   of its median. A prediction that differs from "no effect" (a ratio of 1) by less than this
+#   cannot be told apart from no effect by one measurement, however right it is. A knob's
+#   prediction **tells its effect apart from no effect** here when it did so in every stored run;
+# - the **tolerance**: the measurement's range plus the prediction's own range. A prediction
+#   from one run's calibration and a measurement from the same run may differ by that much even
+#   if the simulator is right on average; a larger error is a finding about the simulator.
+#
+# All three are fixed here, before anything is measured. On a machine much quieter or much
+# busier than the one in the file, rerun the script to set them for yours.
+
+# %%
+RUN_TO_RUN = Path(batchlab.__file__).resolve().parents[1] / "data" / "vllm_tuning" / "run_to_run.json"
+spread = json.loads(RUN_TO_RUN.read_text())
+runs = {kind: pd.DataFrame({i: {knob: r[kind] for knob, r in run["ratios"].items()} for i, run in enumerate(spread["runs"])})
+        for kind in ("measured", "predicted")}
+rel_range = lambda df: np.ceil(100 * (df.max(axis=1) - df.min(axis=1)) / df.median(axis=1)) / 100
+NOISE = rel_range(runs["measured"])
+TOLERANCE = NOISE + rel_range(runs["predicted"])
+TELLS_APART = (runs["predicted"] - 1).abs().gt(NOISE, axis=0).all(axis=1)
+print(f"{len(spread['runs'])} runs on {spread['machine']['cpu']} ({spread['machine']['cores']} cores), load average "
+      f"{min(r['load_before'] for r in spread['runs']):.1f}-{max(r['load_after'] for r in spread['runs']):.1f}")
+pd.DataFrame({"measured, lowest": runs["measured"].min(axis=1), "measured, highest": runs["measured"].max(axis=1),
+              "measurement's range": NOISE, "prediction's range": rel_range(runs["predicted"]),
+              "tolerance": TOLERANCE, "tells apart from no effect": TELLS_APART}).round(3)
+
+# %% [markdown]
 # ## Start vLLM with its metrics on
 #
 # The first server keeps V1's defaults for every scheduling knob. Its `/metrics` says how it was
@@ -116,7 +161,10 @@ if server is not None:
     expect_true("V1 turns prefix caching on by default", info["enable_prefix_caching"] == "True",
                 info["enable_prefix_caching"])
     BLOCK = int(info["block_size"])
-    expect("tokens per KV block on this CPU", BLOCK, above=16)
+    expect("tokens per KV block on this CPU", BLOCK, above=127, below=129)
+    fp32_blocks = model_shape("SmolLM2-135M").with_dtype("float32").num_blocks(2 * 2**30, BLOCK)
+    expect("KV tokens in 2 GiB, vLLM's count / whole fp32 blocks' count", int(info["kv_cache_size_tokens"])
+           / (fp32_blocks * BLOCK), above=0.999, below=1.001)
 
 # %% [markdown]
 # ## Calibrate the simulator to vLLM, from outside
@@ -160,24 +208,28 @@ if cal is not None:
                  f"{cal.median_rel_error:.0%} at the median")
     plt.tight_layout()
     plt.show()
+    duration = cal.points.set_index(["kind", "size"])["duration"]
     expect("median error of the outside-in fit", cal.median_rel_error, below=0.15)
-    decode = cal.points[cal.points["kind"] == "decode"].set_index("size")["duration"]
-    expect("decode step of 16 sequences / of 1", decode[16] / decode[1], below=2.5)
+    expect("decode step of 16 sequences / of 1", duration["decode", 16] / duration["decode", 1], below=2.5)
+    expect("a lone 512-token prompt / a decode step of 1 sequence", duration["prefill", 512] / duration["decode", 1],
+           above=10)
 
 # %% [markdown]
-# A prompt's tokens cost a couple of milliseconds each on this CPU, and a step costs some 50 ms
-# before it computes anything (the weights read once, vLLM's scheduling and the HTTP round trip
-# all land in the fixed term). Decoding 16 sequences at once takes well under two and a half times
-# as long as decoding one, for sixteen times the tokens: that is what `--max-num-seqs` trades on.
-# The line fits the small decodes least well: vLLM's step time from 1 to 4 sequences is not a
-# straight line, and its shape moves from run to run (compare the two points with the line).
+# The fitted model (printed above) says what a step costs here: a fixed part (the weights read
+# once, vLLM's scheduling and the HTTP round trip all land in it), and prices per sequence, per
+# token and per attention pair, any of which the fit may set to zero. A lone prompt of 512 tokens takes more than ten decode steps of one sequence,
+# while decoding 16 sequences at once takes under two and a half times as long as decoding one,
+# for sixteen times the tokens: that is what `--max-num-seqs` trades on. Each panel's title
+# names the fit's worst point.
 #
-# ## Predict, then measure: `--max-num-seqs`
+# ## Predict first: three knobs on the simulator
 #
-# One load, two servers: 24 requests (prompts of 64 tokens, 32 output tokens) arriving at random
-# (Poisson) at 4 per second, served with `--max-num-seqs 128` (V1's default here) and with `2`.
-# First the prediction: the same requests on the course's simulator, with the fitted cost model
-# and vLLM's scheduling defaults.
+# Every prediction is made now, from the fitted cost model and vLLM's scheduling defaults, before
+# any of the knobs is measured.
+#
+# **`--max-num-seqs`.** One load: 24 requests (prompts of 64 tokens, 32 output tokens) arriving
+# at random (Poisson) at 4 per second, served with `--max-num-seqs 128` (V1's default here) and
+# with `2`.
 
 # %%
 load = plan_requests(24, prompt_len=64, output_len=32, tokenizer=tok, arrival="poisson", rate=4.0,
@@ -186,13 +238,100 @@ SMALL, LARGE = 2, 128
 predicted = {}
 if cal is not None:
     predicted = {k: simulate_load(cost, load, max_num_seqs=k, block_size=BLOCK) for k in (SMALL, LARGE)}
-    display(pd.DataFrame({f"max_num_seqs={k}": load_figures(t) for k, t in predicted.items()}).round(3))
+    pred = {k: load_figures(t) for k, t in predicted.items()}
+    display(pd.DataFrame({f"max_num_seqs={k}": f for k, f in pred.items()}).round(3))
+    expect("predicted output tokens/s, 128 / 2 sequences", pred[LARGE]["output_tok_s"] / pred[SMALL]["output_tok_s"],
+           above=1.2)
+    expect("predicted TTFT p50, 2 / 128 sequences", pred[SMALL]["ttft_p50"] / pred[LARGE]["ttft_p50"], above=5)
+    expect("predicted ITL p50, 128 / 2 sequences", pred[LARGE]["itl_p50"] / pred[SMALL]["itl_p50"], above=1, below=1.5)
 
 # %% [markdown]
-# The simulator expects the large setting to serve several times more tokens per second at this
-# load, with a far earlier first token, for a slightly slower stream (bigger steps). Now the
-# measurement on the running server, watching its queue through `/metrics` while the load runs
-# (`GaugeSampler` scrapes it every 0.25 s).
+# The simulator expects the large setting to serve more tokens per second at this load (two
+# sequences at a time fall behind the arrivals), with a first token more than five times
+# sooner, for a stream slower by under half (bigger steps).
+#
+# **Prefix caching.** Sixteen requests share a system prompt of 384 tokens, each followed by its
+# own 32-token question, sent one at a time. The first eight each carry their own `cache_salt`:
+# vLLM mixes the salt into the hash of the first block, so a salted request can only reuse blocks
+# made under the same salt, never the shared ones. The last eight carry none and share the cache.
+# The prediction: the simulator's paged cache, with and without prefix caching, the requests 10 s
+# apart so that none waits for another.
+
+# %%
+system, questions = fresh_prompts(tok, 1, 384)[0], fresh_prompts(tok, 16, 32)
+prefix_loads = {
+    "salted": [LoadRequest(f"salted-{i}", system + q, 8, prompt_len=416, extra_body={"cache_salt": f"user-{i}"})
+               for i, q in enumerate(questions[:8])],
+    "shared": [LoadRequest(f"shared-{i}", system + q, 8, prompt_len=416) for i, q in enumerate(questions[8:])]}
+apart = lambda reqs: [LoadRequest(r.request_id, r.prompt, r.max_tokens, 10.0 * i) for i, r in enumerate(reqs)]
+prefix_result = {name: {} for name in prefix_loads}
+if cal is not None:
+    for name, reqs in prefix_loads.items():
+        sim = simulate_load(cost, apart(reqs), prefix_caching=(name == "shared"), block_size=BLOCK)
+        prefix_result[name]["predicted ttft_p50"] = float(np.median(metrics.latency_values(sim, "ttft")))
+    predicted_gain = prefix_result["salted"]["predicted ttft_p50"] / prefix_result["shared"]["predicted ttft_p50"]
+    print(f"TTFT p50 without / with the shared cache, predicted: {predicted_gain:.1f}x")
+
+# %% [markdown]
+# **The token budget with chunked prefill.** Six chats are streaming (prompts of 32 tokens, 64
+# output tokens each) when a prompt of 768 tokens arrives, one second in. With V1's budget of
+# 2,048 tokens a step, the whole prompt is computed in one step, and every chat waits for that
+# step: one long gap in each stream. With a budget of 128 (`--max-num-batched-tokens 128`), the
+# prompt is cut into chunks that share steps with the chats' decodes: many shorter gaps, and a
+# later first token for the newcomer.
+
+# %%
+BUDGETS, NEWCOMER = (2048, 128), "newcomer"
+newcomer_load = ([LoadRequest(f"chat-{i}", p, 64, 0.0, prompt_len=32) for i, p in enumerate(fresh_prompts(tok, 6, 32))]
+                 + [LoadRequest(NEWCOMER, fresh_prompts(tok, 1, 768)[0], 4, 1.0, prompt_len=768)])
+budget_pred, budget_meas = {}, {}
+if cal is not None:
+    budget_pred = {b: newcomer_figures(simulate_load(cost, newcomer_load, max_num_batched_tokens=b, block_size=BLOCK),
+                                       NEWCOMER) for b in BUDGETS}
+    display(pd.DataFrame(budget_pred).round(3))
+
+# %% [markdown]
+# Every predicted ratio, beside the ranges fixed above, and this run's predicted effect as a
+# multiple of the measurement's range (below 1, even a perfect prediction could not show with one
+# measurement here that the knob did anything).
+
+# %%
+ratio = lambda figures, name: figures[LARGE][name] / figures[SMALL][name]
+if cal is not None:
+    predicted_ratio = pd.Series({
+        "max_num_seqs 128/2: output tokens/s": ratio(pred, "output_tok_s"),
+        "max_num_seqs 2/128: TTFT p50": 1 / ratio(pred, "ttft_p50"),
+        "max_num_seqs 128/2: ITL p50": ratio(pred, "itl_p50"), "prefix caching off/on: TTFT p50": predicted_gain,
+        "budget 2048/128: chats' ITL p99": budget_pred[2048]["others_itl_p99"] / budget_pred[128]["others_itl_p99"],
+        "budget 128/2048: newcomer's TTFT": budget_pred[128]["newcomer_ttft"] / budget_pred[2048]["newcomer_ttft"]})
+    plan = pd.DataFrame({"predicted": predicted_ratio, "measurement's range": NOISE, "tolerance": TOLERANCE,
+                         "tells apart from no effect": TELLS_APART}).loc[predicted_ratio.index]
+    plan.insert(1, "effect / range", (plan["predicted"] - 1).abs() / plan["measurement's range"])
+    display(plan.round(3))
+    effect = plan["effect / range"]
+    newcomer, slower_stream = "budget 128/2048: newcomer's TTFT", "max_num_seqs 128/2: ITL p50"
+    expect("predicted effect / measurement's range, four knobs", effect.drop([newcomer, slower_stream]), above=1)
+    expect("predicted effect / measurement's range, ITL p50 of 128 over 2 sequences", effect[slower_stream], below=1)
+    expect("predicted effect / measurement's range, newcomer's TTFT", effect[newcomer], above=0.5, below=1.5)
+    four = set(effect.index) - {newcomer, slower_stream}
+    expect_true("tells apart from no effect in every stored run: exactly those four knobs",
+                set(TELLS_APART[TELLS_APART].index) == four, sorted(TELLS_APART[TELLS_APART].index))
+
+# %% [markdown]
+# The prediction tells four knobs apart from no effect: `--max-num-seqs`'s throughput and TTFT,
+# prefix caching's TTFT gain and the chats' ITL gain from a smaller budget. It cannot for the
+# stream of `--max-num-seqs 128` against 2: a slowdown by a fifth or so, inside a measurement's
+# range. The newcomer's predicted cost is about the size of its measurement's range (between half
+# and one and a half times it), inside it in some stored runs and outside in others: one run on
+# this machine cannot settle it.
+
+# %% [markdown]
+# ## Measure: three servers, one after the other
+#
+# The running server (V1's defaults) serves the `--max-num-seqs 128` load, the prefix requests and
+# the newcomer with a budget of 2,048. Then a second server with `--max-num-seqs 2` serves the same
+# load, and a third with `--max-num-batched-tokens 128` the same newcomer. During the two loads
+# `/metrics` is scraped before, after and every 0.25 s (`GaugeSampler`), to watch the queue.
 
 # %%
 GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"]
@@ -215,11 +354,103 @@ if server is not None:
     measured[LARGE] = measure(server, load)
     print(measured[LARGE][0].summary())
 
+# %%
+# NBVAL_IGNORE_OUTPUT
+if server is not None:
+    for name, reqs in prefix_loads.items():
+        ensure_running(server)
+        before = prom.scrape(server.url)
+        res = run_load(server.url, reqs, mode="closed", concurrency=1, max_duration=300)
+        after = prom.scrape(server.url)
+        prefix_result[name].update({"ttft_p50": float(np.median([r.ttft for r in res.records])),
+                                    "queried": prom.counter_delta(before, after, "vllm:prefix_cache_queries"),
+                                    "hit": prom.counter_delta(before, after, "vllm:prefix_cache_hits")})
+    ensure_running(server)
+    budget_meas[2048] = newcomer_figures(run_load(server.url, newcomer_load, max_duration=120).trace, NEWCOMER)
+    server.stop()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+small = start(VLLMFlags(max_num_seqs=SMALL))
+if small is not None:
+    try:
+        run_load(small.url, [LoadRequest("warm-up", fresh_prompts(tok, 1, 64)[0], 4)], max_duration=120)
+        measured[SMALL] = measure(small, load)
+        print(measured[SMALL][0].summary())
+    finally:
+        small.stop()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+chunky = start(VLLMFlags(max_num_batched_tokens=128))
+if chunky is not None:
+    try:
+        run_load(chunky.url, [LoadRequest("warm-up", fresh_prompts(tok, 1, 64)[0], 4)], max_duration=120)
+        ensure_running(chunky)
+        budget_meas[128] = newcomer_figures(run_load(chunky.url, newcomer_load, max_duration=120).trace, NEWCOMER)
+        ensure_running(chunky)
+    finally:
+        chunky.stop()
+
+# %% [markdown]
+# ## `--max-num-seqs`: predicted and measured
+#
+# At 4 requests a second, two sequences at a time cannot keep up: the rest wait, and
+# `vllm:num_requests_waiting` shows the queue, more than five requests deep at its longest. With
+# 128 no queue forms: a scrape sees at most one request waiting, on its way into the next step.
+
+# %%
+if SMALL in measured and LARGE in measured:
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for k, style in ((SMALL, "-"), (LARGE, "--")):
+        g = measured[k][3]
+        ax.plot(g["t"], g["vllm:num_requests_waiting"], style, label=f"waiting, max_num_seqs={k}")
+        ax.plot(g["t"], g["vllm:num_requests_running"], style, alpha=0.5, label=f"running, max_num_seqs={k}")
+    waiting_max = {k: measured[k][3]["vllm:num_requests_waiting"].max() for k in (SMALL, LARGE)}
+    ax.set(xlabel="seconds into the load", ylabel="requests",
+           title=f"With 2 sequences at a time up to {waiting_max[SMALL]:.0f} requests wait; "
+                 f"with 128, at most {waiting_max[LARGE]:.0f}")
+    ax.legend(fontsize=8)
+    plt.show()
+    expect("most requests running at once with --max-num-seqs 2", measured[SMALL][3]["vllm:num_requests_running"].max(),
+           above=1.5, below=2.5)
+    expect("most requests waiting with --max-num-seqs 2 (sampled)", waiting_max[SMALL], above=5)
+    expect("most requests waiting with --max-num-seqs 128 (sampled)", waiting_max[LARGE], below=1.5)
+
+# %% [markdown]
+# Predicted against measured, for both settings:
+
+# %%
+if SMALL in measured and LARGE in measured:
+    table = pd.concat({f"max_num_seqs={k}": compare(predicted[k], measured[k][0].trace) for k in (SMALL, LARGE)}, axis=1)
+    display(table.round(3))
+    meas = {k: load_figures(measured[k][0].trace) for k in (SMALL, LARGE)}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, figure, unit in ((axes[0], "output_tok_s", "output tokens/s"), (axes[1], "ttft_p50", "TTFT p50 (s)")):
+        x = np.arange(2)
+        for i, source in enumerate(("predicted", "measured")):
+            ax.bar(x + 0.4 * i, [table[(f"max_num_seqs={k}", source)][figure] for k in (SMALL, LARGE)], 0.4, label=source)
+        ax.set_xticks(x + 0.2, [f"max_num_seqs={k}" for k in (SMALL, LARGE)])
+        ax.set(ylabel=unit)
+        ax.legend()
+    axes[0].set_title(f"128 seqs serve {ratio(meas, 'output_tok_s'):.1f}x the tokens/s (predicted {ratio(pred, 'output_tok_s'):.1f}x)")
+    axes[1].set_title(f"and give the first token {1 / ratio(meas, 'ttft_p50'):.0f}x sooner (predicted {1 / ratio(pred, 'ttft_p50'):.0f}x)")
+    axes[1].set_yscale("log")
+    plt.tight_layout()
+    plt.show()
+    expect("output tokens/s, 128 / 2 sequences, measured", ratio(meas, "output_tok_s"), above=1.2)
+    expect("TTFT p50, 2 / 128 sequences, measured", 1 / ratio(meas, "ttft_p50"), above=5)
+
+# %% [markdown]
+# At the same offered load, 128 sequences served more tokens per second than 2 and gave the first
+# token more than five times sooner. How much more throughput depends on how far two sequences
+# fall behind the arrivals, so on the CPU: on a faster one they fall behind less.
+
 # %% [markdown]
 # ## Reading vLLM's `/metrics`
 #
 # Counters are read as the difference of two scrapes; gauges say what holds at the moment of a
-# scrape. During that load:
+# scrape. During the `--max-num-seqs 128` load:
 
 # %%
 if LARGE in measured:
@@ -235,9 +466,10 @@ if LARGE in measured:
     expect("peak KV-cache usage (fraction)", gauges["vllm:kv_cache_usage_perc"].max(), below=0.2)
 
 # %% [markdown]
-# vLLM's latency histograms store counts per bucket, not the values: a p99 read from them
-# (`histogram_quantile`, as Grafana computes it) is an interpolation inside the bucket the 99th
-# percentile falls in. The client knows every value, so its p99 is exact. They also time slightly
+# vLLM's latency histograms store counts per bucket, not the values: a p99 read from them is an
+# interpolation inside the bucket the 99th percentile falls in (`histogram_quantile`, the PromQL
+# function Prometheus evaluates when a Grafana panel asks for a quantile; `prom.histogram_quantile`
+# does the same here). The client knows every value, so its p99 is exact. They also time slightly
 # different things: vLLM's TTFT starts when the request reaches its engine, the client's before
 # the POST.
 
@@ -246,12 +478,12 @@ HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_tok
               "e2e": "vllm:e2e_request_latency_seconds"}
 if LARGE in measured:
     result, before, after, _ = measured[LARGE]
-    rows = {}
+    rows, buckets = {}, {}
     for metric, family in HISTOGRAMS.items():
-        buckets = prom.histogram_buckets(after, family, since=before)
+        buckets[metric] = prom.histogram_buckets(after, family, since=before)
         exact = float(np.percentile(metrics.latency_values(result.trace, metric), 99))
-        estimate = prom.histogram_quantile(0.99, buckets)
-        (low, high), (hlow, hhigh) = prom.bucket_of(exact, buckets), prom.bucket_of(estimate, buckets)
+        estimate = prom.histogram_quantile(0.99, buckets[metric])
+        (low, high), (hlow, hhigh) = prom.bucket_of(exact, buckets[metric]), prom.bucket_of(estimate, buckets[metric])
         rows[metric] = {"client p99 (exact)": exact, "histogram p99": estimate,
                         "bucket of the exact p99": f"({low:g}, {high:g}]",
                         "bucket of the histogram's p99": f"({hlow:g}, {hhigh:g}]",
@@ -261,143 +493,39 @@ if LARGE in measured:
     display(hist)
     expect("histogram p99 error / the wider of the two buckets", (hist["off by"] / hist["wider bucket"]).astype(float),
            below=1.0)
+    expect_true("a TTFT of 1.1 s and one of 2.4 s fall in the same bucket",
+                prom.bucket_of(1.1, buckets["ttft"]) == prom.bucket_of(2.4, buckets["ttft"]),
+                prom.bucket_of(1.1, buckets["ttft"]))
 
 # %% [markdown]
-# The histogram's p99 is off by up to a bucket's width, and vLLM's buckets are wide where tails
+# The histogram's p99 is off by less than a bucket's width, and it need not fall in the same
+# bucket as the exact p99 (compare the two bucket columns). vLLM's buckets are wide where tails
 # live (TTFT: 0.5, 0.75, 1, 2.5, 5 s): a TTFT p99 of 1.1 s and one of 2.4 s read the same bucket.
-# When the exact p99 sits just above a bucket's edge, the estimate lands in the next, wider bucket.
 # For an SLO near a bucket's edge, measure from the client, or start vLLM with finer buckets
 # (`--custom-histogram-buckets`, in its observability settings).
 #
-# ## Prefix caching with a shared system prompt, on one server
+# ## Prefix caching: predicted and measured
 #
-# Sixteen requests share a system prompt of 384 tokens, each followed by its own 32-token
-# question, sent one at a time. The first eight each carry their own `cache_salt`: vLLM mixes the
-# salt into the hash of the first block, so a salted request can only reuse blocks made under the
-# same salt, never the shared ones. The last eight carry none and share the cache. The
-# prediction: the simulator's paged cache, with and without prefix caching.
-
-# %%
-prefix_result = {}
-if server is not None:
-    system = fresh_prompts(tok, 1, 384)[0]
-    questions = fresh_prompts(tok, 16, 32)
-    prefix_loads = {
-        "salted": [LoadRequest(f"salted-{i}", system + q, 8, prompt_len=416, extra_body={"cache_salt": f"user-{i}"})
-                   for i, q in enumerate(questions[:8])],
-        "shared": [LoadRequest(f"shared-{i}", system + q, 8, prompt_len=416) for i, q in enumerate(questions[8:])]}
-    for name, reqs in prefix_loads.items():
-        ensure_running(server)
-        before = prom.scrape(server.url)
-        res = run_load(server.url, reqs, mode="closed", concurrency=1, max_duration=300)
-        after = prom.scrape(server.url)
-        prefix_result[name] = {"ttft_p50": float(np.median([r.ttft for r in res.records])),
-                               "queried": prom.counter_delta(before, after, "vllm:prefix_cache_queries"),
-                               "hit": prom.counter_delta(before, after, "vllm:prefix_cache_hits")}
-    # One at a time: the simulator gets the same requests 10 s apart, so none waits for another.
-    apart = lambda reqs: [LoadRequest(r.request_id, r.prompt, r.max_tokens, 10.0 * i) for i, r in enumerate(reqs)]
-    for name, reqs in prefix_loads.items():
-        sim = simulate_load(cost, apart(reqs), prefix_caching=(name == "shared"), block_size=BLOCK)
-        prefix_result[name]["predicted ttft_p50"] = float(np.median(metrics.latency_values(sim, "ttft")))
-    display(pd.DataFrame(prefix_result).T)
-
-# %% [markdown]
 # vLLM caches whole blocks only, and never the prompt's last token (it must be computed to give
 # the first output token). So each shared request after the first finds 3 blocks of 128 = 384
 # tokens, and the salted ones find nothing:
 
 # %%
-if prefix_result:
+if "hit" in prefix_result["shared"]:
+    display(pd.DataFrame(prefix_result).T)
     expect("prompt tokens served from the cache, salted requests", prefix_result["salted"]["hit"], below=0.5)
     expect("prompt tokens served from the cache, shared requests (7 x 384 expected)",
            prefix_result["shared"]["hit"], above=7 * 384 - 0.5, below=7 * 384 + 0.5)
     measured_gain = prefix_result["salted"]["ttft_p50"] / prefix_result["shared"]["ttft_p50"]
-    predicted_gain = prefix_result["salted"]["predicted ttft_p50"] / prefix_result["shared"]["predicted ttft_p50"]
-    print(f"TTFT p50 without / with the shared cache: measured {measured_gain:.1f}x, predicted {predicted_gain:.1f}x "
-          f"(prediction error {predicted_gain / measured_gain - 1:+.0%})")
+    print(f"TTFT p50 without / with the shared cache: measured {measured_gain:.1f}x, predicted {predicted_gain:.1f}x")
     expect("TTFT p50 without / with the shared cache, measured", measured_gain, above=3)
 
 # %% [markdown]
-# ## Predict, then measure: the token budget with chunked prefill
+# The simulator's paged cache, given vLLM's block size, reuses exactly the blocks vLLM reuses, so
+# a shared request computes only its last 32 tokens in both; the TTFT gain of more than three
+# times is the whole prompt's prefill against that of its tail.
 #
-# Six chats are streaming (prompts of 32 tokens, 64 output tokens each) when a prompt of 768
-# tokens arrives, one second in. With V1's budget of 2,048 tokens a step, the whole prompt is
-# computed in one step, and every chat waits for that step: one long gap in each stream. With a
-# budget of 128 (`--max-num-batched-tokens 128`, a second server later), the prompt is cut into
-# chunks that share steps with the chats' decodes: many shorter gaps, and a later first token for
-# the newcomer. First the prediction for both budgets, then the default on this server.
-
-# %%
-BUDGETS, NEWCOMER = (2048, 128), "newcomer"
-newcomer_load = ([LoadRequest(f"chat-{i}", p, 64, 0.0, prompt_len=32) for i, p in enumerate(fresh_prompts(tok, 6, 32))]
-                 + [LoadRequest(NEWCOMER, fresh_prompts(tok, 1, 768)[0], 4, 1.0, prompt_len=768)])
-budget_pred, budget_meas = {}, {}
-if cal is not None:
-    budget_pred = {b: newcomer_figures(simulate_load(cost, newcomer_load, max_num_batched_tokens=b, block_size=BLOCK),
-                                       NEWCOMER) for b in BUDGETS}
-    display(pd.DataFrame(budget_pred).round(3))
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-if server is not None:
-    ensure_running(server)
-    budget_meas[2048] = newcomer_figures(run_load(server.url, newcomer_load, max_duration=120).trace, NEWCOMER)
-    print(budget_meas[2048])
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-if server is not None:
-    server.stop()
-
-# %% [markdown]
-# ## The same load with `--max-num-seqs 2`
-#
-# A second server, all else equal. At 4 requests a second, two sequences at a time cannot keep
-# up: the rest wait, and `vllm:num_requests_waiting` shows the queue.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-small = start(VLLMFlags(max_num_seqs=SMALL))
-if small is not None:
-    try:
-        run_load(small.url, [LoadRequest("warm-up", fresh_prompts(tok, 1, 64)[0], 4)], max_duration=120)
-        measured[SMALL] = measure(small, load)
-        print(measured[SMALL][0].summary())
-    finally:
-        small.stop()
-
-# %%
-if SMALL in measured and LARGE in measured:
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for k, style in ((SMALL, "-"), (LARGE, "--")):
-        g = measured[k][3]
-        ax.plot(g["t"], g["vllm:num_requests_waiting"], style, label=f"waiting, max_num_seqs={k}")
-        ax.plot(g["t"], g["vllm:num_requests_running"], style, alpha=0.5, label=f"running, max_num_seqs={k}")
-    waiting_max = measured[SMALL][3]["vllm:num_requests_waiting"].max()
-    ax.set(xlabel="seconds into the load", ylabel="requests",
-           title=f"With 2 sequences at a time up to {waiting_max:.0f} requests wait; with 128, none")
-    ax.legend(fontsize=8)
-    plt.show()
-    expect("most requests running at once with --max-num-seqs 2", measured[SMALL][3]["vllm:num_requests_running"].max(),
-           above=1.5, below=2.5)
-    expect("most requests waiting with --max-num-seqs 2 (sampled)", waiting_max, above=5)
-    expect("most requests waiting with --max-num-seqs 128 (sampled)",
-           measured[LARGE][3]["vllm:num_requests_waiting"].max(), below=1.5)
-
-# %% [markdown]
-# And the third server, with a budget of 128 tokens a step, for the newcomer's load:
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-chunky = start(VLLMFlags(max_num_batched_tokens=128))
-if chunky is not None:
-    try:
-        run_load(chunky.url, [LoadRequest("warm-up", fresh_prompts(tok, 1, 64)[0], 4)], max_duration=120)
-        ensure_running(chunky)
-        budget_meas[128] = newcomer_figures(run_load(chunky.url, newcomer_load, max_duration=120).trace, NEWCOMER)
-        ensure_running(chunky)
-    finally:
-        chunky.stop()
+# ## The token budget: predicted and measured
 
 # %%
 if len(budget_meas) == 2 and budget_pred:
@@ -411,110 +539,98 @@ if len(budget_meas) == 2 and budget_pred:
     print(f"chats' ITL p99, budget 2048 / 128: predicted {itl_gain['predicted']:.1f}x, measured {itl_gain['measured']:.1f}x")
     print(f"newcomer's TTFT, budget 128 / 2048: predicted {ttft_cost['predicted']:.2f}x, measured {ttft_cost['measured']:.2f}x")
     expect("chats' ITL p99, budget 2048 / 128, measured", itl_gain["measured"], above=2)
+    expect("newcomer's TTFT, budget 128 / 2048, predicted", ttft_cost["predicted"], above=1)
 
 # %% [markdown]
-# The chats' gain is large and clear. The newcomer's cost is small: its prompt takes a few more
-# steps, each carrying the chats' decodes too. That cost (about a sixth, predicted) is smaller than
-# what this busy two-core machine drifts between two servers started minutes apart, so the
-# measured ratio for one newcomer lands on either side of 1 from run to run (0.89 to 1.21 in our
-# runs); only the prediction error is checked for it below.
-
-# %% [markdown]
-# Predicted against measured, for both `--max-num-seqs` settings:
-
-# %%
-if SMALL in measured and LARGE in measured:
-    table = pd.concat({f"max_num_seqs={k}": compare(predicted[k], measured[k][0].trace) for k in (SMALL, LARGE)}, axis=1)
-    display(table.round(3))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    for ax, figure, unit in ((axes[0], "output_tok_s", "output tokens/s"), (axes[1], "ttft_p50", "TTFT p50 (s)")):
-        x = np.arange(2)
-        for i, source in enumerate(("predicted", "measured")):
-            ax.bar(x + 0.4 * i, [table[(f"max_num_seqs={k}", source)][figure] for k in (SMALL, LARGE)], 0.4, label=source)
-        ax.set_xticks(x + 0.2, [f"max_num_seqs={k}" for k in (SMALL, LARGE)])
-        ax.set(ylabel=unit)
-        ax.legend()
-    ratio = lambda src, figure: src[LARGE][figure] / src[SMALL][figure]
-    meas = {k: load_figures(measured[k][0].trace) for k in (SMALL, LARGE)}
-    pred = {k: load_figures(predicted[k]) for k in (SMALL, LARGE)}
-    axes[0].set_title(f"128 seqs serve {ratio(meas, 'output_tok_s'):.1f}x the tokens/s (predicted {ratio(pred, 'output_tok_s'):.1f}x)")
-    axes[1].set_title(f"and give the first token {1 / ratio(meas, 'ttft_p50'):.0f}x sooner (predicted {1 / ratio(pred, 'ttft_p50'):.0f}x)")
-    axes[1].set_yscale("log")
-    plt.tight_layout()
-    plt.show()
-
-# %% [markdown]
-# ## Each knob's prediction error
+# The chats' gain is large and clear: the long prompt's one big step became many small ones. The
+# newcomer's cost is small: its prompt takes a few more steps, each carrying the chats' decodes
+# too. The simulator predicts a later first token (printed above), by about as much as the
+# measured ratio moves between runs, so one newcomer's measurement here can neither confirm nor
+# refute it.
 #
-# The ratios a tuner acts on (large setting over small, uncached over cached), predicted and
-# measured. Each has a tolerance: how far prediction and measurement fell apart over repeated
-# runs of this notebook on the course's 2-core VM, shared with other jobs (load 2-5), rounded up.
-# An error beyond it is a finding about the simulator, not noise.
+# ## Each knob's prediction against its tolerance
+#
+# The ratios a tuner acts on, predicted before measuring and measured, with the tolerances fixed
+# at the top. For each knob whose prediction tells its effect apart from no effect, the check is
+# that the prediction came within its tolerance.
 
 # %%
-TOLERANCE = {"max_num_seqs 128/2: output tokens/s": 0.45, "max_num_seqs 2/128: TTFT p50": 0.5,
-             "max_num_seqs 128/2: ITL p50": 0.45, "prefix caching off/on: TTFT p50": 0.35,
-             "budget 2048/128: chats' ITL p99": 0.5, "budget 128/2048: newcomer's TTFT": 0.5}
-if SMALL in measured and LARGE in measured and prefix_result and len(budget_meas) == 2:
-    findings = pd.DataFrame({
-        "predicted": [ratio(pred, "output_tok_s"), 1 / ratio(pred, "ttft_p50"), ratio(pred, "itl_p50"), predicted_gain,
-                      itl_gain["predicted"], ttft_cost["predicted"]],
-        "measured": [ratio(meas, "output_tok_s"), 1 / ratio(meas, "ttft_p50"), ratio(meas, "itl_p50"), measured_gain,
-                     itl_gain["measured"], ttft_cost["measured"]]},
-        index=list(TOLERANCE))
-    findings["error"] = findings["predicted"] / findings["measured"] - 1
-    findings["tolerance"] = pd.Series(TOLERANCE)
-    findings["verdict"] = np.where(findings["error"].abs() <= findings["tolerance"], "within", "MISS: a finding")
+if SMALL in measured and LARGE in measured and "hit" in prefix_result["shared"] and len(budget_meas) == 2:
+    findings = plan.copy()
+    findings.insert(1, "measured", [ratio(meas, "output_tok_s"), 1 / ratio(meas, "ttft_p50"), ratio(meas, "itl_p50"),
+                                    measured_gain, itl_gain["measured"], ttft_cost["measured"]])
+    findings.insert(2, "error", findings["predicted"] / findings["measured"] - 1)
     display(findings.round(3))
-    expect("throughput gain of 128 over 2 sequences, measured", findings["measured"].iloc[0], above=1.5)
-    expect("TTFT p50 of 2 over 128 sequences, measured", findings["measured"].iloc[1], above=5)
-    for knob, row in findings.iterrows():
+    told_apart = findings[findings["tells apart from no effect"]]
+    for knob, row in told_apart.iterrows():
         expect(f"prediction error, {knob}", abs(row["error"]), below=row["tolerance"])
-    small_itl = compare(predicted[SMALL], measured[SMALL][0].trace).loc["itl_p50"]
-    print(f"ITL p50 with 2 sequences: predicted {small_itl['predicted'] * 1e3:.0f} ms, "
-          f"measured {small_itl['measured'] * 1e3:.0f} ms")
+
+# %% [markdown]
+# The same comparison over the stored runs, each prediction against the measurement of its own
+# run (the median and the worst error per knob, as simulators judged against real runs report
+# them):
+
+# %%
+stored_error = runs["predicted"] / runs["measured"] - 1
+accuracy = pd.DataFrame({"median error": stored_error.median(axis=1), "lowest error": stored_error.min(axis=1),
+                         "highest error": stored_error.max(axis=1), "tolerance": TOLERANCE})
+display(accuracy.round(3))
+chats = "budget 2048/128: chats' ITL p99"
+expect("chats' ITL gain, stored runs: highest prediction error (all below zero)", stored_error.loc[chats].max(), below=0)
+expect("chats' ITL gain, stored runs: median error / measurement's range", -stored_error.loc[chats].median()
+       / NOISE[chats], above=0.5)
 
 # %% [markdown]
 # What the errors say:
 #
-# - **Ratios measured side by side hold better than absolute figures.** The calibration, the two
-#   servers' loads and the prefix runs happen minutes apart on a machine whose speed drifts (two
-#   cores, shared), so each setting's absolute throughput and TTFT can be off by a fifth to a third;
-#   a tuner's decision rests on the ratio, and so does the tolerance.
-# - **Prefix caching and the token budget** are predicted best: a cached prompt computes only its
-#   last, uncached tokens, and the simulator's paged cache with vLLM's block size reuses exactly
-#   the blocks vLLM reuses (the hit counts above are the block rule's); a chunked prompt's steps
-#   are mostly prompt tokens, which the calibration's lone prompts priced.
-# - **`--max-num-seqs`** is right in direction and size to within its tolerance, and it needs the
-#   loosest one. The cost model is linear in the number of sequences, but vLLM's decode step on
-#   this CPU is not, from 1 to 4 sequences (the calibration's points above); where the line misses
-#   at 2 sequences (the ITL p50 just printed), the small setting's throughput and its queue, hence
-#   its TTFT, are mispredicted with it, in either direction.
+# - **A tolerance belongs to the measurement and the calibration, not to the prediction's
+#   error.** It was set from how far each moved between runs, before this run measured anything,
+#   so a prediction inside it is as good as this machine can judge, and one outside it is a
+#   finding about the simulator.
+# - **Inside the tolerance is not the same as unbiased.** The chats' ITL gain was underpredicted
+#   in every stored run, by a median of more than half its measurement's range: the tolerance is
+#   wide enough to hold it, the stored runs show the bias. Judging a simulator takes more than one
+#   run, as the table of stored runs does.
+# - **A small effect needs a quiet machine or many runs.** A knob whose predicted effect is
+#   inside its measurement's range cannot be confirmed by one run here, however good the
+#   prediction: a second run could measure no effect at all.
 #
-# What this CPU cannot show: on a GPU a decode step is bound by reading the weights, so
-# `--max-num-seqs` buys throughput almost for free up to the batch where compute takes over
-# (notebook 09's roofline presets price it), and the TTFT cost of a long queue is the same
-# arithmetic as here. Prefix caching saves prompt compute, which on a GPU is cheap per token, so
-# its TTFT gain is smaller there for prompts this short, and larger for prompts of thousands of
-# tokens.
+# ## What this CPU cannot show
+#
+# On a GPU a decode step is bound by memory reads: the weights, once per step whatever the batch,
+# and every running sequence's KV cache, which grows with batch x context. `--max-num-seqs` buys
+# throughput almost for free while the weights dominate, and less once the KV reads catch up:
+
+# %%
+llama = RooflineCostModel.for_device("Llama-3-8B", "H100")
+kv_bytes, weight_bytes = 64 * 2048 * llama.shape.kv_bytes_per_token(2), llama.shape.weight_bytes(2)
+print(f"Llama-3-8B in bf16: weights {weight_bytes / 1e9:.1f} GB; KV of 64 sequences x 2,048 tokens {kv_bytes / 1e9:.1f} GB")
+expect("KV bytes of 64 x 2,048 tokens / weight bytes, Llama-3-8B in bf16", kv_bytes / weight_bytes, above=0.9, below=1.3)
+
+# %% [markdown]
+# At 64 sequences of 2,048 tokens a step reads the weights' worth of KV cache on top of the
+# weights, about twice the bytes of a step of one short sequence: every stream's tokens come about
+# half as fast, for 64 times the tokens per step. Notebook 09's roofline presets price both reads.
+# The TTFT cost of a long queue is the same arithmetic on a GPU as here.
 #
 # ## Summary
 #
-# - vLLM's scheduling flags are batchlab's knobs under other names; V1 turns prefix caching and
-#   chunked prefill on by default, with a budget of 2,048 tokens per step and 128 sequences on a
-#   CPU.
+# - vLLM's scheduling flags are batchlab's knobs under other names; V1, vLLM's engine core,
+#   turns prefix caching and chunked prefill on by default, with a budget of 2,048 tokens per
+#   step and 128 sequences on a CPU.
 # - A server you can only reach over HTTP can still be calibrated: lone prompts price prefill,
 #   concurrent decodes price the per-sequence decode, and the four-term cost model fits both.
-# - At the same offered load, `--max-num-seqs 128` against `2` served several times the tokens per
-#   second and gave the first token many times sooner; the queue it avoided shows in
-#   `vllm:num_requests_waiting`. The simulator predicted every knob's ratios within their
-#   tolerances; `--max-num-seqs` needs the loosest, because vLLM's decode step from 1 to 4
-#   sequences does not follow the cost model's line.
+# - At the same offered load, `--max-num-seqs 128` against `2` served more tokens per second and
+#   gave the first token more than five times sooner; the queue it avoided shows in
+#   `vllm:num_requests_waiting`.
 # - `cache_salt` keeps a request out of the shared prefix cache on the same server; the shared
 #   requests were served whole blocks from the cache, exactly as many tokens as the block rule says.
 # - A smaller token budget (`--max-num-batched-tokens 128`) cut a long prompt into chunks: the
-#   streaming chats' ITL p99 fell several times over. The newcomer's first token was predicted to
-#   come about a sixth later, a cost this machine's drift between servers hides.
+#   streaming chats' ITL p99 fell more than twofold. The newcomer's first token was predicted to
+#   come a little later, a cost too small for one run on this machine to show.
+# - Tolerances come from how far measurements and calibrations move between whole runs, fixed
+#   before measuring; the simulator predicted every knob it could tell apart from no effect
+#   within its tolerance, and the stored runs show where it leans (the chats' ITL gain, low).
 # - `/metrics` counters are differences of two scrapes; gauges are moments; a histogram's p99 is
 #   within a bucket's width of the exact one, and vLLM's buckets are wide.
 
@@ -532,10 +648,16 @@ answer = None  # your code here
 check("13.1", answer)
 
 # %% [markdown]
-# **13.2** Write `predicted_throughput(cost, requests, max_num_seqs)`: the output tokens per second
-# the simulator predicts for a load at a given `--max-num-seqs`, vLLM's other defaults kept. Then
-# predict `--max-num-seqs 8` for the load above, and, if you have a few minutes, measure it:
-# `start(VLLMFlags(max_num_seqs=8))` and `measure(...)`.
+# **13.2** A smaller `--max-num-seqs` holds fewer sequences' KV cache and makes smaller steps, so
+# a tuner wants the smallest setting that still serves the load. Write
+# `seqs_to_keep_up(cost, requests, share)`: the smallest of `--max-num-seqs` 1, 2, 4, 8, 16, 32, 64
+# and 128 at which the simulator predicts at least `share` (e.g. 0.95) of the output tokens per
+# second that 128 gives, vLLM's other defaults kept (`simulate_load`, `load_figures`). The
+# checker runs your function on loads and cost models of its own. Then ask it about this
+# notebook's load with the fitted `cost`. To measure what it predicts (a few minutes, and not
+# something the checker can do for you), start that setting with `start(VLLMFlags(max_num_seqs=k))`,
+# `measure(...)` the same load, and judge the throughput ratio against 128's with the tolerance
+# of the first knob above.
 
 # %%
 answer = None  # your code here
