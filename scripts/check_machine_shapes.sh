@@ -16,9 +16,10 @@
 # A CPU's other kernels (AMX tiles, on Intel Xeons from Sapphire Rapids on) cannot be called up on
 # a CPU without them: their claims are the dtype's claims (batchlab.model.divergence).
 #
-# --cheap runs avx2, avx512_bf16 and bf16 over a few minutes' worth of tests: the batched step,
-# the dtypes and answers alone against batched (avx2, avx512_bf16), and notebooks 04 and 05 (bf16). Arguments after -- replace what every
-# variant runs (tests, notebooks, -k ...).
+# --cheap runs busy, avx2, avx512_bf16 and bf16 over a few minutes' worth of tests: notebook 09
+# (busy: the timing claims of a simulator calibrated in the run), the batched step, the dtypes and
+# answers alone against batched (avx2, avx512_bf16), and notebooks 04 and 05 (bf16). Arguments
+# after -- replace what every variant runs (tests, notebooks, -k ...).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -39,9 +40,7 @@ done
 # Without --only: every variant; with --cheap, all but default (test.sh's main pass is that one).
 if (( ${#variants[@]} == 0 )); then
   variants=("${ALL_VARIANTS[@]}")
-  # Not busy: with one of two cores taken, torch's two threads wait on each other at every
-  # product, and notebook 09 ran past 15 minutes (against 1.5 quiet); run it by hand (--only busy).
-  (( cheap )) && variants=(avx2 avx512_bf16 bf16)
+  (( cheap )) && variants=(busy avx2 avx512_bf16 bf16)
 fi
 for v in "${variants[@]}"; do
   [[ " ${ALL_VARIANTS[*]} " == *" $v "* ]] || {

@@ -135,12 +135,15 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 
 def set_cpu_threads(threads: int | None) -> int:
-    """Use ``threads`` intra-op threads (default: every core this process may run on)."""
+    """Use ``threads`` intra-op threads (default: one per core that no other process is keeping
+    busy now, ``batchlab.model.cpu_threads``)."""
     import torch
 
-    check_int("threads", threads, allow_none=True, hint="None: every core this process may run on")
+    from batchlab.model.cpu_threads import free_cores
+
+    check_int("threads", threads, allow_none=True, hint="None: one per core no other process is using")
     if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = free_cores()
     torch.set_num_threads(int(threads))
     return int(threads)
 
@@ -190,7 +193,7 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
     dtype: "auto" (fp32 on CPU unless bf16 measures faster there, bf16/fp16 on GPU), "float32", "bfloat16", "float16".
         Left at "auto", each follows its environment variable when set (``BATCHLAB_DEVICE``,
         ``BATCHLAB_DTYPE``): one switch for every notebook. An explicit argument wins.
-    threads: CPU threads for torch (default: all cores available to this process).
+    threads: CPU threads for torch (default: one per core no other process is keeping busy).
     hub_model: opt-in only, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct" on Colab; this one is
         downloaded by transformers. The default embedded model never touches the network.
     rebuild_cache: convert the GGUF again even if a good cached copy exists.
