@@ -27,8 +27,7 @@ from pathlib import Path
 
 import torch
 
-from batchlab.model.cpu_products import (cpu_bf16_flags, min_pack_rows, onednn_isa_cap, packed_product,
-                                         prepack, project, uses_packing, widens_bf16)
+from batchlab.model.cpu_products import StepProducts, cpu_bf16_flags, onednn_isa_cap
 
 # SmolLM2-135M's products: one layer's fused q/k/v, output, gate+up and down projections as
 # (in, out) shapes, its layer count, and the LM head.
@@ -37,19 +36,17 @@ PROBE_LAYERS = 30
 PROBE_HEAD = (576, 49152)
 PROBE_ROWS = (1, 256)
 PROBE_VERSION = 2      # part of the saved verdict's key: a new probe measures again
+
+
 def product_timer(w: torch.Tensor, rows: int):
     """A function that computes ``x @ w`` over ``rows`` rows by the step's route for ``w``'s dtype
-    (packed from ``min_pack_rows`` rows on), warmed up: oneDNN builds and packs its kernel at a
+    (``StepProducts``, as the step does), warmed up: oneDNN builds and packs its kernel at a
     product's first calls, which a steady-state step never pays."""
     x = torch.randn(rows, w.shape[0], generator=torch.Generator().manual_seed(1)).to(w.dtype)
-    widen = widens_bf16(w.dtype, "cpu")
-    if uses_packing(w.dtype, "cpu", widen) and rows >= min_pack_rows(w.dtype):
-        packed = prepack(w)
-        def product():
-            return packed_product(x, packed)
-    else:
-        def product():
-            return project(x, w, widen)
+    products = StepProducts([w], w.dtype, "cpu")
+
+    def product():
+        return products(x, w)
     for _ in range(3):
         product()
     return product

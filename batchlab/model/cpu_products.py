@@ -18,8 +18,9 @@ Which units a CPU has is read from /proc/cpuinfo (``cpu_bf16_flags``), less thos
 ``ONEDNN_MAX_CPU_ISA`` caps oneDNN at: with ``ONEDNN_MAX_CPU_ISA=AVX2`` a CPU with bf16 units
 runs the kernels, and batchlab the routes, of one without them.
 
-``batchlab.model.llama`` uses these routes for every projection, and the dtype probe
-(``batchlab.model.cpu_dtype``) times the very same routes, so what it measures is what a step does.
+``StepProducts`` chooses the route for each product. ``batchlab.model.llama`` uses it for every
+projection, and the dtype probe (``batchlab.model.cpu_dtype``) times products made by it, so what
+the probe measures is what a step does.
 """
 
 from __future__ import annotations
@@ -104,3 +105,25 @@ def project(x: torch.Tensor, w: torch.Tensor, widen: bool = False) -> torch.Tens
     if widen:
         return (x.float() @ w.float()).to(x.dtype)
     return x @ w
+
+
+class StepProducts:
+    """``x @ w`` for a model's (in, out) weights, each by the step's route on their dtype and device:
+    bf16 widened to fp32 (``widen``: a CPU without bf16 units), else the weight's packed copy from
+    ``min_rows`` rows on, else a plain matmul. The packed copies are made here, once."""
+
+    def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype, device: torch.device | str) -> None:
+        self.widen = widens_bf16(dtype, device)
+        self.min_rows = min_pack_rows(dtype)
+        # id(weight) -> its packed copy (empty where the step does not pack)
+        self.packed: dict[int, torch.Tensor] = (
+            {id(w): prepack(w) for w in weights} if uses_packing(dtype, device, self.widen) else {})
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """(rows, in) activation times one of the (in, out) weights: (rows, out)."""
+        if self.widen:
+            return project(x, w, widen=True)
+        packed = self.packed.get(id(w))
+        if packed is not None and x.shape[0] >= self.min_rows:
+            return packed_product(x, packed)
+        return x @ w

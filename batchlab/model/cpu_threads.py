@@ -8,8 +8,9 @@ hundreds of products. On the course's 2-core VM with one core kept busy by a CPU
 run took 2.6 s with two threads, 0.93 s with one (1.0 s with two and ``OMP_WAIT_POLICY=PASSIVE``,
 which costs 45% on a quiet machine); quiet, two threads took 0.63 s.
 
-So the default is one thread per core that was free when the model was loaded: the CPU time other
-processes used over a short look at ``/proc/stat``, rounded to whole cores, is left to them.
+So the default is one thread per core that was free when the model was loaded: the cores' busy
+time over a short look at ``/proc/stat`` (while this thread sleeps), rounded to whole cores, is
+left to whoever is using them.
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ def _cpu_times(stat: str = "/proc/stat") -> dict[int, tuple[int, int]]:
 
 def cores_busy_elsewhere(cpus: list[int], seconds: float = LOOK_SECONDS,
                          stat: str = "/proc/stat") -> float:
-    """Cores' worth of time the ``cpus`` spent busy over ``seconds``, less this process's own
-    CPU time in that span; 0.0 where ``/proc/stat`` cannot be read (not Linux)."""
+    """Cores' worth of time the ``cpus`` spent busy over ``seconds`` while this thread slept: work
+    of other processes (or of this process's other threads); 0.0 where ``/proc/stat`` cannot be
+    read (not Linux)."""
     try:
-        before, own_before = _cpu_times(stat), time.process_time()
+        before = _cpu_times(stat)
         time.sleep(seconds)
-        after, own_after = _cpu_times(stat), time.process_time()
+        after = _cpu_times(stat)
     except (OSError, ValueError, IndexError):
         return 0.0
     busy = 0.0
@@ -56,7 +58,7 @@ def cores_busy_elsewhere(cpus: list[int], seconds: float = LOOK_SECONDS,
         if cpu in before and cpu in after:
             d_busy, d_total = (a - b for a, b in zip(after[cpu], before[cpu]))
             busy += d_busy / d_total if d_total > 0 else 0.0
-    return max(0.0, busy - (own_after - own_before) / seconds)
+    return busy
 
 
 def free_cores() -> int:

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batchlab.model.cpu_products import (min_pack_rows, packed_product, prepack, project, uses_packing,
-                                         widens_bf16)
+from batchlab.model.cpu_products import StepProducts
 from batchlab.model.kv_cache import KVCache, SeqChunk
 from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk
 
@@ -98,29 +97,27 @@ class LlamaWeights:
         angles = torch.cat([angles, angles], dim=-1)
         self.cos = angles.cos().to(embed.dtype).to(embed.device)
         self.sin = angles.sin().to(embed.dtype).to(embed.device)
-        # bf16 weights on a CPU without bf16 matrix units: torch's bf16 matmul there is an emulated
-        # fallback (about 1 GFLOP/s on the course's AVX2 VM, against 50-60 in fp32). Each product
-        # then widens its weight to fp32 first (``project``): the weights stay bf16 in memory,
-        # the arithmetic is fp32's, and the result is rounded back to bf16.
-        self.widen_bf16 = widens_bf16(embed.dtype, embed.device)
-        # id(weight) -> its oneDNN packed copy, used from ``pack_min_rows`` rows on: the routes
-        # and why are in ``batchlab.model.cpu_products``.
-        self.packed: dict[int, torch.Tensor] = {}
-        self.pack_min_rows = min_pack_rows(embed.dtype)
-        if uses_packing(embed.dtype, embed.device, self.widen_bf16):
-            for w in [lm_head] + [w for lw in layers for w in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down)]:
-                self.packed[id(w)] = prepack(w)
+        # Every projection goes through ``products``, which picks each product's route on a CPU
+        # (``batchlab.model.cpu_products``): bf16 weights on a CPU without bf16 matrix units are
+        # widened to fp32 for the product (torch's bf16 matmul there is an emulated fallback, about
+        # 1 GFLOP/s on the course's AVX2 VM against 50-60 in fp32), so the weights stay bf16 in
+        # memory and the arithmetic is fp32's; otherwise each weight's oneDNN packed copy is used.
+        self.products = StepProducts([lm_head] + [w for lw in layers
+                                                  for w in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down)],
+                                     embed.dtype, embed.device)
+
+    @property
+    def widen_bf16(self) -> bool:
+        """Whether bf16 products are computed in fp32 (a CPU without bf16 units)."""
+        return self.products.widen
+
+    @widen_bf16.setter
+    def widen_bf16(self, widen: bool) -> None:
+        self.products.widen = widen
 
     def project(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w`` for a (rows, in) activation and one of these (in, out) weights, by the fastest
-        route measured here: bf16 widened to fp32 (``widen_bf16``), else the pre-packed copy
-        (``packed``; fp32 from two rows on), else a plain matmul."""
-        if self.widen_bf16:
-            return project(x, w, widen=True)
-        packed = self.packed.get(id(w))
-        if packed is not None and x.shape[0] >= self.pack_min_rows:
-            return packed_product(x, packed)
-        return x @ w
+        """``x @ w`` for a (rows, in) activation and one of these (in, out) weights (``products``)."""
+        return self.products(x, w)
 
     @classmethod
     def from_hf(cls, model) -> "LlamaWeights":
