@@ -20,7 +20,7 @@ export BATCHLAB_DTYPE=${BATCHLAB_DTYPE:-float32}
 # Only for the whole suite, not when arguments pick some tests: the static copy of the course,
 # then the cheap checks on other machines' shapes (scripts/check_machine_shapes.sh: one core busy,
 # oneDNN capped at AVX2 and at AVX-512 bf16, and the notebooks whose claims depend on the dtype
-# in bf16; README: "Other machines").
+# in bf16; docs/machines-and-dtypes.md: "Other machines").
 if (( $# == 0 )); then
     echo "test.sh: the static copy of the course, from this run's executed notebooks"
     .venv/bin/python scripts/build_site.py --executed "$BATCHLAB_EXECUTED_DIR" --check

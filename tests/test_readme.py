@@ -1,7 +1,8 @@
 """README's code, checked against the code it describes, so a renamed argument, flag, script or
 variable fails here instead of in a reader's first script.
 
-From README.md (and docs/*.md, if any):
+From README.md and every docs/*.md page, each check over all of them (each snippet run once,
+wherever it lives):
 - every fenced ```python and ```bash snippet is run (in a subprocess, this venv's python or bash,
   60 s at most each), unless the line right before its fence is
   ``<!-- not run by tests: REASON -->`` (REASON required);
@@ -14,6 +15,8 @@ From README.md (and docs/*.md, if any):
   ``--flag`` or a ``BATCHLAB_*`` variable refers to something the code still has; calls are bound
   to the real signature (``inspect.signature``), the check that catches ``max_num_seqs`` for
   ``num_slots``.
+- every relative Markdown link (``[text](path)``) resolves from the page that has it;
+- README stays a newcomer's page: under ``README_MAX_LINES`` lines, linking every docs page.
 ``test_the_checks_catch_drift`` feeds each check a broken line, so none of them passes vacuously.
 """
 
@@ -36,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -44,12 +49,13 @@ RUN_LANGS = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "
 NOT_RUN = re.compile(r"<!--\s*not run by tests:(?P<reason>.*?)-->")
 # Directories whose paths a doc names as this repository's (anything else may be another repo's).
 REPO_DIRS = ("scripts/", "tests/", "batchlab/", "notebooks/", "data/", "solutions/", ".ci/")
-# Paths in other repositories that README cites (Vidur's profile folders, microsoft/vidur).
+# Paths in other repositories that the docs cite (Vidur's profile folders, microsoft/vidur).
 FOREIGN_PATHS = {"data/profiling/compute/...", "data/profiling/a100/cpu_overheads.csv"}
 # Roots of dotted names and calls that belong to other libraries or to Python.
 EXTERNAL_ROOTS = {"torch", "ray", "vllm", "LLM", "transformers", "httpx", "np", "pd", "max", "min"}
 FLAG = re.compile(r"--[A-Za-z][\w-]*")
 IDENT = r"[A-Za-z_]\w*"
+README_MAX_LINES = 250          # README is a newcomer's page; long notes go to docs/*.md
 
 
 # ---------------------------------------------------------------- parsing the docs
@@ -70,10 +76,12 @@ class Fence:
 
 @dataclass
 class Doc:
-    """One markdown file: its fences, its inline code spans (text, line) and marker problems."""
+    """One markdown file: its fences, its inline code spans and link targets (text, line) and
+    marker problems."""
     name: str
     fences: list[Fence] = field(default_factory=list)
     spans: list[tuple[str, int]] = field(default_factory=list)
+    links: list[tuple[str, int]] = field(default_factory=list)
     marker_problems: list[str] = field(default_factory=list)
     text: str = ""
 
@@ -111,6 +119,9 @@ def parse_doc(text: str, name: str) -> Doc:
     numbers = [n for n, _ in prose]
     for m in re.finditer(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)?)`(?!`)", joined):
         doc.spans.append((m.group(1), numbers[joined.count("\n", 0, m.start())]))
+    # Links: ``[text](target)``, the text possibly across a line break.
+    for m in re.finditer(r"\]\((?P<target>[^)\s]+)\)", joined):
+        doc.links.append((m.group("target"), numbers[joined.count("\n", 0, m.start())]))
     return doc
 
 
@@ -605,6 +616,36 @@ def package_map_problems(doc_list: list[Doc]) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------- links and README's shape
+
+def link_problems(doc_list: list[Doc]) -> list[str]:
+    """Every relative link resolves from the folder of the page that has it (a page moved to
+    docs/ must say ``../scripts/x.py``); links to other sites and to anchors are not followed."""
+    problems = []
+    for d in doc_list:
+        base = (ROOT / d.name).parent
+        folder = "the repository root" if base == ROOT else base.relative_to(ROOT)
+        for target, line in d.links:
+            if re.match(r"[A-Za-z][\w+.-]*:|#", target):
+                continue
+            if not (base / target.split("#")[0]).exists():
+                problems.append(f"{d.name}:{line}: links {target}, which does not exist (relative to {folder})")
+    return problems
+
+
+def readme_shape_problems(readme: Doc, pages: list[str]) -> list[str]:
+    """README is under README_MAX_LINES lines and links every page in ``pages`` (docs/NAME.md)."""
+    problems = []
+    lines = len(readme.text.splitlines())
+    if lines >= README_MAX_LINES:
+        problems.append(f"{readme.name} has {lines} lines, not under {README_MAX_LINES}: move long "
+                        "explanations and measurements to a docs/ page and link it")
+    linked = {target.split("#")[0] for target, _ in readme.links}
+    problems += [f"{readme.name} does not link {page} (add it to \"Where to find more\")"
+                 for page in pages if page not in linked]
+    return problems
+
+
 # ---------------------------------------------------------------- running snippets
 
 def run_snippet(fence: Fence) -> str | None:
@@ -636,8 +677,8 @@ def static_snippet_problems(doc_list: list[Doc]) -> list[str]:
     """Python snippets' calls and bash snippets' (and command spans') commands, run or not."""
     problems = [p for d in doc_list for f in d.fences if RUN_LANGS.get(f.lang) == "python"
                 for p in call_problems(f.body, f.where, whole_snippet=True)]
+    warm_help(doc_list)          # every page's --help at once, two at a time, each run once
     for d in doc_list:
-        warm_help([d])
         for tokens, where in doc_commands(d):
             problems += command_problems(tokens, where)
     return problems
@@ -646,12 +687,37 @@ def static_snippet_problems(doc_list: list[Doc]) -> list[str]:
 # ---------------------------------------------------------------- tests
 
 def test_the_docs_have_what_these_checks_read() -> None:
-    """The parser finds README's code (so an empty parse cannot pass everything below)."""
+    """The parser finds the docs' code (so an empty parse cannot pass everything below): README and
+    every docs page are read, and together they hold what README alone held before the long
+    parts moved to docs/."""
+    pages = sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))
+    assert [d.name for d in docs()] == ["README.md", *pages]
     readme = docs()[0]
-    assert sum(RUN_LANGS.get(f.lang) == "bash" for f in readme.fences) >= 5, readme.fences
-    assert len(readme.spans) >= 200, len(readme.spans)
-    assert any("(" in s and "=" in s for s, _ in readme.spans)
+    assert sum(RUN_LANGS.get(f.lang) == "bash" for f in readme.fences) >= 2, readme.fences
+    assert len(readme.spans) >= 100, len(readme.spans)
+    assert sum(RUN_LANGS.get(f.lang) == "bash" for d in docs() for f in d.fences) >= 5
+    assert sum(len(d.spans) for d in docs()) >= 200
+    assert any("(" in s and "=" in s for d in docs() for s, _ in d.spans)
     assert [p for d in docs() for p in d.marker_problems] == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_each_page_has_code_the_checks_read(doc: Path) -> None:
+    """Each page parses to code the checks below read (a page of prose only would pass vacuously)."""
+    found = next(d for d in docs() if d.name == str(doc.relative_to(ROOT)))
+    assert found.fences or found.spans, f"{found.name}: no code fence and no inline code"
+
+
+def test_readme_is_short_and_links_every_docs_page() -> None:
+    """README stays a newcomer's page: under README_MAX_LINES lines, every docs page linked."""
+    problems = readme_shape_problems(docs()[0], [d.name for d in docs()[1:]])
+    assert not problems, "\n".join(problems)
+
+
+def test_links_resolve() -> None:
+    """Every relative link in README and the docs pages points at a file or folder that exists."""
+    problems = link_problems(docs())
+    assert not problems, "\n".join(problems)
 
 
 def test_snippets_that_are_cheap_run() -> None:
@@ -683,6 +749,9 @@ BROKEN = '''\
 Size it with `ModelBackend(max_num_seqs=...)` and read `prom.scrape(url, timeout=1)`; see
 `batchlab.serve.prom.no_such_thing`, `backends.cost_model.CostModel`, `NoSuchBackend`,
 `grounded_nowhere=False`, `scripts/no_such_script.py`, `--no-such-flag` and `BATCHLAB_NO_SUCH`.
+Read [the data](data/README.md), [a page](https://example.org/x.md), [a section](#two) and
+[a page that is
+gone](docs/no_such_page.md).
 
 <!-- not run by tests: -->
 ```python
@@ -748,3 +817,15 @@ def test_the_checks_catch_drift() -> None:
     assert "passes --policy" not in static and "passes --threads" not in static, static
     ran = snippet_problems([doc])
     assert len(ran) == 1 and f"{snippet} failed" in ran[0], ran
+    assert link_problems([doc]) == [
+        f"BROKEN.md:{broken_line('gone](')}: links docs/no_such_page.md, which does not exist "
+        "(relative to the repository root)"]
+    moved = parse_doc("# A page\n\nSee [the script](scripts/build_site.py).\n", "docs/moved.md")
+    assert link_problems([moved]) == [
+        "docs/moved.md:3: links scripts/build_site.py, which does not exist (relative to docs)"]
+    assert readme_shape_problems(doc, ["docs/no_such_page.md", "docs/unlinked.md"]) == [
+        'BROKEN.md does not link docs/unlinked.md (add it to "Where to find more")']
+    long = parse_doc("A line.\n" * README_MAX_LINES, "LONG.md")
+    assert readme_shape_problems(long, []) == [
+        f"LONG.md has {README_MAX_LINES} lines, not under {README_MAX_LINES}: move long explanations "
+        "and measurements to a docs/ page and link it"]

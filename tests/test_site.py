@@ -1,5 +1,6 @@
 """The static copy of the course (scripts/build_site.py): its check catches a missing figure,
-an image lost on the way to the page, and a cell that raised."""
+an image lost on the way to the page, and a cell that raised; the docs/*.md notes become pages
+linked from the index."""
 
 import base64
 import importlib.util
@@ -61,3 +62,36 @@ def test_a_function_that_shows_a_figure_is_not_a_figure_cell():
     nb = notebook([])
     nb.cells[1].source = "def draw():\n    plt.plot([1, 2])\n    plt.show()"
     assert check(nb)[0] == []
+
+
+def test_the_docs_pages_are_rendered_titled_and_linked_from_the_index(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "alpha.md").write_text(
+        "# Alpha `notes`\n\nSee [beta](beta.md#top), the [README](../README.md) and "
+        "[a site](https://example.org/page.md).\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    (docs / "beta.md").write_text(
+        "Before the title.\n\n```bash\n# a comment, not a heading\n```\n\n# Beta & co\n\nText.\n")
+    out = tmp_path / "site"
+    # No executed notebooks here: build() reports them missing, and still renders the notes.
+    problems = build_site.build(tmp_path / "no-executed", out, check=True, docs=docs)
+    assert problems and all("no executed copy" in p for p in problems), problems
+    alpha = (out / "docs" / "alpha.html").read_text()
+    assert "<title>Alpha notes · batchlab</title>" in alpha
+    assert "<table>" in alpha and 'href="beta.html#top"' in alpha and 'href="../index.html"' in alpha
+    assert 'href="https://example.org/page.md"' in alpha
+    beta = (out / "docs" / "beta.html").read_text()
+    assert "<title>Beta &amp; co · batchlab</title>" in beta and "Before the title." in beta
+    index = (out / "index.html").read_text()
+    assert '<a href="docs/alpha.html">Alpha notes</a>' in index
+    assert '<a href="docs/beta.html">Beta &amp; co</a>' in index
+
+
+def test_a_docs_page_without_a_heading_is_reported(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "gamma.md").write_text("No heading here.\n\n## Only a second level\n")
+    rows, problems = build_site.build_docs(docs, tmp_path / "site")
+    assert rows == [("docs/gamma.html", "gamma")]
+    assert problems == ["docs/gamma.md: no '# ' heading to title its page by"]
+    assert (tmp_path / "site" / "docs" / "gamma.html").is_file()
