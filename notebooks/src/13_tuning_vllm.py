@@ -210,17 +210,22 @@ if cal is not None:
     plt.show()
     duration = cal.points.set_index(["kind", "size"])["duration"]
     expect("median error of the outside-in fit", cal.median_rel_error, below=0.15)
-    expect("decode step of 16 sequences / of 1", duration["decode", 16] / duration["decode", 1], below=2.5)
+    step16 = duration["decode", 16] / duration["decode", 1]
+    print(f"a decode step of 16 sequences costs {step16:.2f}x one of 1 sequence on this CPU")
+    expect("decode step of 16 sequences / of 1", step16, above=1, below=8)
     expect("a lone 512-token prompt / a decode step of 1 sequence", duration["prefill", 512] / duration["decode", 1],
            above=10)
 
 # %% [markdown]
 # The fitted model (printed above) says what a step costs here: a fixed part (the weights read
 # once, vLLM's scheduling and the HTTP round trip all land in it), and prices per sequence, per
-# token and per attention pair, any of which the fit may set to zero. A lone prompt of 512 tokens takes more than ten decode steps of one sequence,
-# while decoding 16 sequences at once takes under two and a half times as long as decoding one,
-# for sixteen times the tokens: that is what `--max-num-seqs` trades on. Each panel's title
-# names the fit's worst point.
+# token and per attention pair, any of which the fit may set to zero. A lone prompt of 512 tokens
+# takes more than ten decode steps of one sequence, while decoding 16 sequences at once takes
+# longer than decoding one but under half as long as sixteen separate steps, for sixteen times the
+# tokens: that is what `--max-num-seqs` trades on. How much longer (printed above) is this CPU's
+# answer: its kernels set the price per token (about 1.7x on an AMD EPYC with AVX-512 kernels,
+# 2.3x on the same CPU with oneDNN held to AVX2).
+# Each panel's title names the fit's worst point.
 #
 # ## Predict first: three knobs on the simulator
 #
@@ -243,12 +248,14 @@ if cal is not None:
     expect("predicted output tokens/s, 128 / 2 sequences", pred[LARGE]["output_tok_s"] / pred[SMALL]["output_tok_s"],
            above=1.2)
     expect("predicted TTFT p50, 2 / 128 sequences", pred[SMALL]["ttft_p50"] / pred[LARGE]["ttft_p50"], above=5)
-    expect("predicted ITL p50, 128 / 2 sequences", pred[LARGE]["itl_p50"] / pred[SMALL]["itl_p50"], above=1, below=1.5)
+    expect("predicted ITL p50, 128 / 2 sequences", pred[LARGE]["itl_p50"] / pred[SMALL]["itl_p50"], above=1)
 
 # %% [markdown]
 # The simulator expects the large setting to serve more tokens per second at this load (two
 # sequences at a time fall behind the arrivals), with a first token more than five times
-# sooner, for a stream slower by under half (bigger steps).
+# sooner, for a slower stream (bigger steps): how much slower is the fitted price per token, so
+# this CPU's kernels' answer (1.2-1.3x predicted in the stored runs at the top, more on a CPU
+# whose per-token price is higher).
 #
 # **Prefix caching.** Sixteen requests share a system prompt of 384 tokens, each followed by its
 # own 32-token question, sent one at a time. The first eight each carry their own `cache_salt`:
@@ -311,19 +318,22 @@ if cal is not None:
     effect = plan["effect / range"]
     newcomer, slower_stream = "budget 128/2048: newcomer's TTFT", "max_num_seqs 128/2: ITL p50"
     expect("predicted effect / measurement's range, four knobs", effect.drop([newcomer, slower_stream]), above=1)
-    expect("predicted effect / measurement's range, ITL p50 of 128 over 2 sequences", effect[slower_stream], below=1)
-    expect("predicted effect / measurement's range, newcomer's TTFT", effect[newcomer], above=0.5, below=1.5)
+    print(f"predicted effect / measurement's range: ITL p50 of 128 over 2 sequences {effect[slower_stream]:.2f}, "
+          f"newcomer's TTFT {effect[newcomer]:.2f}")
     four = set(effect.index) - {newcomer, slower_stream}
     expect_true("tells apart from no effect in every stored run: exactly those four knobs",
                 set(TELLS_APART[TELLS_APART].index) == four, sorted(TELLS_APART[TELLS_APART].index))
 
 # %% [markdown]
-# The prediction tells four knobs apart from no effect: `--max-num-seqs`'s throughput and TTFT,
-# prefix caching's TTFT gain and the chats' ITL gain from a smaller budget. It cannot for the
-# stream of `--max-num-seqs 128` against 2: a slowdown by a fifth or so, inside a measurement's
-# range. The newcomer's predicted cost is about the size of its measurement's range (between half
-# and one and a half times it), inside it in some stored runs and outside in others: one run on
-# this machine cannot settle it.
+# In every stored run the prediction told four knobs apart from no effect: `--max-num-seqs`'s
+# throughput and TTFT, prefix caching's TTFT gain and the chats' ITL gain from a smaller budget;
+# this run's predictions do too (checked above). It did not for two: the stream of
+# `--max-num-seqs 128` against 2 (predicted 1.2-1.3x slower there, while the measured ratio
+# spanned 0.97-1.70) and the newcomer's TTFT (a predicted cost about the size of its measurement's
+# range, inside it in some runs and outside in others). This run's figures for those two are
+# printed above. On a CPU whose price per token is higher, the stream's predicted slowdown can
+# stand clear of the stored range, but that range was measured on another machine: to judge it on
+# yours, rerun `scripts/measure_vllm_spread.py` there.
 
 # %% [markdown]
 # ## Measure: three servers, one after the other
