@@ -6,19 +6,47 @@
   known tokens, and samples exactly when it reaches the last known token.
 - ``check_ended``: at the end of a run every request finished with exactly its tokens and was
   released once, or was rejected (no tokens) or aborted (at most its tokens), with a reason.
+- ``ServingEngine``: what the drivers around the step (the loop, the fast path, the offline and
+  online drivers) may ask of an engine; ``batchlab.engine.Engine`` is the one that keeps it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from batchlab.plan import ScheduledChunk
+from batchlab.backends.base import Backend
+from batchlab.clock import Clock
+from batchlab.listener import EngineListener
+from batchlab.plan import Idle, ScheduledChunk
 from batchlab.requests import FinishReason, Request, RequestStatus
+from batchlab.schedulers.base import Scheduler
+from batchlab.trace import StepRecord, Trace
 
 
 class EngineError(RuntimeError):
     """The scheduler or backend broke the contract (a lost request, a deadlock, a bad plan)."""
+
+
+class ServingEngine(Protocol):
+    """An engine as its drivers see it: a run's state, one step, and the ways a request ends."""
+
+    scheduler: Scheduler
+    backend: Backend
+    clock: Clock
+    requests: dict[str, Request]     # every request of the run, in arrival order
+    steps: list[StepRecord]          # every step of the run
+    fast_decode_runs: bool           # may the simulator's fast path predict runs of decode steps?
+
+    def start(self, listener: EngineListener | None = None) -> float: ...
+    def add_request(self, req: Request, now: float) -> None: ...
+    def step(self, now: float) -> StepRecord | Idle: ...
+    def apply_decode_run(self, requests: list[Request], token: int, ends: list[float]) -> None: ...
+    def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None: ...
+    def abort(self, request_id: str, detail: str, now: float) -> bool: ...
+    def release_ended(self, t: float) -> None: ...
+    def finish(self, **meta) -> Trace: ...
 
 
 def fresh_workload(requests: Sequence[Request]) -> list[Request]:
@@ -97,7 +125,7 @@ def check_ended(workload: Sequence[Request], release_times: Mapping[str, float |
 
 def policy_params(scheduler) -> dict:
     """The policy's settings, from its config dataclass when it has one."""
-    config = getattr(scheduler, "config", None)
+    config = scheduler.config
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return dataclasses.asdict(config)
     return {}

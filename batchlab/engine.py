@@ -10,12 +10,17 @@ A serving engine is a loop around one step (nano-vllm's ``LLMEngine.step``, vLLM
     scheduler.remove_ended()                ended requests leave the queues and free their KV;
                                             their responses are released to clients
 
-Everything else is a *driver* around the step, each in its own module:
+Around the step runs one loop (``loop.py``: admit the arrivals, step, wait when idle), which
+every driver calls with its own arrivals:
 
-- ``offline.py`` (``Engine.run``): a known workload; arrivals, draining, idle jumps on the
-  virtual clock, a progress bar, and the simulator's fast path (``fast_path.py``);
+- ``offline.py`` (``Engine.run``): a known workload, with a progress bar and the simulator's
+  fast path (``fast_path.py``);
 - ``online.py`` (``Engine.run_online``): a server's loop on the wall clock; requests added and
-  aborted from other threads through an inbox, and a listener told of every token and end.
+  aborted from other threads through an inbox, and a listener told of every token and end;
+- ``cluster/replica.py``: each replica of a cluster, up to the next event of the cluster's clock.
+
+The drivers know the engine through ``contract.ServingEngine``: they sit under it in the
+package's layers and never import it.
 
 Rules the engine keeps:
 
@@ -38,6 +43,7 @@ duration and skips idle gaps) or ``"wall"`` (real time; requests arrive in real 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 from batchlab.backends.base import Backend
@@ -50,7 +56,7 @@ from batchlab.online import EngineInbox, serve_online
 from batchlab.plan import Idle, StepPlan
 from batchlab.requests import FinishReason, Request, RequestStatus
 from batchlab.schedulers.base import Scheduler
-from batchlab.trace import RequestRecord, StepRecord, Trace
+from batchlab.trace import StepRecord, Trace, request_records
 
 __all__ = ["Engine", "EngineError", "Idle"]
 
@@ -66,8 +72,7 @@ class Engine:
     def __init__(self, scheduler: Scheduler, backend: Backend, clock: str | Clock = "virtual",
                  fast_decode_runs: bool = True) -> None:
         if not isinstance(scheduler, Scheduler):
-            raise ValueError(f"scheduler={scheduler!r}; must be a batchlab Scheduler "
-                             "(StaticBatcher, DynamicBatcher, ContinuousBatcher, ...)")
+            raise ValueError(f"scheduler={scheduler!r}; must be a batchlab Scheduler (StaticBatcher, ...)")
         if not isinstance(backend, Backend):
             raise ValueError(f"backend={backend!r}; must be a batchlab Backend (SimBackend, ModelBackend)")
         check_bool("fast_decode_runs", fast_decode_runs)
@@ -81,21 +86,13 @@ class Engine:
 
     # --- the drivers ---------------------------------------------------------------------------------
     def run(self, requests: Sequence[Request], progress: bool = False) -> Trace:
-        """Serve ``requests`` (sorted by arrival, unique ids) to the end and return the trace.
-
-        The requests themselves are not modified; the trace holds what happened to each.
-        ``progress=True`` shows a tqdm bar over ended requests. (Driver: ``offline.py``.)
-        """
+        """Serve ``requests`` (sorted by arrival, unique ids; left unmodified) to the end and return
+        the trace; ``progress=True`` shows a bar over ended requests. (Driver: ``offline.py``.)"""
         return serve_offline(self, fresh_workload(requests), progress)
 
     def run_online(self, inbox: EngineInbox, listener: EngineListener | None = None) -> Trace:
         """Serve what ``inbox`` is given, as it comes, on the wall clock, until ``inbox.stop``.
         Runs in the calling thread; a server calls it from a thread of its own. (``online.py``.)"""
-        if self.clock.name != "wall":
-            raise ValueError(f"run_online needs the wall clock (Engine(..., clock='wall')), not "
-                             f"{self.clock.name!r}: requests arrive in real time")
-        if not isinstance(inbox, EngineInbox):
-            raise ValueError(f"inbox={inbox!r}; must be an EngineInbox")
         return serve_online(self, inbox, listener or EngineListener())
 
     # --- a run's state -------------------------------------------------------------------------------
@@ -111,8 +108,7 @@ class Engine:
         if self.scheduler.has_pending():
             raise EngineError(f"{self.scheduler!r} still holds requests from an earlier run; use a new scheduler")
         if self.backend.kv.used_tokens:
-            raise EngineError(f"the backend's KV cache still holds {self.backend.kv.used_tokens} tokens; "
-                              "use a new backend")
+            raise EngineError(f"the KV cache still holds {self.backend.kv.used_tokens} tokens; use a new backend")
         self.backend.reset()
         self.scheduler.bind(self.backend.kv)
         self._new_run(listener or EngineListener())
@@ -126,8 +122,7 @@ class Engine:
             self._end(req, FinishReason.REJECTED, f"request id {rid!r} is already in use")
             self.listener.on_end(req, now)
             return
-        self.requests[rid] = req
-        self.release_times[rid] = None
+        self.requests[rid], self.release_times[rid] = req, None
         reason = self.scheduler.why_unschedulable(req)
         if reason is None:
             self.scheduler.add_request(req)
@@ -145,7 +140,7 @@ class Engine:
         record = StepRecord(len(self.steps), start, duration, plan.chunks, plan.held_slots, plan.batch_id)
         self.steps.append(record)
         self._apply(plan, result.new_tokens, start, end)    # computed tokens, sampled tokens, ends
-        self.release(self.scheduler.remove_ended(), end)
+        self.release_ended(end)
         return record
 
     def _apply(self, plan: StepPlan, new_tokens: dict[str, int], start: float, end: float) -> None:
@@ -178,6 +173,20 @@ class Engine:
             elif len(req.output_ids) >= req.max_new_tokens:
                 self.end_request(req, FinishReason.LENGTH, end)
 
+    def apply_decode_run(self, requests: list[Request], token: int, ends: list[float]) -> None:
+        """``_apply`` for a run of decode steps that the simulator's fast path predicted, ending at
+        ``ends``: each request computed a token and sampled ``token`` per step; who is done ends."""
+        k, t, ended = len(ends), ends[-1], False
+        for req in requests:
+            req.num_computed_tokens += k
+            req.output_ids.extend([token] * k)
+            req.token_times.extend(ends)
+            if token in req.stop_token_ids or len(req.output_ids) >= req.max_new_tokens:
+                self.end_request(req, FinishReason.STOP if token in req.stop_token_ids else FinishReason.LENGTH, t)
+                ended = True
+        if ended:
+            self.release_ended(t)
+
     # --- how requests end ----------------------------------------------------------------------------
     def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None:
         """The one place a request ends. A finished one (length, stop) still sits in its batch, and
@@ -205,10 +214,11 @@ class Engine:
         self.end_request(req, FinishReason.ABORT, now, detail)
         return True
 
-    def release(self, released: list[Request], t: float) -> None:
-        """The scheduler hands back finished requests' responses at ``t`` (aborted ones already went)."""
+    def release_ended(self, t: float) -> None:
+        """Ended requests leave the scheduler (freeing their KV); the responses of finished ones it
+        releases go out at ``t`` (aborted and rejected ones went out when they ended)."""
         times = self.release_times
-        for req in released:
+        for req in self.scheduler.remove_ended():
             if req.status is RequestStatus.ABORTED:
                 continue
             rid = req.request_id
@@ -220,21 +230,33 @@ class Engine:
             times[rid] = t
             self.listener.on_end(req, t)
 
+    # --- a long-running server's memory ---------------------------------------------------------------
+    def forget_ended(self, keep: int) -> tuple[int, int]:
+        """Keep the run's record to its last ``keep`` ended requests, and the steps and preemptions
+        since the oldest request kept; returns how many requests and preemptions were dropped."""
+        requests, times = self.requests, self.release_times      # in arrival order
+        ended = [rid for rid, r in requests.items() if r.is_done and times.get(rid) is not None]
+        if len(ended) <= keep:
+            return 0, 0
+        for rid in ended[:len(ended) - keep]:                     # the oldest arrivals go first
+            del requests[rid], times[rid]
+        oldest = next(iter(requests.values())).arrival_time
+        del self.steps[:bisect.bisect_left(self.steps, oldest, key=lambda s: s.start)]
+        log = self.scheduler.preemptions
+        num_old = bisect.bisect_left(log, oldest, key=lambda p: p.time)
+        del log[:num_old]
+        return len(ended) - keep, num_old
+
     # --- the end of a run ----------------------------------------------------------------------------
     def finish(self, **meta) -> Trace:
         """Check that nobody was lost and return the run's trace (``meta`` adds labels)."""
         workload = list(self.requests.values())
         check_ended(workload, self.release_times, self.scheduler)
-        streamed = self.scheduler.streams_tokens
-        records = [RequestRecord(r.request_id, r.arrival_time, r.prompt_len, r.max_new_tokens, r.status,
-                                 r.finish_reason, r.first_scheduled_time, r.token_times,
-                                 self.release_times[r.request_id], streamed, r.output_ids, r.finish_detail)
-                   for r in workload]   # the lists move into the trace: the copies are ours
+        records = request_records(workload, self.release_times, self.scheduler.streams_tokens)
         preemptions = self.scheduler.preemptions[self._first_preemption:]
         meta = {"policy": type(self.scheduler).__name__, "policy_params": policy_params(self.scheduler),
-                "scheduler": repr(self.scheduler), "clock": self.clock.name,
-                "backend": self.backend.describe(), "num_requests": len(workload),
-                "num_rejected": sum(r.status is RequestStatus.REJECTED for r in workload),
+                "scheduler": repr(self.scheduler), "clock": self.clock.name, "backend": self.backend.describe(),
+                "num_requests": len(workload), "num_rejected": sum(r.status is RequestStatus.REJECTED for r in workload),
                 "num_aborted": sum(r.status is RequestStatus.ABORTED for r in workload),
                 "num_steps": len(self.steps), "num_fast_steps": 0, "num_preemptions": len(preemptions),
                 **meta}

@@ -2,41 +2,39 @@
 
 Most steps of a large simulation are plain decode steps that repeat with every sequence one
 token further on, until a request arrives or finishes. When the policy's own rules say that the
-next steps can only be such decodes (``steady``, below), the offline driver lets this module
+next steps can only be such decodes (below), the offline driver lets this module
 compute a whole run of them: one duration per step from the cost model, each step's chunks stored
 compactly (``DecodeChunks``, expanded only when read), and the requests and the KV accounting
 brought forward at once. The trace is the same as stepping the engine every time
 (``tests/test_engine.py`` checks it); only the Python work per decode token disappears. It
 applies only to the simulator (``SimBackend``) on the virtual clock.
 
-When is a run steady? After a step in which every chunk sampled a token and nobody finished:
+When is a run steady? After a step in which every chunk sampled a token and nobody finished, the
+fast path asks the policy (``Scheduler.decodes_steadily``), which knows its own rules:
 
-- **Continuous batching**: that step held every running request, in running order (so each now
-  decodes, in the order ``schedule`` lists them), and the head of the waiting queue cannot be
-  admitted (the running list is full, the decodes use the whole token budget, or it does not
-  fit the KV space). None of that changes before a request arrives or finishes: no KV space is
-  freed, and the number of decodes stays the same. On a paged cache every decode may need a new
-  block: the run stops before the step in which the free blocks would run out (the scheduler
-  would preempt someone), and it is not taken while the head of the queue could reuse cached
-  prefix blocks that the run's new blocks might evict.
+- **Continuous batching**: that step held every running request, in running order, and the head
+  of the waiting queue cannot be admitted (no seat, no budget, no KV room), nor reuse cached
+  prefix blocks that the run's new blocks might evict. None of that changes before a request
+  arrives or finishes.
 - **Static and dynamic batching**: a batch is running and that step was its latest: until a
   member finishes, each next step is one decode per unfinished member; arrivals only queue.
+
+How long a run may last, the policy and its KV space answer too
+(``Scheduler.decode_steps_with_room``): on a paged cache every decode may need a new block, and
+the run stops before the step in which the free blocks would run out (the scheduler would preempt
+someone). The run's KV growth is taken at once (``Scheduler.grow_for_decode_steps``) and its
+tokens are applied by the engine (``ServingEngine.apply_decode_run``), as stepping would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from batchlab.backends.simulator import PLACEHOLDER_TOKEN, SimBackend
-from batchlab.kv_blocks import BlockManager
+from batchlab.contract import ServingEngine
 from batchlab.plan import DecodeChunks, Idle, chunk_attention_pairs
-from batchlab.requests import FinishReason, Request, RequestStatus
-from batchlab.schedulers import ContinuousBatcher, RequestLevelBatcher
+from batchlab.requests import Request, RequestStatus
 from batchlab.trace import StepRecord
-
-if TYPE_CHECKING:
-    from batchlab.engine import Engine
 
 
 class DecodeRun:
@@ -94,61 +92,17 @@ def predict_decode_steps(run: DecodeRun, offset: int, now: float, stop_at: float
     return records
 
 
-def steps_before_blocks_run_out(held_tokens: Sequence[int], block_size: int, free_blocks: int) -> int:
-    """Decode steps (one token per sequence each) the sequences can take before a new block is
-    needed and none is free. A sequence holding ``h`` tokens takes a block in every step that
-    writes a position ``h + i - 1`` at the start of a block: first at step ``(-h) % block_size + 1``,
-    then every ``block_size`` steps; each cycle of ``block_size`` steps takes one block each."""
-    counts = [0] * block_size        # counts[r]: sequences whose next block comes at step r + 1
-    for h in held_tokens:
-        counts[(-h) % block_size] += 1
-    cycles, left = divmod(free_blocks, len(held_tokens))
-    for r, count in enumerate(counts):
-        if count > left:
-            return cycles * block_size + r
-        left -= count
-    return cycles * block_size + block_size     # not reached: the counts add up to more than left
-
-
-def steady(scheduler, request_ids: tuple[str, ...], held_slots: int, batch_id: int | None) -> bool:
-    """Do the policy's rules say that the next steps are one decode for each of ``request_ids``,
-    until a request arrives or finishes? (The module docstring gives the rules.)"""
-    if isinstance(scheduler, RequestLevelBatcher):
-        return (bool(scheduler.unfinished) and batch_id == scheduler.current_batch_id
-                and len(request_ids) == len(scheduler.unfinished))
-    running = scheduler.running
-    if len(request_ids) != len(running) or request_ids != tuple([r.request_id for r in running]):
-        return False
-    waiting, config = scheduler.waiting, scheduler.config
-    if not waiting or len(running) >= config.max_num_seqs:
-        return True
-    head = waiting[0]
-    if scheduler.first_chunk_tokens(head, config.max_num_batched_tokens - len(running)):
-        return False
-    return not _may_revive_cached_blocks(scheduler.kv, head)
-
-
-def _may_revive_cached_blocks(kv, head: Request) -> bool:
-    """Could the head of the queue hit cached blocks that nobody holds (so that a run's new blocks,
-    by evicting them, could change whether it fits)?"""
-    if not isinstance(kv, BlockManager) or not kv.enable_prefix_caching:
-        return False
-    return any(kv.ref_count[b] == 0 for b in kv.prefix_hits(head.prompt_ids, head.num_known_tokens - 1))
-
-
 class DecodeRuns:
     """The fast path as the offline driver uses it: ``after_step`` after every engine step, then
     ``advance`` before the next one, which computes a run of steps when one is steady."""
 
     @staticmethod
-    def applies(engine: "Engine") -> bool:
-        return (engine.fast_decode_runs and engine.clock.name == "virtual"
-                and isinstance(engine.backend, SimBackend)
-                and isinstance(engine.scheduler, (ContinuousBatcher, RequestLevelBatcher)))
+    def applies(engine: ServingEngine) -> bool:
+        """On the simulator's virtual clock (a step's duration is known before it runs)."""
+        return engine.fast_decode_runs and engine.clock.name == "virtual" and isinstance(engine.backend, SimBackend)
 
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: ServingEngine) -> None:
         self.engine = engine
-        self.grows = isinstance(engine.scheduler, ContinuousBatcher)   # it grows KV every step
         self.run: DecodeRun | None = None     # the run in progress, and its offset
         self.offset = 0
         self.last: StepRecord | None = None   # the last engine step, until a run starts from it
@@ -173,9 +127,9 @@ class DecodeRuns:
         or a block shortage; return the new ``now``, or None if no step can be predicted."""
         engine = self.engine
         run = self.current_run()
-        if run is None or not steady(engine.scheduler, run.request_ids, run.held_slots, run.batch_id):
+        if run is None or not self._steady(run):
             return None
-        max_offset = min(run.last_offset, self.offset + self._steps_kv_allows(run))
+        max_offset = self.offset + self._steps_with_room(run)
         if max_offset == self.offset:
             return None
         stop_at = float("inf") if next_arrival is None else next_arrival
@@ -183,53 +137,33 @@ class DecodeRuns:
                                        engine.backend.step_duration)
         engine.steps.extend(records)
         self._bring_forward(run, records)
-        self.offset += len(records)
         self.num_steps += len(records)
-        t = records[-1].end
-        if self.offset == run.last_offset:
-            self._finish(run, t)
-        return t
+        return records[-1].end
 
     def current_run(self) -> DecodeRun | None:
         """The run in progress, or one that starts from the last engine step if that is steady."""
-        if self.run is None and self.last is not None and self._steady(self.last):
+        last = self.last
+        if self.run is None and last is not None and self.engine.scheduler.decodes_steadily(
+                tuple([c.request_id for c in last.chunks]), last.held_slots, last.batch_id):
             self.run = self._start_run()
         return self.run
 
-    def _steady(self, step: StepRecord) -> bool:
-        """The policy's promise, asked before a run is built for ``step``."""
-        ids = tuple([c.request_id for c in step.chunks])
-        return steady(self.engine.scheduler, ids, step.held_slots, step.batch_id)
+    def _steady(self, run: DecodeRun) -> bool:
+        """The policy's promise, asked again before each stretch of the run."""
+        return self.engine.scheduler.decodes_steadily(run.request_ids, run.held_slots, run.batch_id)
 
-    def _steps_kv_allows(self, run: DecodeRun) -> int:
-        kv = self.engine.scheduler.kv
-        if not (self.grows and isinstance(kv, BlockManager)):
-            return run.last_offset
-        # Plenty of free blocks (each sequence's growth to the run's end, plus one): no count needed.
-        if kv.num_free_blocks >= run.num_seqs * ((run.last_offset - self.offset) // kv.block_size + 2):
-            return run.last_offset
-        held = [kv.num_tokens_of[rid] for rid in run.request_ids]
-        return steps_before_blocks_run_out(held, kv.block_size, kv.num_free_blocks)
+    def _steps_with_room(self, run: DecodeRun) -> int:
+        """Steps from ``offset`` to the run's first finish that the KV room allows."""
+        return self.engine.scheduler.decode_steps_with_room(run.request_ids, run.last_offset - self.offset)
 
     def _bring_forward(self, run: DecodeRun, records: list[StepRecord]) -> None:
-        """Each request of ``run`` computed one token and got one (a placeholder) per step."""
-        k, ends = len(records), [s.end for s in records]
-        kv, tokens = self.engine.scheduler.kv, [PLACEHOLDER_TOKEN] * k
-        for req in run.requests:
-            if self.grows and not kv.grow(req.request_id, k):
-                raise AssertionError(f"{req.request_id!r} could not grow by {k}: the run was sized to fit")
-            req.num_computed_tokens += k
-            req.output_ids.extend(tokens)
-            req.token_times.extend(ends)
-
-    def _finish(self, run: DecodeRun, t: float) -> None:
-        """The run's last step: the requests that produced their last token end."""
-        for req, remaining in zip(run.requests, run.remaining):
-            if remaining == self.offset:
-                stopped = req.output_ids[-1] in req.stop_token_ids
-                self.engine.end_request(req, FinishReason.STOP if stopped else FinishReason.LENGTH, t)
-        self.engine.release(self.engine.scheduler.remove_ended(), t)
-        self.run = None
+        """Each request of ``run`` computed one token and got one (a placeholder) per step; those
+        that produced their last token end (the engine applies them, as in a step)."""
+        self.engine.scheduler.grow_for_decode_steps(run.request_ids, len(records))
+        self.engine.apply_decode_run(run.requests, PLACEHOLDER_TOKEN, [s.end for s in records])
+        self.offset += len(records)
+        if self.offset == run.last_offset:
+            self.run = None
 
 
-__all__ = ["DecodeRun", "DecodeRuns", "predict_decode_steps", "steady", "steps_before_blocks_run_out"]
+__all__ = ["DecodeRun", "DecodeRuns", "predict_decode_steps"]

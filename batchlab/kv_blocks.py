@@ -65,6 +65,22 @@ def chain_hash(parent: int | None, block_tokens: Sequence[int]) -> int:
     return hash((parent, tuple(block_tokens)))
 
 
+def steps_before_blocks_run_out(held_tokens: Sequence[int], block_size: int, free_blocks: int) -> int:
+    """Decode steps (one token per sequence each) the sequences can take before a new block is
+    needed and none is free. A sequence holding ``h`` tokens takes a block in every step that
+    writes a position ``h + i - 1`` at the start of a block: first at step ``(-h) % block_size + 1``,
+    then every ``block_size`` steps; each cycle of ``block_size`` steps takes one block each."""
+    counts = [0] * block_size        # counts[r]: sequences whose next block comes at step r + 1
+    for h in held_tokens:
+        counts[(-h) % block_size] += 1
+    cycles, left = divmod(free_blocks, len(held_tokens))
+    for r, count in enumerate(counts):
+        if count > left:
+            return cycles * block_size + r
+        left -= count
+    return cycles * block_size + block_size     # not reached: the counts add up to more than left
+
+
 class BlockPool:
     """The blocks themselves: reference counts, the free blocks (cached ones in LRU order), and the
     prefix cache's hashes.
@@ -133,6 +149,12 @@ class BlockPool:
                 break
             hits.append(block)
         return hits
+
+    def reuses_unheld_blocks(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:
+        """Would the prompt hit cached blocks that nobody holds (free ones, which new blocks evict)?"""
+        if not self.enable_prefix_caching:
+            return False
+        return any(self.ref_count[b] == 0 for b in self.prefix_hits(prompt_ids, max_tokens))
 
     def block_chain(self, prompt_ids: Sequence[int], num_blocks: int) -> tuple[list[int], list[tuple[int, ...]]]:
         """The chained hashes and the token ids of (at least) the first ``num_blocks`` full blocks
@@ -345,6 +367,13 @@ class BlockManager(BlockPool):
         self._room[request_id] = room if self.max_seq_len is None else min(room, self.max_seq_len)
         return True
 
+    def decode_steps_with_room(self, request_ids: Sequence[str], wanted: int) -> int:
+        """How many of ``wanted`` decode steps (a token per sequence each) the free blocks allow."""
+        free, size = self.num_free_blocks, self.block_size
+        if free >= len(request_ids) * (wanted // size + 2):   # plenty: each one's growth, and one more
+            return wanted
+        return min(wanted, steps_before_blocks_run_out([self.num_tokens_of[r] for r in request_ids], size, free))
+
     def _hash_full_prompt_blocks(self, request_id: str) -> None:
         """Register the sequence's prompt blocks that are now full (their tokens are computed in the
         step being planned) so later sequences can hit them."""
@@ -385,9 +414,8 @@ class BlockManager(BlockPool):
         check_books(self)
 
     def __repr__(self) -> str:
-        return (f"BlockManager({self.used_blocks}/{self.num_blocks} blocks of {self.block_size} used, "
-                f"seqs={len(self.tables)}, cached={self.num_cached_blocks}, "
-                f"prefix_caching={self.enable_prefix_caching})")
+        return (f"BlockManager({self.used_blocks}/{self.num_blocks} blocks of {self.block_size} used, seqs="
+                f"{len(self.tables)}, cached={self.num_cached_blocks}, prefix_caching={self.enable_prefix_caching})")
 
 
 def check_books(kv: BlockManager) -> None:

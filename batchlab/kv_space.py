@@ -12,6 +12,11 @@ return types, so a scheduler never asks which kind it has:
   grows each of many decoding sequences by one token, stopping at the first without room.
 - ``free(id)``: the sequence ended (or was preempted); its room is reusable at the next step.
 - ``fits_ever(n)``: could a sequence of ``n`` tokens ever fit an empty cache? (False: reject it.)
+- Two questions the simulator's fast path asks before it predicts a run of decode steps
+  (``fast_path.py``): ``decode_steps_with_room(ids, wanted)``, how many of ``wanted`` steps (one
+  token per sequence each) the sequences can take before one finds no room; and
+  ``reuses_unheld_blocks(prompt_ids, max_tokens)``, would a new prompt reuse cached blocks that
+  no sequence holds (which the run's new blocks could evict)?
 
 The two kinds differ in what admission takes, not in the calls:
 
@@ -36,6 +41,10 @@ from batchlab.checks import check_int
 @runtime_checkable
 class KVSpace(Protocol):
     """The KV-cache accounting a scheduler sees (see the module docstring)."""
+
+    max_seq_len: int | None          # the longest sequence allowed (None: the whole cache)
+    block_size: int | None           # tokens per block of a paged space (None: a reserving one)
+    num_hit_tokens: int              # prompt tokens served from a prefix cache, over the run
 
     @property
     def capacity_tokens(self) -> int: ...
@@ -70,6 +79,13 @@ class KVSpace(Protocol):
     def free(self, request_id: str) -> None:
         """Release a sequence's space; it can be reused at the very next step."""
 
+    def decode_steps_with_room(self, request_ids: Sequence[str], wanted: int) -> int:
+        """How many of ``wanted`` decode steps (one token per sequence each) the sequences can
+        all take before one of them would find no room."""
+
+    def reuses_unheld_blocks(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:
+        """Would a prompt's first ``max_tokens`` tokens reuse cached KV that no sequence holds?"""
+
 
 class ReservingKVSpace:
     """The contract for a space that reserves a sequence's whole length when it is admitted.
@@ -78,6 +94,10 @@ class ReservingKVSpace:
     reservation goes (``_reserve``, ``_unreserve``); admission, growth within the reservation,
     and release are the same for all of them. Nothing is shared between sequences.
     """
+
+    max_seq_len: int | None = None
+    block_size: int | None = None      # not paged
+    num_hit_tokens: int = 0            # nothing is shared
 
     def __init__(self) -> None:
         self._reserved: dict[str, int] = {}    # the tokens each sequence may use (its max_tokens)
@@ -121,6 +141,12 @@ class ReservingKVSpace:
 
     def grow_each(self, request_ids: Sequence[str]) -> int:
         return len(request_ids)
+
+    def decode_steps_with_room(self, request_ids: Sequence[str], wanted: int) -> int:
+        return wanted
+
+    def reuses_unheld_blocks(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:
+        return False          # nothing is shared, so nothing is cached for later
 
     def free(self, request_id: str) -> None:
         try:

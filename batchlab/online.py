@@ -2,14 +2,15 @@
 
 Offline, ``Engine.run(workload)`` knows every request and its arrival time in advance. A server
 does not: requests come in from other threads (HTTP handlers) while the loop is running, clients
-go away, and the server is stopped at some point. ``Engine.run_online(inbox, listener)`` drives
-the same ``Engine.step`` on the wall clock (``serve_online`` below), with two differences:
+go away, and the server is stopped at some point. ``Engine.run_online(inbox, listener)`` runs
+the same loop (``loop.run_until``) on the wall clock (``serve_online`` below), with two
+differences:
 
-- At the top of every pass it reads an ``EngineInbox``: a thread-safe list of commands (``add``
-  a request, ``abort`` one, ``stop``). An added request arrives at the moment ``add`` was called
-  (its ``arrival_time`` is set then, on the engine's clock). When there is nothing to run, the
-  loop waits on the inbox (until a command comes, or the scheduler's timer is due) instead of
-  ending.
+- Its arrivals are an ``EngineInbox``: a thread-safe list of commands (``add`` a request,
+  ``abort`` one, ``stop``), read at the top of every pass. An added request arrives at the moment
+  ``add`` was called (its ``arrival_time`` is set then, on the engine's clock). When there is
+  nothing to run, the loop waits on the inbox (until a command comes, or the scheduler's timer is
+  due) instead of ending.
 - It tells a listener (``listener.py``) what happens as it happens: ``on_token`` for every token
   the moment its step ends, ``on_end`` when a request's response is complete (finished and
   released, rejected, or aborted). A server streams from these.
@@ -23,20 +24,19 @@ everything still in flight with that reason, then the loop returns its trace.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from batchlab.clock import Clock
+from batchlab.contract import ServingEngine
 from batchlab.listener import EngineListener
-from batchlab.plan import Idle
+from batchlab.loop import Arrivals, run_until
 from batchlab.requests import Request
+from batchlab.trace import Trace
 
-if TYPE_CHECKING:   # the engine imports this driver, not the other way round
-    from batchlab.engine import Engine
-    from batchlab.trace import Trace
-
-__all__ = ["EngineInbox", "EngineListener", "InboxCommands", "serve_online"]
+__all__ = ["EngineInbox", "EngineListener", "InboxArrivals", "InboxCommands", "serve_online"]
 
 
 @dataclass
@@ -110,36 +110,41 @@ class EngineInbox:
 
 
 # --- the driver ------------------------------------------------------------------------------------
-def serve_online(engine: "Engine", inbox: EngineInbox, listener: EngineListener) -> "Trace":
+class InboxArrivals(Arrivals):
+    """The loop's arrivals from an inbox: its adds, aborts and stop, applied at each pass."""
+
+    def __init__(self, inbox: EngineInbox) -> None:
+        self.inbox = inbox
+
+    def admit(self, engine: ServingEngine, now: float) -> None:
+        commands = self.inbox.take()
+        perf_now = time.perf_counter()
+        requests = engine.requests
+        for req, added_at in commands.adds:
+            # It arrived when it was added (on this clock), never before the previous arrival.
+            previous = next(reversed(requests.values())).arrival_time if requests else 0.0
+            req.arrival_time = max(now - (perf_now - added_at), previous, 0.0)
+            engine.add_request(req, now)
+        aborts = commands.aborts
+        if commands.stop_reason is not None:
+            aborts = aborts + [(rid, commands.stop_reason) for rid, r in requests.items() if not r.is_done]
+        if aborts and any([engine.abort(rid, why, now) for rid, why in aborts]):
+            engine.release_ended(now)    # aborted running requests leave the scheduler and free their KV
+        self.exhausted = self.inbox.stopping
+
+    def wait(self, clock: Clock, now: float, target: float) -> float:
+        """Idle until a command is given or the scheduler's timer is due."""
+        self.inbox.wait(None if target == math.inf else max(0.0, target - now))
+        return clock.now(now)
+
+
+def serve_online(engine: ServingEngine, inbox: EngineInbox, listener: EngineListener) -> Trace:
     """Run ``engine`` on what ``inbox`` is given until it is stopped and nothing is in flight."""
+    if engine.clock.name != "wall":
+        raise ValueError(f"run_online needs the wall clock (Engine(..., clock='wall')), not "
+                         f"{engine.clock.name!r}: requests arrive in real time")
+    if not isinstance(inbox, EngineInbox):
+        raise ValueError(f"inbox={inbox!r}; must be an EngineInbox")
     wall_start = time.perf_counter()
-    now = engine.start(listener)
-    while True:
-        now = engine.clock.now(now)
-        if not _read_inbox(engine, inbox, now):
-            return engine.finish(wall_seconds=time.perf_counter() - wall_start)
-        out = engine.step(now)
-        if isinstance(out, Idle):        # idle: wait for a command, or the scheduler's timer
-            inbox.wait(None if out.wake_at is None else out.wake_at - now)
-        else:
-            now = out.end
-
-
-def _read_inbox(engine: "Engine", inbox: EngineInbox, now: float) -> bool:
-    """Admit added requests, apply aborts and a stop. False when the loop should end (stopped
-    and nothing left in flight)."""
-    commands = inbox.take()
-    perf_now = time.perf_counter()
-    requests = engine.requests
-    for req, added_at in commands.adds:
-        # It arrived when it was added (on this clock), never before the previous arrival.
-        previous = next(reversed(requests.values())).arrival_time if requests else 0.0
-        req.arrival_time = max(now - (perf_now - added_at), previous, 0.0)
-        engine.add_request(req, now)
-    aborts = commands.aborts
-    if commands.stop_reason is not None:
-        aborts = aborts + [(rid, commands.stop_reason) for rid, r in requests.items() if not r.is_done]
-    if aborts and any([engine.abort(rid, why, now) for rid, why in aborts]):
-        # Aborted running requests leave the scheduler (and free their KV) now, as after a step.
-        engine.release(engine.scheduler.remove_ended(), now)
-    return not (inbox.stopping and not engine.scheduler.has_pending())
+    run_until(engine, InboxArrivals(inbox), engine.start(listener))
+    return engine.finish(wall_seconds=time.perf_counter() - wall_start)

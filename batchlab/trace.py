@@ -11,13 +11,13 @@ handed back), and ``visible_token_times`` gives what the client saw.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
 from batchlab.plan import ScheduledChunk, chunk_counts
-from batchlab.requests import FinishReason, RequestStatus
+from batchlab.requests import FinishReason, Request, RequestStatus
 
 
 @dataclass(slots=True)
@@ -94,6 +94,14 @@ class RequestRecord:
     @property
     def finish_time(self) -> float | None:
         return self.token_times[-1] if self.token_times else None
+
+
+def request_records(requests: Sequence[Request], release_times: Mapping[str, float | None],
+                    streamed: bool) -> list[RequestRecord]:
+    """Each ended request's record; its token lists move into the trace (the run's own copies)."""
+    return [RequestRecord(r.request_id, r.arrival_time, r.prompt_len, r.max_new_tokens, r.status, r.finish_reason,
+                          r.first_scheduled_time, r.token_times, release_times[r.request_id], streamed,
+                          r.output_ids, r.finish_detail) for r in requests]
 
 
 @dataclass(frozen=True)

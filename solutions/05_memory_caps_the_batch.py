@@ -3,7 +3,7 @@
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.model.shapes import ModelShape, model_shape
+from batchlab.shapes import ModelShape, model_shape
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 

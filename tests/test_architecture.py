@@ -1,9 +1,10 @@
 """The package's shape: imports only run downward, and the serving core stays readable.
 
 The layers, lowest first. A module may import from its own layer's unit (its folder, or itself)
-and from any lower layer, never from a higher one. Imports under ``if TYPE_CHECKING:`` are for
-type hints only and are not counted (the drivers name ``Engine`` in hints; the engine imports
-them).
+and from any lower layer, never from a higher one. Every import counts, those under
+``if TYPE_CHECKING:`` and those inside functions too, so the package has no import cycle between
+units: the drivers around the step know the engine through ``contract.ServingEngine`` and never
+import it.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ LAYERS = [
     ["trace", "listener"],
     ["kv_space"],
     ["kv_blocks"],
+    ["shapes"],                        # models' sizes as data: weights, work and KV bytes per token
     ["model"],                         # tensors: the model, its step, the KV caches' storage
     ["schedulers"],                    # policies: plan against the KV contract, never tensors
     ["backends"],                      # what computes a step: the model, or the simulator
-    ["clock", "contract"],
-    ["fast_path"],                     # the simulator's bulk decode runs (offline driver only)
-    ["offline", "online"],             # the drivers around Engine.step
-    ["engine"],
+    ["clock", "contract"],             # the contract: what the engine checks, and what it offers
+    ["fast_path"],                     # the simulator's bulk decode runs
+    ["loop"],                          # the serving loop around any ServingEngine
+    ["offline", "online"],             # the drivers: the loop with their arrivals
+    ["engine"],                        # the step (Engine.run and run_online call the drivers)
     ["workloads"],
     ["analysis"],                      # reads traces only
     ["experiments"],                   # the lessons' measurements, calibration among them
@@ -41,7 +44,7 @@ LAYERS = [
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 # The serving core: no function longer than this, no class longer than that (docstrings count).
-CORE = ["engine.py", "offline.py", "online.py", "fast_path.py", "contract.py", "kv_space.py",
+CORE = ["engine.py", "loop.py", "offline.py", "online.py", "fast_path.py", "contract.py", "kv_space.py",
         "kv_blocks.py", "schedulers", "backends", "model"]
 MAX_FUNCTION_LINES, MAX_CLASS_LINES = 40, 200
 
@@ -57,16 +60,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
-    """``(line, module)`` for every batchlab import outside ``if TYPE_CHECKING:`` blocks."""
-    hidden: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            hidden |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+def batchlab_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, module)`` for every batchlab import in the file, wherever it stands."""
     found = []
     for node in ast.walk(tree):
-        if id(node) in hidden:
-            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "batchlab":
             found.append((node.lineno, node.module))
         elif isinstance(node, ast.Import):
@@ -83,11 +80,24 @@ def test_imports_only_run_downward():
     upward = []
     for path in sorted(PACKAGE.rglob("*.py")):
         importer = unit_of(module_name(path))
-        for line, module in runtime_imports(ast.parse(path.read_text())):
+        for line, module in batchlab_imports(ast.parse(path.read_text())):
             imported = unit_of(module)
             if imported != importer and LAYER_OF[imported] > LAYER_OF[importer]:
                 upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({importer}) imports {module}")
     assert not upward, "imports that run upward:\n" + "\n".join(upward)
+
+
+def test_no_import_cycle_between_units():
+    """Units of one layer may import each other one way only (the layers order the rest)."""
+    edges: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = unit_of(module_name(path))
+        for _, module in batchlab_imports(ast.parse(path.read_text())):
+            if unit_of(module) != importer:
+                edges.setdefault(importer, set()).add(unit_of(module))
+    both_ways = sorted({tuple(sorted((a, b))) for a, targets in edges.items() for b in targets
+                        if a in edges.get(b, set())})
+    assert not both_ways, f"units that import each other: {both_ways}"
 
 
 def core_files() -> list[Path]:

@@ -372,6 +372,9 @@ class NeverPlans(Scheduler):
     def has_pending(self):
         return bool(self.queue)
 
+    def running_requests(self):
+        return []
+
 
 def test_a_scheduler_that_holds_work_but_plans_nothing_is_a_deadlock():
     with pytest.raises(EngineError, match=r"deadlock: .* holds 2 unfinished requests .*'r0', 'r1'"):

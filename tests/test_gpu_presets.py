@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.backends.decoder_shape import MODEL_SHAPES, LayerShape
+from batchlab.shapes import MODEL_SHAPES, LayerShape
 from batchlab.backends.device_presets import DEVICE_PRESETS_PATH, load_device_presets
 from batchlab.backends.kernel_fit import fit_device
 from batchlab.backends.kernel_profiles import compare_profile, error_summary, guess_device, layer_shape_of, \

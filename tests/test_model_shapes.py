@@ -1,8 +1,11 @@
 """Model shapes as data: bytes per token by hand, and against the embedded model's own cache."""
 
+import dataclasses
+import json
+
 import pytest
 
-from batchlab.model.shapes import ModelShape, load_model_shapes, model_shape
+from batchlab.shapes import ModelShape, load_model_shapes, model_shape
 
 
 def test_shapes_have_sources_and_bytes_per_token_worked_out_by_hand():
@@ -26,10 +29,45 @@ def test_smollm2_shape_matches_the_embedded_model_and_its_cache(lm, weights):
 
 def test_bad_shapes_and_names_are_refused():
     with pytest.raises(ValueError, match=r"num_layers=0; must be an int >= 1 \(model shape 'x'\)"):
-        ModelShape("x", 0, 1, 1, "float32", "made up")
+        ModelShape("x", 0, 8, 1, 1, 8, 16, 32, True, "made up", "float32")
     with pytest.raises(ValueError, match=r"dtype='int3'; must be one of \["):
-        ModelShape("x", 1, 1, 1, "int3", "made up")
-    with pytest.raises(ValueError, match=r"name='GPT-9'; must be one of \["):
+        ModelShape("x", 1, 8, 1, 1, 8, 16, 32, True, "made up", "int3")
+    with pytest.raises(ValueError, match=r"shape='GPT-9'; must be one of \["):
         model_shape("GPT-9")
     with pytest.raises(ValueError, match="block_size=0"):
         model_shape("Llama-3-8B").num_blocks(2**30, 0)
+
+
+LLAMA3_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+                 "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                 "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def test_a_config_json_reads_as_the_table_s_shape(tmp_path):
+    path = tmp_path / "Meta-Llama-3-8B" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(LLAMA3_CONFIG))
+    shape = model_shape(str(path))
+    table = model_shape("Llama-3-8B")
+    assert shape.name == "Meta-Llama-3-8B" and str(path) in shape.source
+    assert dataclasses.replace(shape, name=table.name, source=table.source) == table
+    assert shape.num_params == 8_030_261_248
+    mha = ModelShape.from_config({**LLAMA3_CONFIG, "num_key_value_heads": None, "torch_dtype": None}, "mha", "test")
+    assert (mha.num_kv_heads, mha.head_dim, mha.dtype) == (32, 128, "bfloat16")
+    qwen = ModelShape.from_config({**LLAMA3_CONFIG, "architectures": ["Qwen2ForCausalLM"], "head_dim": 64}, "q", "t")
+    assert qwen.head_dim == 64 and qwen.kv_bytes_per_token(2) == 2 * 32 * 8 * 64 * 2
+
+
+def test_configs_it_cannot_describe_are_refused_by_name(tmp_path):
+    moe = {**LLAMA3_CONFIG, "architectures": ["MixtralForCausalLM"], "num_local_experts": 8}
+    with pytest.raises(ValueError, match=r"architectures=\['MixtralForCausalLM'\]; must be one of .*mixture of "
+                                         r"experts \(num_local_experts\)"):
+        ModelShape.from_config(moe, "mixtral", "test")
+    with pytest.raises(ValueError, match=r"architectures=\['FalconForCausalLM'\].*not a dense Llama-style"):
+        ModelShape.from_config({**LLAMA3_CONFIG, "architectures": ["FalconForCausalLM"]}, "falcon", "test")
+    with pytest.raises(ValueError, match=r"lacks \['vocab_size'\]"):
+        ModelShape.from_config({k: v for k, v in LLAMA3_CONFIG.items() if k != "vocab_size"}, "x", "test")
+    with pytest.raises(ValueError, match="not a readable config.json"):
+        model_shape(str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=r"tensor_parallel=3; must divide num_heads=32"):
+        model_shape("Llama-3-8B").layer.projections(3)

@@ -24,7 +24,7 @@ def test_a_plain_install_has_its_data_files(tmp_path):
         "corpus = w.CorpusPrompts(lambda text: [len(word) for word in text.split()])\n"
         "reqs = w.make_workload(3, prompt_len=5, output_len=2, arrival='at_once', prompt_source=corpus)\n"
         "assert all(len(r.prompt_ids) == 5 for r in reqs)\n"
-        "from batchlab.model.shapes import load_model_shapes\n"
+        "from batchlab.shapes import load_model_shapes\n"
         "from batchlab.backends.roofline import load_device_presets\n"
         "assert 'Llama-3-8B' in load_model_shapes() and 'H100' in ' '.join(load_device_presets())\n"
         "print(w.CORPUS_PATH)\n" % target)

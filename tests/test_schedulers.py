@@ -12,7 +12,6 @@ import random
 
 import pytest
 
-from batchlab.fast_path import steady
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
@@ -28,7 +27,7 @@ def make_request(rid: str, prompt_len: int = 4, max_new_tokens: int = 3, arrival
 
 def promises(scheduler: Scheduler, plan: StepPlan) -> bool:
     """The simulator's fast-path promise (``batchlab.fast_path.steady``) after ``plan``."""
-    return steady(scheduler, tuple(c.request_id for c in plan.chunks), plan.held_slots, plan.batch_id)
+    return scheduler.decodes_steadily(tuple(c.request_id for c in plan.chunks), plan.held_slots, plan.batch_id)
 
 
 class EngineStandIn:

@@ -6,8 +6,8 @@
 - ``simulator``      steps take the time a cost model predicts; nothing is computed
 - ``cost_model``     the step-time formula and its fit to measured steps
 - ``roofline``       the GPU step-time formula (datasheet roofline, or grounded in measured kernels)
-- ``decoder_shape``, ``device_presets``, ``kernels``, ``grounded_step``  its pieces: models' shapes,
-                     GPU presets, one kernel's time, a whole step summed kernel by kernel
+- ``device_presets``, ``kernels``, ``grounded_step``  its pieces: GPU presets, one kernel's
+                     time, a whole step summed kernel by kernel (models' shapes: ``batchlab.shapes``)
 - ``kernel_profiles``, ``kernel_fit``  measured kernel times (``data/gpu_kernels/``) read, compared
                      with a preset, and fitted into one
 

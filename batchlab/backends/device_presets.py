@@ -17,9 +17,9 @@ from pathlib import Path
 
 from batchlab.backends.kernels import KernelEfficiency, KernelModel
 from batchlab.checks import check_number
+from batchlab.shapes import DTYPE_BYTES
 
 DEVICE_PRESETS_PATH = Path(__file__).resolve().parent / "device_presets.json"   # package data
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _PRESET_KEYS = {"memory_bandwidth_GBps", "peak_tflops", "dtype", "memory_GB", "source", "kernels"}
 _FITTED_KEYS = {"bandwidth_fraction", "compute_fraction", "transition_p", "matmul_latency_us",
                 "small_op_bandwidth_fraction", "small_op_latency_us", "source", "fit"}

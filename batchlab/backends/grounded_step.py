@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchlab.backends.decoder_shape import ModelShape
 from batchlab.backends.kernels import KernelModel
+from batchlab.shapes import ModelShape
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from batchlab.backends.decoder_shape import SMALL_OPS_PER_LAYER
 from batchlab.backends.kernel_profiles import MAX_TOKENS, PROJECTION_COLUMNS, SMALL_OP_COLUMNS, compare_profile, \
     error_summary, layer_shape_of, measured_layer_ms
 from batchlab.backends.kernels import KernelEfficiency, KernelModel
+from batchlab.shapes import SMALL_OPS_PER_LAYER
 
 MEMORY_BOUND_TOKENS = 8
 P_RANGE = (1.0, 4.0)

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 import batchlab
-from batchlab.backends.decoder_shape import LayerShape
 from batchlab.backends.kernels import KernelModel
+from batchlab.shapes import LayerShape
 
 SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp")
 PROJECTION_COLUMNS = ("attn_pre_proj_ms", "attn_post_proj_ms", "mlp_up_proj_ms", "mlp_down_proj_ms")

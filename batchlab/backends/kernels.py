@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchlab.backends.decoder_shape import SMALL_OPS_PER_LAYER, LayerShape
 from batchlab.checks import check_int, check_number
+from batchlab.shapes import SMALL_OPS_PER_LAYER, LayerShape
 
 
 def check_fraction(name: str, value: object) -> None:

@@ -35,7 +35,7 @@ divided by the queries per sequence, at most a tile. Counting every pair as a re
 is compute-bound. For a step that mixes decodes with a prompt chunk, ``num_tokens / num_seqs`` is
 an average, so the keys read are approximate there.
 
-The pieces: ``decoder_shape`` (``ModelShape``; ``MODEL_SHAPES`` holds SmolLM2-135M, Llama-2-7B
+The pieces: ``batchlab.shapes`` (``ModelShape``; ``MODEL_SHAPES`` holds SmolLM2-135M, Llama-2-7B
 and Llama-3-8B, each with its source), ``device_presets`` (``DevicePreset``:
 ``load_device_presets`` reads ``batchlab/backends/device_presets.json``: T4, L4, A100, H100,
 H200), ``RooflineCostModel`` (the formula, with ``predict``/``predict_features`` like
@@ -52,12 +52,11 @@ import numpy as np
 import pandas as pd
 
 from batchlab.backends.cost_model import FEATURES, CostModel, StepTimeModel, features_df
-from batchlab.backends.decoder_shape import MODEL_SHAPES, LayerShape, ModelShape, model_shape
-from batchlab.backends.device_presets import (DEVICE_PRESETS_PATH, DTYPE_BYTES, DevicePreset, device_preset,
-                                              load_device_presets)
+from batchlab.backends.device_presets import DEVICE_PRESETS_PATH, DevicePreset, device_preset, load_device_presets
 from batchlab.backends.grounded_step import GroundedStep
 from batchlab.backends.kernels import KernelEfficiency, KernelModel
 from batchlab.checks import check_bool, check_int, check_number
+from batchlab.shapes import DTYPE_BYTES, MODEL_SHAPES, LayerShape, ModelShape, model_shape
 from batchlab.trace import StepRecord, Trace
 
 __all__ = ["DEVICE_PRESETS_PATH", "DTYPE_BYTES", "FORMULA", "GROUNDED_FORMULA", "MODEL_SHAPES", "DevicePreset",

@@ -140,7 +140,7 @@ class ClusterRun:
 
     def reusable_tokens(self, rep: Replica, view: RouteRequest) -> int:
         """Prompt tokens the replica's cache holds for ``view`` now (what admission could reuse)."""
-        block_size = getattr(rep.engine.backend.kv, "block_size", None)
+        block_size = rep.engine.backend.kv.block_size
         if block_size is None or view.prompt_ids is None:
             return 0
         hashes = view.hashes(block_size)

@@ -8,7 +8,7 @@ brought up to each arrival's time (the router must see which requests ended befo
 run would stop ``N`` times more often, and each stop costs work for every request in the run.
 
 ``LazyDecodeRuns`` predicts the same steps with the same rules (it reuses ``DecodeRun``,
-``steady`` and ``predict_decode_steps``) but brings them forward only when something looks:
+the policy's answers and ``predict_decode_steps``) but brings them forward only when something looks:
 
 - before the replica's engine takes a step, before a request is added to it, before anyone
   reads its KV cache (``sync``);
@@ -23,20 +23,17 @@ only get further from fitting). The steps, and so the trace, are those of steppi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from batchlab.fast_path import DecodeRuns, predict_decode_steps, steady
+from batchlab.contract import ServingEngine
+from batchlab.fast_path import DecodeRuns, predict_decode_steps
 from batchlab.plan import Idle
 from batchlab.trace import StepRecord
-
-if TYPE_CHECKING:
-    from batchlab.engine import Engine
 
 
 class LazyDecodeRuns(DecodeRuns):
     """``DecodeRuns`` whose predicted steps are brought forward only when someone looks."""
 
-    def __init__(self, engine: "Engine") -> None:
+    def __init__(self, engine: ServingEngine) -> None:
         super().__init__(engine)
         self.unapplied: list[StepRecord] = []   # predicted steps not yet brought forward
         self.limit: int | None = None           # the run's last offset (first finish, or blocks)
@@ -54,14 +51,21 @@ class LazyDecodeRuns(DecodeRuns):
 
     def advance(self, now: float, stop_at: float) -> float | None:
         """Predict the run's steps from ``now`` until the first that ends at or after
-        ``stop_at`` (or the run's last step); return the new time, or None if none can be."""
+        ``stop_at`` (or the run's last step); return the new time, or None if none can be (the
+        engine steps next, so the predicted steps are brought forward first)."""
+        end = self._predict(now, stop_at)
+        if end is None:
+            self.sync()
+        return end
+
+    def _predict(self, now: float, stop_at: float) -> float | None:
         run, engine = self.current_run(), self.engine
         if run is None:
             return None
         if self.limit is None:
-            if not steady(engine.scheduler, run.request_ids, run.held_slots, run.batch_id):
+            if not self._steady(run):
                 return None
-            self.limit = min(run.last_offset, self.offset + self._steps_kv_allows(run))
+            self.limit = self.offset + self._steps_with_room(run)
         predicted = self.offset + len(self.unapplied)
         if predicted >= self.limit:
             return None
@@ -81,9 +85,7 @@ class LazyDecodeRuns(DecodeRuns):
         run, records = self.run, self.unapplied
         self.unapplied = []
         self._bring_forward(run, records)
-        self.offset += len(records)
-        if self.offset == run.last_offset:
-            self._finish(run, records[-1].end)
+        if self.run is None:                     # the run's last step: its requests finished
             self.limit = None
 
 

@@ -3,10 +3,10 @@
 ``ReplicaSpec`` says how to build each replica: continuous batching on a simulated backend
 (``SimBackend``) with a paged KV cache and prefix caching by default, any cost model (the
 additive CPU fit or a GPU roofline: ``ReplicaSpec.for_device("Llama-3-8B", "H100")``).
-``Replica`` wraps the engine the way ``offline.py`` drives one, except that the cluster driver
-decides how far it runs: ``advance_to(t)`` runs every step that *starts* before ``t`` (the step
-in progress at ``t`` completes, as steps are atomic here), using the lazy fast path
-(``lazy_runs``) for runs of plain decode steps.
+``Replica`` runs the engine's serving loop (``loop.run_until``) as ``offline.py`` does, except
+that the cluster driver adds the requests and decides how far it runs: ``advance_to(t)`` runs
+every step that *starts* before ``t`` (the step in progress at ``t`` completes, as steps are
+atomic here), using the lazy fast path (``lazy_runs``) for runs of plain decode steps.
 
 ``AdmissionLog`` is the paged KV accounting of ``kv_blocks`` plus one record: how many prompt
 tokens each request's first admission found cached. That is the *actual* prefix hit, set
@@ -25,12 +25,11 @@ from batchlab.backends.cost_model import StepTimeModel
 from batchlab.backends.roofline import RooflineCostModel, device_preset, model_shape
 from batchlab.checks import check_bool, check_int, check_number
 from batchlab.cluster.lazy_runs import LazyDecodeRuns
-from batchlab.contract import EngineError
 from batchlab.engine import Engine
 from batchlab.fast_path import DecodeRuns
 from batchlab.kv_blocks import DEFAULT_BLOCK_SIZE, BlockManager
 from batchlab.listener import EngineListener
-from batchlab.plan import Idle
+from batchlab.loop import Arrivals, run_until
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.schedulers.continuous import ContinuousBatcherConfig
@@ -117,6 +116,7 @@ class Replica:
             raise ValueError(f"replica {index}: {engine!r} must be an Engine on the virtual clock")
         self.index, self.engine = index, engine
         self.fast = LazyDecodeRuns(engine) if DecodeRuns.applies(engine) else None
+        self.arrivals = Arrivals()      # the driver adds each request; ``drain`` says none will come
         self.time = 0.0
         self.died_at: float | None = None
 
@@ -128,31 +128,8 @@ class Replica:
         self.time = self.engine.start(listener)
 
     def advance_to(self, t: float) -> None:
-        """Run every step that starts before ``t``."""
-        engine, fast = self.engine, self.fast
-        while self.time < t:
-            if fast is not None:
-                end = fast.advance(self.time, t)
-                if end is not None:
-                    self.time = end
-                    continue
-                fast.sync()
-            if not engine.scheduler.has_pending():
-                self.time = t
-                return
-            out = engine.step(self.time)
-            if fast is not None:
-                fast.after_step(out)
-            self.time = self._after_idle(out, t) if isinstance(out, Idle) else out.end
-
-    def _after_idle(self, out: Idle, t: float) -> float:
-        """Nothing to run now: wait for the policy's timer, or for the next arrival (``t``)."""
-        if out.wake_at is None:
-            return t
-        if not out.wake_at > self.time:
-            raise EngineError(f"{self.engine.scheduler!r} planned nothing at {self.time} but set "
-                              f"wake_at={out.wake_at}, which is not in the future")
-        return min(out.wake_at, t)
+        """Run every step that starts before ``t`` (the serving loop, with arrivals the driver adds)."""
+        self.time = run_until(self.engine, self.arrivals, self.time, until=t, fast=self.fast)
 
     def sync(self) -> None:
         """Bring any predicted decode steps forward, so the replica's state is current."""
@@ -180,18 +157,14 @@ class Replica:
         for rid, req in list(engine.requests.items()):
             if not req.is_done:
                 engine.abort(rid, why, at)
-        engine.release(engine.scheduler.remove_ended(), at)   # frees the aborted requests' KV
+        engine.release_ended(at)   # frees the aborted requests' KV
         self.died_at, self.time = t, math.inf
         return at
 
     def drain(self) -> None:
-        """No request will arrive any more: run to the end, and fail loudly if work is stuck."""
-        self.engine.scheduler.start_draining()
+        """No request will arrive any more: run to the end (the loop fails loudly if work is stuck)."""
+        self.arrivals.exhausted = True
         self.advance_to(math.inf)
-        if self.engine.scheduler.has_pending():
-            stuck = [rid for rid, r in self.engine.requests.items() if not r.is_done]
-            raise EngineError(f"deadlock on replica {self.index}: {len(stuck)} requests unfinished "
-                              f"(first: {stuck[:5]}) and nothing planned")
 
     def finish(self) -> Trace:
         num_fast = self.fast.num_steps if self.fast is not None else 0

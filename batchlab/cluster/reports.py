@@ -35,7 +35,7 @@ def stored_blocks(kv: object, hashes: Sequence[int], max_blocks: int | None = No
 
 def common_block_size(replicas: Sequence[Replica]) -> int | None:
     """The replicas' KV block size, if they all have the same paged cache; else None."""
-    sizes = {getattr(r.engine.backend.kv, "block_size", None) for r in replicas}
+    sizes = {r.engine.backend.kv.block_size for r in replicas}
     return sizes.pop() if len(sizes) == 1 else None
 
 
@@ -59,8 +59,8 @@ class LiveReports:
             rep.advance_to(t)
             rep.sync()
             scheduler, kv = rep.engine.scheduler, rep.engine.backend.kv
-            self._waiting[rep.index] = len(getattr(scheduler, "waiting", ()))
-            self._load[rep.index] = self._waiting[rep.index] + len(getattr(scheduler, "running", ()))
+            self._waiting[rep.index] = len(scheduler.waiting)
+            self._load[rep.index] = self._waiting[rep.index] + len(scheduler.running_requests())
             self._kv_usage[rep.index] = kv.used_tokens / kv.capacity_tokens
         self.num_scrapes += 1
 

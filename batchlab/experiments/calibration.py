@@ -84,7 +84,7 @@ def lone_prompt_steps(backend: ModelBackend, lengths: tuple[int, ...] = LONE_PRO
     The chunks hold the same number of tokens but ever more attention pairs (each reads all the
     keys before it), so they pin the per-pair cost apart from the per-token one (module
     docstring). Lengths that do not fit the backend's slots (prompt + 2 tokens) are left out."""
-    max_len = getattr(backend.kv, "max_seq_len", None) or max(lengths) + 2
+    max_len = backend.kv.max_seq_len or max(lengths) + 2
     runs = [(n, n) for n in lengths if n + 2 <= max_len]              # (prompt tokens, budget)
     chunked = min(CHUNKED_PROMPT_LEN, max_len - 2)
     runs += [(chunked, budget) for budget in CHUNK_BUDGETS if budget < chunked]

@@ -30,6 +30,7 @@ import pandas as pd
 from batchlab.backends.cost_model import FEATURES, CostModel
 from batchlab.checks import check_int
 from batchlab.loadgen.client import LoadRequest, run_load
+from batchlab.plan import chunk_attention_pairs
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,6 @@ class OutsideInCalibration:
     def median_rel_error(self) -> float:
         return float(self.points["rel_error"].abs().median())
 
-    @property
-    def max_rel_error(self) -> float:
-        return float(self.points["rel_error"].abs().max())
-
 
 def fresh_prompts(tokenizer, n: int, prompt_len: int) -> list[list[int]]:
     """``n`` corpus prompts of exactly ``prompt_len`` tokens, each from a stretch of the corpus picked
@@ -92,7 +89,8 @@ def prefill_points(url: str, tokenizer, prompt_lens: tuple[int, ...], repeats: i
         ttfts = np.array([r.ttft for r in result.records if r.ok and r.ttft is not None])
         if len(ttfts) < repeats:
             raise RuntimeError(f"lone {n}-token prompts at {url}: {result.status_counts()}; every one must succeed")
-        rows.append(("prefill", n, 1, n, n * (n + 1) // 2, float(np.median(ttfts)), float(ttfts.max() / ttfts.min())))
+        rows.append(("prefill", n, 1, n, chunk_attention_pairs(0, n), float(np.median(ttfts)),
+                     float(ttfts.max() / ttfts.min())))
     return pd.DataFrame(rows, columns=["kind", "size", *FEATURES, "duration", "spread"])
 
 

@@ -4,7 +4,6 @@
                    safetensors), device, dtype and CPU threads
 - ``llama``        the batched step: one forward pass over a packed mix of prompt chunks and
                    decode tokens (a compact Llama)
-- ``shapes``       models' shapes as data (``model_shapes.json``): KV bytes per token, what a budget holds
 - ``kv_cache``     where each sequence's keys and values live: one slot per sequence
 - ``paged_kv_cache``  or fixed-size blocks handed out as a sequence grows, read through block tables
 - ``sampling``     greedy, temperature and top-p sampling with a seeded generator per request

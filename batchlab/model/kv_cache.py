@@ -37,16 +37,17 @@ import torch
 from batchlab.checks import check_int
 from batchlab.kv_space import ReservingKVSpace
 from batchlab.model.step_layout import StepLayout, chunk_attention, decode_attention, place_decodes
+from batchlab.shapes import kv_bytes_per_token
 
-DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def check_cache_shape(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
     """The checks every KV cache's tensors share."""
     for name, value in [("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)]:
         check_int(name, value)
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype={dtype!r}; must be one of {list(DTYPE_BYTES)}")
+    if dtype not in CACHE_DTYPES:
+        raise ValueError(f"dtype={dtype!r}; must be one of {list(CACHE_DTYPES)}")
 
 
 class KVCache(ReservingKVSpace):
@@ -85,8 +86,8 @@ class KVCache(ReservingKVSpace):
 
     @staticmethod
     def token_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """Bytes of cache one token needs: a key and a value per layer and KV head."""
-        return 2 * num_layers * num_kv_heads * head_dim * DTYPE_BYTES[dtype]
+        """Bytes of cache one token needs (``batchlab.shapes.kv_bytes_per_token``)."""
+        return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype.itemsize)
 
     # --- sizes ---------------------------------------------------------------------------------
     @property

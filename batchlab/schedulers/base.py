@@ -20,8 +20,10 @@ calls whatever the cache.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
+from typing import Any
 
-from batchlab.kv_space import KVSpace
+from batchlab.kv_space import KVCacheFullError, KVSpace
 from batchlab.plan import StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.trace import PreemptionRecord
@@ -57,9 +59,11 @@ class Scheduler(ABC):
     """
 
     streams_tokens: bool = True
+    config: Any = None           # the policy's settings (a dataclass), if it has any
 
     def __init__(self) -> None:
         self.kv: KVSpace | None = None
+        self.waiting: deque[Request] = deque()          # arrived, not admitted yet, in queue order
         self.draining: bool = False
         self.preemptions: list[PreemptionRecord] = []   # a policy that preempts (paged KV) logs here
 
@@ -78,19 +82,37 @@ class Scheduler(ABC):
             return (f"needs {req.max_total_tokens} KV tokens (prompt {req.prompt_len} + "
                     f"max_new_tokens {req.max_new_tokens}); the cache holds at most "
                     f"{self.kv.capacity_tokens} and one sequence at most "
-                    f"{getattr(self.kv, 'max_seq_len', None) or self.kv.capacity_tokens}")
+                    f"{self.kv.max_seq_len or self.kv.capacity_tokens}")
         return None
 
     def remove_waiting(self, req: Request) -> bool:
         """Take ``req`` out of the waiting queue (an abort before admission); False if it is not
-        there. Every batchlab policy keeps its queue in ``self.waiting``. (A running request that
-        is aborted leaves at the next ``remove_ended``, like a finished one.)"""
-        waiting = getattr(self, "waiting", None)
-        for i, queued in enumerate(waiting or ()):
+        there. (A running request that is aborted leaves at the next ``remove_ended``, like a
+        finished one.)"""
+        waiting = self.waiting
+        for i, queued in enumerate(waiting):
             if queued is req:
                 del waiting[i]
                 return True
         return False
+
+    # --- what the simulator's fast path asks (fast_path.py) -------------------------------------
+    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int, batch_id: int | None) -> bool:
+        """Do this policy's rules say that, after a step that decoded ``request_ids`` (in that
+        order) and ended nobody, every next step is one decode for each of them, until a request
+        arrives or finishes? A policy that promises nothing answers False (the default)."""
+        return False
+
+    def decode_steps_with_room(self, request_ids: tuple[str, ...], wanted: int) -> int:
+        """How many of ``wanted`` such steps the KV room allows (each grows every sequence)."""
+        return self.kv.decode_steps_with_room(request_ids, wanted)
+
+    def grow_for_decode_steps(self, request_ids: tuple[str, ...], num_steps: int) -> None:
+        """Take the KV room of ``num_steps`` such steps at once, as planning each would have."""
+        for rid in request_ids:
+            if not self.kv.grow(rid, num_steps):
+                raise KVCacheFullError(f"{rid!r} could not grow by {num_steps} tokens: "
+                                       "decode_steps_with_room said they fit")
 
     @abstractmethod
     def add_request(self, req: Request) -> None:
@@ -110,3 +132,7 @@ class Scheduler(ABC):
     @abstractmethod
     def has_pending(self) -> bool:
         """True while any request is waiting or running."""
+
+    @abstractmethod
+    def running_requests(self) -> list[Request]:
+        """The requests admitted and holding KV space now (a request-level batch: all its members)."""

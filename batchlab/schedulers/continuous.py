@@ -27,8 +27,7 @@ again (its output so far is kept). Each preemption is recorded in ``preemptions`
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from batchlab.checks import check_bool, check_int
 from batchlab.plan import ScheduledChunk, StepPlan
@@ -103,14 +102,11 @@ class ContinuousBatcher(Scheduler):
     A request is never planned twice in one step, and a decode is always exactly one token.
     """
 
-    streams_tokens = True
-
     def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  chunked_prefill: bool = True, long_prefill_token_threshold: int | None = None) -> None:
         super().__init__()
         self.config = ContinuousBatcherConfig(max_num_seqs, max_num_batched_tokens, chunked_prefill,
                                               long_prefill_token_threshold)
-        self.waiting: deque[Request] = deque()
         self.running: list[Request] = []   # in admission order
 
     # --- the contract ------------------------------------------------------------------------
@@ -128,6 +124,9 @@ class ContinuousBatcher(Scheduler):
 
     def has_pending(self) -> bool:
         return bool(self.waiting) or bool(self.running)
+
+    def running_requests(self) -> list[Request]:
+        return self.running
 
     def schedule(self, now: float) -> StepPlan:
         """Plan one step: decodes, then unfinished prompts, then new requests (see the class rules)."""
@@ -250,11 +249,23 @@ class ContinuousBatcher(Scheduler):
                 self.kv.free(req.request_id)
         return ended
 
+    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int, batch_id: int | None) -> bool:
+        """Yes when that step held every running request in running order (so each decodes next,
+        in the order ``schedule`` lists them) and the head of the queue cannot be admitted (no
+        seat, budget or KV room; none of that changes before a request arrives or finishes), nor
+        reuse cached blocks that nobody holds (the run's new blocks could evict them)."""
+        running, waiting, config = self.running, self.waiting, self.config
+        if len(request_ids) != len(running) or request_ids != tuple([r.request_id for r in running]):
+            return False
+        if not waiting or len(running) >= config.max_num_seqs:
+            return True
+        head = waiting[0]
+        if self.first_chunk_tokens(head, config.max_num_batched_tokens - len(running)):
+            return False
+        return not self.kv.reuses_unheld_blocks(head.prompt_ids, head.num_known_tokens - 1)
+
     def __repr__(self) -> str:
-        c = self.config
-        return (f"ContinuousBatcher(max_num_seqs={c.max_num_seqs}, max_num_batched_tokens="
-                f"{c.max_num_batched_tokens}, chunked_prefill={c.chunked_prefill}, "
-                f"long_prefill_token_threshold={c.long_prefill_token_threshold})")
+        return f"ContinuousBatcher({', '.join(f'{k}={v}' for k, v in asdict(self.config).items())})"
 
 
 class _StepBudget:

@@ -33,7 +33,6 @@ Everything else is the same and lives here:
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections import deque
 from typing import Any
 
 from batchlab.plan import ScheduledChunk, StepPlan
@@ -53,7 +52,6 @@ class RequestLevelBatcher(Scheduler):
 
     def __init__(self) -> None:
         super().__init__()
-        self.waiting: deque[Request] = deque()
         # The running batch: every member in admission order, and those not finished yet.
         self.batch: list[Request] = []
         self._unfinished: list[Request] = []
@@ -76,6 +74,9 @@ class RequestLevelBatcher(Scheduler):
 
     def has_pending(self) -> bool:
         return bool(self.waiting) or bool(self.batch)
+
+    def running_requests(self) -> list[Request]:
+        return self.batch
 
     def schedule(self, now: float) -> StepPlan:
         """Continue the running batch, or start the next one when the policy says it may leave."""
@@ -113,6 +114,17 @@ class RequestLevelBatcher(Scheduler):
             self.batch = []
             self.current_batch_id = None
         return released
+
+    # --- what the fast path asks: a batch's members decode together until one finishes ----------
+    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int, batch_id: int | None) -> bool:
+        unfinished = self._unfinished
+        return bool(unfinished) and batch_id == self.current_batch_id and len(request_ids) == len(unfinished)
+
+    def decode_steps_with_room(self, request_ids: tuple[str, ...], wanted: int) -> int:
+        return wanted          # each member's whole length was reserved when the batch started
+
+    def grow_for_decode_steps(self, request_ids: tuple[str, ...], num_steps: int) -> None:
+        pass
 
     @property
     def unfinished(self) -> list[Request]:

@@ -13,7 +13,6 @@ through the functions here, so a change inside the engine is answered by a chang
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from enum import Enum
 
@@ -42,7 +41,7 @@ def end_state(req: Request) -> EndState:
     """The one place the server reads a request's end (status, finish reason, why)."""
     status = _text(req.status)
     reason = _text(req.finish_reason)
-    detail = _text(getattr(req, "finish_detail", None)) or reason   # the engine's explanation
+    detail = _text(req.finish_detail) or reason   # the engine's explanation
     if req.status is RequestStatus.FINISHED and reason in API_FINISH_REASONS:
         return EndState(status, reason, detail)
     return EndState(status, "abort", detail)
@@ -63,11 +62,8 @@ class EngineStats:
 def read_engine_stats(scheduler, kv) -> EngineStats:
     """Running and waiting requests (request-level batchers: the batch's members run), KV usage,
     prefix-cache hits (paged KV with prefix caching; 0 otherwise)."""
-    running = getattr(scheduler, "running", None)
-    if running is None:
-        running = getattr(scheduler, "batch", ())
-    return EngineStats(len(running), len(scheduler.waiting), kv.used_tokens, kv.capacity_tokens,
-                       getattr(kv, "num_hit_tokens", 0))
+    return EngineStats(len(scheduler.running_requests()), len(scheduler.waiting), kv.used_tokens,
+                       kv.capacity_tokens, kv.num_hit_tokens)
 
 
 def new_preemptions(scheduler, seen: int) -> list:
@@ -101,22 +97,9 @@ class TraceWindow:
 
     def trim(self) -> int:
         """Drop the oldest ended requests past ``keep``; returns the preemption records dropped."""
-        engine = self.engine
-        requests, times = engine.requests, engine.release_times      # in arrival order
-        ended = [rid for rid, r in requests.items() if r.is_done and times.get(rid) is not None]
-        excess = len(ended) - self.keep
-        if excess <= 0:
-            return 0
-        for rid in ended[:excess]:                                    # the oldest arrivals go first
-            del requests[rid], times[rid]
-        self.num_forgotten += excess
-        oldest = next(iter(requests.values())).arrival_time
-        steps = engine.steps
-        del steps[:bisect.bisect_left(steps, oldest, key=lambda s: s.start)]
-        log = engine.scheduler.preemptions
-        num_old = bisect.bisect_left(log, oldest, key=lambda p: p.time)
-        del log[:num_old]
-        return num_old
+        num_requests, num_preemptions = self.engine.forget_ended(self.keep)
+        self.num_forgotten += num_requests
+        return num_preemptions
 
 
 def run_online_bounded(engine, inbox, listener, window: TraceWindow):

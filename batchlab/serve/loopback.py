@@ -149,9 +149,6 @@ class LoopbackCluster:
         self.policy = policy
         self.router = start_router(self.replica_urls, policy, self.config.router_args, self.config.startup_timeout)
 
-    def router_log(self) -> str:
-        return self.router.log() if self.router is not None else ""
-
     def kill_replica(self, index: int) -> None:
         """SIGKILL replica ``index`` (a crash: no graceful end for its requests)."""
         if not (isinstance(index, int) and 0 <= index < len(self.replicas)):

@@ -34,9 +34,9 @@ from pathlib import Path
 
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel, StepTimeModel
-from batchlab.backends.decoder_shape import MODEL_SHAPES, ModelShape, model_shape
 from batchlab.backends.device_presets import load_device_presets
 from batchlab.backends.roofline import RooflineCostModel
+from batchlab.shapes import MODEL_SHAPES, ModelShape, model_shape
 
 DEFAULT_SHAPE = "Llama-3-8B"
 PLACEHOLDER_TEXT = " x"

@@ -46,7 +46,7 @@ from batchlab.exercises import check
 from batchlab.model import load_model
 from batchlab.model.divergence import NEAR_TIE, parted_between
 from batchlab.model.llama import LlamaWeights
-from batchlab.model.shapes import load_model_shapes
+from batchlab.shapes import load_model_shapes
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.workloads import Range, make_workload
@@ -92,7 +92,7 @@ print(f"{by_hand:,} bytes per token: 16 tokens take {16 * by_hand / 2**20:.2f} M
 
 # %% [markdown]
 # 45 KiB (fp32) or 22.5 KiB (bf16) for one token of a 135M-parameter model. The same sum for larger models comes from
-# their shapes, kept with their sources in `batchlab/model/model_shapes.json`. Llama-3-8B (32 layers,
+# their shapes, kept with their sources in `batchlab/shapes.json`. Llama-3-8B (32 layers,
 # 8 KV heads of 128, bf16) needs 128 KiB per token:
 
 # %%
@@ -377,7 +377,11 @@ def memory_titles(sims: dict) -> tuple[str, str]:
            else "but finish them no sooner (median E2E): preemptions cost more than they gain")
     return fit, end
 
+# %% [markdown]
+# The picture: each cache's sequences per step over time, and how long requests took end to end
+# (with each cache's preemptions in the legend).
 
+# %%
 def show_memory(budget_tokens=BUDGET_TOKENS, block_size=BLOCK_SIZE):
     """Sequences per step and E2E of slots against blocks for one budget."""
     slots = max(1, budget_tokens // SLOT_LEN)

@@ -176,7 +176,7 @@ def load_picture(trace, bin_s=10.0, title=""):
     top.set_title(title)
     return fig, arrivals, completions
 
-
+# %%
 fig, arrivals, completions = load_picture(example, title="The example: a peak of traffic, and a queue")
 plt.show()
 

@@ -52,7 +52,7 @@ from batchlab.exercises import check
 from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, run_load
 from batchlab.loadgen.calibrate import calibrate_outside_in, fresh_prompts
 from batchlab.loadgen.predict import compare, load_figures, newcomer_figures, simulate_load
-from batchlab.model.shapes import model_shape
+from batchlab.shapes import model_shape
 from batchlab.serve import prom
 from batchlab.serve.vllm_flags import FLAG_TABLE, VLLMFlags
 from batchlab.serve.vllm_ref import VLLMUnavailable, ensure_running, start_vllm, vllm_status
