@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 
 from batchlab.backends.base import StepResult
 from batchlab.checks import check_choice, check_number
@@ -26,7 +25,9 @@ CLOCKS = ("virtual", "wall")
 
 
 class Clock(ABC):
-    """Where ``now`` comes from, how the engine waits, and how a step is timed."""
+    """Where ``now`` comes from, how the engine waits, and how a step is timed. A clock keeps its
+    own time: ``start`` a run, read ``now()``, ``wait_until`` a target, and time each step by
+    calling ``begin_step`` before the backend runs it and ``end_step`` with its result."""
 
     name: str
 
@@ -35,16 +36,21 @@ class Clock(ABC):
         """Begin a run; returns ``now`` (0.0)."""
 
     @abstractmethod
-    def now(self, last_now: float) -> float:
-        """The current time, given the engine's last reading."""
+    def now(self) -> float:
+        """The current time, in seconds since the run began."""
 
     @abstractmethod
-    def wait_until(self, last_now: float, target: float) -> float:
+    def wait_until(self, target: float) -> float:
         """Idle until ``target`` (nothing to run); returns the new ``now``."""
 
     @abstractmethod
-    def timed_step(self, last_now: float, run_step: Callable[[], StepResult]) -> tuple[StepResult, float, float]:
-        """Run one step; returns ``(result, start, duration)``. The step ends at ``start + duration``."""
+    def begin_step(self) -> float:
+        """A step starts; returns its start time."""
+
+    @abstractmethod
+    def end_step(self, result: StepResult) -> float:
+        """The step's backend returned ``result``; returns the step's duration (the clock is then
+        at the step's end)."""
 
 
 def _checked_duration(result: StepResult) -> float:
@@ -58,18 +64,27 @@ class VirtualClock(Clock):
 
     name = "virtual"
 
+    def __init__(self) -> None:
+        self._t = 0.0
+
     def start(self) -> float:
+        self._t = 0.0
         return 0.0
 
-    def now(self, last_now: float) -> float:
-        return last_now                      # nothing happens between steps on this clock
+    def now(self) -> float:
+        return self._t                       # nothing happens between steps on this clock
 
-    def wait_until(self, last_now: float, target: float) -> float:
-        return max(last_now, target)         # skip the gap: no real waiting
+    def wait_until(self, target: float) -> float:
+        self._t = max(self._t, target)       # skip the gap: no real waiting
+        return self._t
 
-    def timed_step(self, last_now, run_step):
-        result = run_step()
-        return result, last_now, _checked_duration(result)
+    def begin_step(self) -> float:
+        return self._t
+
+    def end_step(self, result: StepResult) -> float:
+        duration = _checked_duration(result)
+        self._t += duration
+        return duration
 
 
 class WallClock(Clock):
@@ -79,28 +94,31 @@ class WallClock(Clock):
 
     def __init__(self) -> None:
         self._t0 = time.perf_counter()
+        self._step_start = 0.0
 
     def start(self) -> float:
         self._t0 = time.perf_counter()
         return 0.0
 
-    def now(self, last_now: float) -> float:
+    def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def wait_until(self, last_now: float, target: float) -> float:
-        delay = target - (time.perf_counter() - self._t0)
+    def wait_until(self, target: float) -> float:
+        delay = target - self.now()
         if delay > 0:
             time.sleep(delay)
-        return time.perf_counter() - self._t0
+        return self.now()
 
-    def timed_step(self, last_now, run_step):
-        start = time.perf_counter() - self._t0
-        result = run_step()
+    def begin_step(self) -> float:
+        self._step_start = self.now()
+        return self._step_start
+
+    def end_step(self, result: StepResult) -> float:
         reported = _checked_duration(result)
-        elapsed = time.perf_counter() - self._t0 - start
+        elapsed = self.now() - self._step_start
         if reported > elapsed:
             time.sleep(reported - elapsed)   # a simulated step plays back at its predicted length
-        return result, start, time.perf_counter() - self._t0 - start
+        return self.now() - self._step_start
 
 
 def make_clock(clock: str | Clock) -> Clock:

@@ -91,8 +91,7 @@ class Engine:
         return serve_offline(self, fresh_workload(requests), progress)
 
     def run_online(self, inbox: EngineInbox, listener: EngineListener | None = None) -> Trace:
-        """Serve what ``inbox`` is given, as it comes, on the wall clock, until ``inbox.stop``.
-        Runs in the calling thread; a server calls it from a thread of its own. (``online.py``.)"""
+        """Serve what ``inbox`` is given, as it comes, until ``inbox.stop``, in this thread (``online.py``)."""
         return serve_online(self, inbox, listener or EngineListener())
 
     # --- a run's state -------------------------------------------------------------------------------
@@ -135,10 +134,12 @@ class Engine:
         plan = self.scheduler.schedule(now)
         if plan.is_empty:
             return Idle(plan.wake_at)
-        result, start, duration = self.clock.timed_step(now, lambda: self.backend.run(plan, self.requests))
-        end = start + duration
-        record = StepRecord(len(self.steps), start, duration, plan.chunks, plan.held_slots, plan.batch_id)
+        start = self.clock.begin_step()
+        result = self.backend.run(plan, self.requests)
+        record = StepRecord(len(self.steps), start, self.clock.end_step(result), plan.chunks, plan.held_slots,
+                            plan.batch_id)
         self.steps.append(record)
+        end = record.end
         self._apply(plan, result.new_tokens, start, end)    # computed tokens, sampled tokens, ends
         self.release_ended(end)
         return record
@@ -223,8 +224,7 @@ class Engine:
                 continue
             rid = req.request_id
             if times.get(rid, 0.0) is not None:
-                raise EngineError(f"{self.scheduler!r} released {rid!r} twice (or a request not in this "
-                                  "workload)")
+                raise EngineError(f"{self.scheduler!r} released {rid!r} twice (or a request not in this run)")
             if req.status is not RequestStatus.FINISHED:
                 raise EngineError(f"{self.scheduler!r} released {rid!r} before it finished ({req.status.value})")
             times[rid] = t

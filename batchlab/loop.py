@@ -51,7 +51,7 @@ class Arrivals:
         return math.inf
 
     def wait(self, clock: Clock, now: float, target: float) -> float:
-        return clock.wait_until(now, target)
+        return clock.wait_until(target)
 
 
 class Workload(Arrivals):
@@ -85,13 +85,13 @@ def run_until(engine: ServingEngine, arrivals: Arrivals, now: float, until: floa
     scheduler, clock = engine.scheduler, engine.clock
     admit, next_time, step = arrivals.admit, arrivals.next_time, engine.step   # (looked up once)
     while now < until:
-        now = clock.now(now)
+        now = clock.now()
         admit(engine, now)
         if arrivals.exhausted and not scheduler.draining:
             scheduler.start_draining()
         horizon = min(next_time(), until)
         if fast is not None and (end := fast.advance(now, horizon)) is not None:
-            now = end                        # a run of predicted decode steps
+            now = clock.wait_until(end)      # a run of predicted decode steps took until ``end``
             continue
         out = step(now)
         if fast is not None:

@@ -135,7 +135,7 @@ class InboxArrivals(Arrivals):
     def wait(self, clock: Clock, now: float, target: float) -> float:
         """Idle until a command is given or the scheduler's timer is due."""
         self.inbox.wait(None if target == math.inf else max(0.0, target - now))
-        return clock.now(now)
+        return clock.now()
 
 
 def serve_online(engine: ServingEngine, inbox: EngineInbox, listener: EngineListener) -> Trace:

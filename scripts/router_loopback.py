@@ -17,15 +17,15 @@ import argparse
 import sys
 import time
 
-from batchlab.serve.loopback import ROUTER_POLICIES, LoopbackCluster, LoopbackConfig
-from batchlab.serve.router_check import agreement, router_added_latency, serve_in_process, serve_through_router
+from batchlab.cluster.loopback import VLLM_ROUTER_POLICIES, LoopbackCluster, LoopbackConfig
+from batchlab.cluster.router_check import agreement, router_added_latency, serve_in_process, serve_through_router
 from batchlab.workloads.sessions import SessionShape, ideal_prefix_reuse, make_sessions
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--policy", default="cache_aware", help=f"one of {', '.join(ROUTER_POLICIES)}")
+    p.add_argument("--policy", default="cache_aware", help=f"one of {', '.join(VLLM_ROUTER_POLICIES)}")
     p.add_argument("--simulate", default="L4", help="the replicas' simulated device (see python -m batchlab.serve -h)")
     p.add_argument("--seeds", type=int, default=3, help="workloads sent, one per seed")
     p.add_argument("--sessions", type=int, default=20, help="conversations per workload (two turns each)")

@@ -5,7 +5,7 @@
 
 Starts ``python -m batchlab.serve`` in a subprocess, sends ``--warmup`` requests, reads the
 server's resident memory (VmRSS in /proc, after an idle pause long enough for the server's
-periodic ``malloc_trim``), sends the rest (``batchlab.serve.soak``: streamed and
+periodic ``malloc_trim``), sends the rest (``batchlab.loadgen.soak``: streamed and
 whole completions, chats, mid-stream disconnects, bad requests), reads it again, and checks:
 memory growth under 50 MB, every accepted request answered, the KV cache empty at the end, and
 ``/metrics`` counting every request the server finished or aborted. Exits 1 if a check fails.
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchlab.serve import start_server                  # noqa: E402
 from batchlab.serve.memory import TRIM_INTERVAL_S, rss_mb   # noqa: E402
-from batchlab.serve.prom import scrape, value             # noqa: E402
-from batchlab.serve.soak import soak                      # noqa: E402
+from batchlab.loadgen.prom import scrape, value             # noqa: E402
+from batchlab.loadgen.soak import soak                      # noqa: E402
 
 GROWTH_LIMIT_MB = 50.0
 

@@ -3,14 +3,14 @@
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.shapes import ModelShape, model_shape
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
+from batchlab.shapes import kv_bytes_per_token, model_shape
 
 
 def solve_05_1() -> int:
     """2 (key and value) x 80 layers x 8 KV heads x 128 numbers x 2 bytes = 327,680 bytes."""
-    return ModelShape("Llama-3-70B", 80, 8, 128, "bfloat16", "the exercise").bytes_per_token
+    return kv_bytes_per_token(num_layers=80, num_kv_heads=8, head_dim=128, dtype_bytes=2)
 
 
 def solve_05_2() -> int:

@@ -36,10 +36,11 @@ LAYERS = [
     ["workloads"],
     ["analysis"],                      # reads traces only
     ["experiments"],                   # the lessons' measurements, calibration among them
-    ["cluster"],                       # many engines behind a router, on one virtual clock
-    ["loadgen"],
-    ["serve"],
-    ["bench", "exercises"],
+    ["loadgen"],                       # the load client, and the tools that read a server from outside
+    ["serve"],                         # the HTTP server over the online engine
+    ["vllm_ref"],                      # vLLM's server as the reference (a subprocess)
+    ["cluster"],                       # many engines behind a router: simulated, or the real router on loopback
+    ["exercises"],
 ]
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

@@ -1,4 +1,4 @@
-"""``python -m batchlab.bench`` keeps working: it runs end to end at its tiny size, writes the JSON
+"""``python -m benchmarks.peer`` keeps working: it runs end to end at its tiny size, writes the JSON
 it promises, and batchlab's three engines produce the same greedy tokens. No timing is asserted.
 
 vLLM runs as a contender here too wherever its venv is set up (CI sets it up: ``scripts/test.sh``
@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchlab import bench
-from batchlab.bench.config import LABELS, VLLM_CONTENDERS
-from batchlab.bench.vllm_contender import NOT_INSTALLED, vllm_ready
+from benchmarks import peer as bench
+from benchmarks.peer.config import LABELS, VLLM_CONTENDERS
+from benchmarks.peer.vllm_contender import NOT_INSTALLED, vllm_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench_peer_script():
-    spec = importlib.util.spec_from_file_location("bench_peer", ROOT / "scripts" / "bench_peer.py")
+    spec = importlib.util.spec_from_file_location("bench_peer", ROOT / "benchmarks" / "bench_peer.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -49,7 +49,7 @@ def test_tiny_benchmark_runs_every_contender_and_writes_its_json(lm, tmp_path, c
     assert set(data["contenders"]) == expected
     if not vllm_ok:
         assert set(data["skipped"]) == set(VLLM_CONTENDERS) and NOT_INSTALLED in printed
-    assert everything["command"] == "python -m batchlab.bench " + " ".join(argv)
+    assert everything["command"] == "python -m benchmarks.peer " + " ".join(argv)
     assert data["machine"]["torch_threads"] == 1
     assert len(data["machine"]["loadavg_start"]) == 3 and data["machine"]["cpu_cores_usable"] >= 1
     assert "os.getloadavg()" in printed and everything["command"] in printed

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from batchlab.serve import HOST, free_port
-from batchlab.serve import _wait_healthy as wait_healthy
+from batchlab.serve import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_LOAD = ["--num-requests", "8", "--prompt-len", "16", "--output-len", "4", "--no-progress"]

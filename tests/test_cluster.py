@@ -17,7 +17,7 @@ import pytest
 
 from batchlab.analysis.metrics import summary_row
 from batchlab.backends.roofline import RooflineCostModel
-from batchlab.cluster import POLICIES, Cluster, ClusterConfig, ReplicaSpec, RouteRequest, make_router
+from batchlab.cluster import ROUTING_POLICIES, Cluster, ClusterConfig, ReplicaSpec, RouteRequest, make_router
 from batchlab.cluster.cache_aware import CacheAwareConfig, CacheAwareRouter
 from batchlab.cluster.kv_aware import KVAwareRouter
 from batchlab.cluster.prefix_index import PrefixIndex, block_hashes
@@ -271,7 +271,7 @@ def sessions():
                                       think_time_s=0.5), seed=1)
 
 
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("policy", list(ROUTING_POLICIES))
 def test_every_request_ends_and_the_fast_path_changes_nothing(policy, sessions):
     results = [Cluster(ClusterConfig(3, policy, seed=2), spec(fast_decode_runs=fast)).run(
         sessions.requests, sessions.session_of) for fast in (True, False)]

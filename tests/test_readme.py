@@ -10,7 +10,7 @@ wherever it lives):
   repository paths it names exist, every ``--flag`` it passes to a batchlab script, to
   ``python -m batchlab...`` or to pytest is in that command's ``--help`` (for a shell script: in
   its text or the scripts it runs), every variable it sets is read by the code;
-- every inline span that is a call (``name(arg=...)``), a name (``batchlab.serve.prom``,
+- every inline span that is a call (``name(arg=...)``), a name (``batchlab.loadgen.prom``,
   ``LlamaWeights.widen_bf16``, ``FinishReason``), a keyword (``grounded=False``), a path, a bare
   ``--flag`` or a ``BATCHLAB_*`` variable refers to something the code still has; calls are bound
   to the real signature (``inspect.signature``), the check that catches ``max_num_seqs`` for
@@ -48,10 +48,11 @@ SNIPPET_TIMEOUT_S = 60
 RUN_LANGS = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
 NOT_RUN = re.compile(r"<!--\s*not run by tests:(?P<reason>.*?)-->")
 # Directories whose paths a doc names as this repository's (anything else may be another repo's).
-REPO_DIRS = ("scripts/", "tests/", "batchlab/", "notebooks/", "data/", "solutions/", ".ci/")
+REPO_DIRS = ("scripts/", "benchmarks/", "tests/", "batchlab/", "notebooks/", "data/", "solutions/", ".ci/")
 # Paths in other repositories that the docs cite (Vidur's profile folders, microsoft/vidur).
 FOREIGN_PATHS = {"data/profiling/compute/...", "data/profiling/a100/cpu_overheads.csv"}
 # Roots of dotted names and calls that belong to other libraries or to Python.
+PROJECT_ROOTS = ("batchlab", "benchmarks")     # importable from the checkout (benchmarks: pytest's pythonpath)
 EXTERNAL_ROOTS = {"torch", "ray", "vllm", "LLM", "transformers", "httpx", "np", "pd", "max", "min"}
 FLAG = re.compile(r"--[A-Za-z][\w-]*")
 IDENT = r"[A-Za-z_]\w*"
@@ -134,9 +135,10 @@ def docs() -> list[Doc]:
 # ---------------------------------------------------------------- what the code has
 
 def code_files() -> Iterator[Path]:
-    """The product's code: the package, the scripts, CI's entry and the notebooks' sources."""
+    """The product's code: the package, the scripts, the benchmarks, CI's entry and the notebooks' sources."""
     yield from sorted((ROOT / "batchlab").rglob("*.py"))
     yield from sorted(p for p in (ROOT / "scripts").iterdir() if p.is_file())
+    yield from sorted((ROOT / "benchmarks").rglob("*.py"))
     yield from sorted((ROOT / ".ci").glob("*"))
     yield from sorted((ROOT / "notebooks" / "src").glob("*.py"))
 
@@ -251,8 +253,8 @@ def resolve(name: str) -> Resolved | None:
     (``ModelBackend``)."""
     parts = name.split(".")
     modules, toplevel, _ = package_index()
-    if parts[0] == "batchlab":
-        starts = ["batchlab"]
+    if parts[0] in PROJECT_ROOTS:
+        starts = [parts[0]]
     elif parts[0] in modules or parts[0] in toplevel:
         starts = modules.get(parts[0], []) + [f"{m}.{parts[0]}" for m in toplevel.get(parts[0], [])]
     elif parts[0] in EXTERNAL_ROOTS:
@@ -263,7 +265,7 @@ def resolve(name: str) -> Resolved | None:
     errors = []
     for start in starts:
         try:
-            if start in modules.get(parts[0], []) or start == "batchlab":
+            if start in modules.get(parts[0], []) or start in PROJECT_ROOTS:
                 here = Resolved(importlib.import_module(start))
             else:
                 module_name, attr = start.rsplit(".", 1)
@@ -396,11 +398,13 @@ def split_commands(source: str, pipes: bool = True) -> list[tuple[int, list[str]
 
 
 def find_script(token: str) -> str | None:
-    """A token naming a script: its repo path (a bare ``bench_step.py`` is looked up in scripts/)."""
+    """A token naming a script: its repo path (a bare ``bench_step.py`` is looked up in scripts/
+    and benchmarks/)."""
     if (ROOT / token).is_file():
         return token
-    if "/" not in token and (ROOT / "scripts" / token).is_file():
-        return f"scripts/{token}"
+    for folder in ("scripts", "benchmarks"):
+        if "/" not in token and (ROOT / folder / token).is_file():
+            return f"{folder}/{token}"
     return None
 
 
@@ -555,7 +559,7 @@ def span_problems(span: str, where: str, helps: list[str]) -> list[str]:
             return []
         return [f"{bad} no such path in the repository"]
     if kind == "file":
-        dirs = ("batchlab", "scripts", "tests", "notebooks", "data")
+        dirs = ("batchlab", "scripts", "benchmarks", "tests", "notebooks", "data")
         if (ROOT / flat).exists() or any(next((ROOT / d).rglob(flat), None) for d in dirs) \
                 or flat in code_text():
             return []
@@ -747,7 +751,7 @@ def test_inline_code_names_what_the_code_has() -> None:
 
 BROKEN = '''\
 Size it with `ModelBackend(max_num_seqs=...)` and read `prom.scrape(url, timeout=1)`; see
-`batchlab.serve.prom.no_such_thing`, `backends.cost_model.CostModel`, `NoSuchBackend`,
+`batchlab.loadgen.prom.no_such_thing`, `backends.cost_model.CostModel`, `NoSuchBackend`,
 `grounded_nowhere=False`, `scripts/no_such_script.py`, `--no-such-flag` and `BATCHLAB_NO_SUCH`.
 Read [the data](data/README.md), [a page](https://example.org/x.md), [a section](#two) and
 [a page that is
@@ -763,7 +767,7 @@ raise SystemExit("this snippet fails")
 BATCHLAB_NOT_READ=1 .venv/bin/python -m batchlab.serve --policy continuous --max-num-sequences 8
 bash scripts/no_such.sh
 .venv/bin/python -m batchlab.no_such.module
-.venv/bin/python scripts/bench_paged.py --threads 1 --no-such-option
+.venv/bin/python benchmarks/bench_paged.py --threads 1 --no-such-option
 ```
 
 ```python

@@ -372,7 +372,7 @@ def test_metrics_scraped_during_a_load_agree_with_the_trace(lm):
     32-token prefix, 2 of them leaving early. /metrics is scraped every 0.1 s during the load; at
     the end every counter and histogram equals what the engine's trace says."""
     from batchlab.analysis import metrics
-    from batchlab.serve.prom import histogram_buckets, histogram_sum, parse_metrics, value
+    from batchlab.loadgen.prom import histogram_buckets, histogram_sum, parse_metrics, value
     cfg = lm.model.config
     bytes_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (
         cfg.hidden_size // cfg.num_attention_heads) * lm.model.dtype.itemsize
@@ -440,8 +440,8 @@ def test_a_small_soak_with_a_trace_window(lm):
     """The soak script's load, 300 requests (streamed, whole, chat, disconnecting, refused), on a
     server that keeps 50 ended requests: every accepted request answered, the KV cache empty,
     /metrics counted all of them, the trace holds the last 50 and the steps since."""
-    from batchlab.serve.prom import scrape, value
-    from batchlab.serve.soak import soak
+    from batchlab.loadgen.prom import scrape, value
+    from batchlab.loadgen.soak import soak
     with ServerThread(ServerConfig(max_num_seqs=16, max_model_len=128, trace_window=50), lm) as s:
         report = soak(s.url, 300, concurrency=16, seed=3)
         idle = wait_until_idle(s.url)

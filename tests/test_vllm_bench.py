@@ -28,8 +28,8 @@ import pytest
 
 from batchlab.loadgen import course_tokenizer, plan_requests, run_load
 from batchlab.serve import start_server
-from batchlab.serve.prom import scrape, value
-from batchlab.serve.vllm_ref import vllm_bench_serve
+from batchlab.loadgen.prom import scrape, value
+from batchlab.vllm_ref import vllm_bench_serve
 
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 32, 12
 WARMUP = 2                                          # requests that warm the server up first

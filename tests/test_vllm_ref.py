@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from batchlab.serve.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm
+from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def add(a, b):", "Once upon a time",
            "The best way to learn to cook is", "Water boils at", "My favourite season is", "A train timetable"]

@@ -12,7 +12,7 @@ a ``StepPlan`` and answers with a ``StepResult``. The differences:
   reserves whole lengths, or, with ``block_size`` set, a paged ``kv_blocks.BlockManager`` of
   ``kv_capacity_tokens // block_size`` blocks (on-demand growth, preemption and, with
   ``enable_prefix_caching``, prefix hits for requests that carry ``prompt_ids``). For a device's
-  capacity from a model's shape and a memory budget, see ``model_shapes.py``.
+  capacity from a model's shape and a memory budget, see ``batchlab.shapes``.
 
 Noise: with ``noise = sigma > 0`` each step's duration is multiplied by ``exp(sigma*z - sigma**2/2)``
 with ``z`` standard normal, a lognormal factor whose mean is 1 (so noise does not change average

@@ -14,7 +14,7 @@ and this folder simulates them over many ``Engine``s, so their effects can be me
 - ``kv_aware``         Dynamo's KV router cost (prefix overlap from KV events + KV load)
 - ``weighted``         llm-d's weighted prefix / queue / KV-usage scorers
 - ``prefix_index``     a router's own approximate view of each replica's prefixes
-- ``policies``         the policies by name: ``POLICIES``, ``make_router``
+- ``policies``         the policies by name: ``ROUTING_POLICIES``, ``make_router``
 - ``replica``          ``ReplicaSpec`` (how each replica is built) and ``Replica`` (one stepped engine)
 - ``lazy_runs``        the simulator's fast path, adapted to many engines on one clock
 - ``reports``          what replicas report: scraped metrics, KV events
@@ -22,16 +22,20 @@ and this folder simulates them over many ``Engine``s, so their effects can be me
 - ``results``          ``ClusterResult``: per-replica traces, a merged trace, the routing table
 - ``cluster``          ``Cluster`` and ``ClusterConfig``: the one call to run it all
 - ``sweep``            pure, seeded runs over a grid of settings, in process or on Ray
+- ``loopback``         the real router (``vllm-router``) on 127.0.0.1 in front of N batchlab servers
+                       on simulated devices
+- ``router_check``     the real router against this folder's simulation of it: its picks, its latency
 
 Why a folder: the cluster sits above one engine (it drives many), and its routers are a policy
-family of their own, as the batching policies in ``schedulers/`` are for one engine.
+family of their own, as the batching policies in ``schedulers/`` are for one engine. It sits above
+the server too: the real router's experiments start servers and load them from outside.
 """
 
 from batchlab.cluster.cluster import Cluster, ClusterConfig
-from batchlab.cluster.policies import POLICIES, make_router
+from batchlab.cluster.policies import ROUTING_POLICIES, make_router
 from batchlab.cluster.replica import ReplicaSpec
 from batchlab.cluster.results import ClusterResult
 from batchlab.cluster.router import ReplicaReports, RouteRequest, Routed, Router
 
-__all__ = ["POLICIES", "Cluster", "ClusterConfig", "ClusterResult", "ReplicaReports", "ReplicaSpec",
+__all__ = ["ROUTING_POLICIES", "Cluster", "ClusterConfig", "ClusterResult", "ReplicaReports", "ReplicaSpec",
            "RouteRequest", "Routed", "Router", "make_router"]

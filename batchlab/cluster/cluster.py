@@ -16,7 +16,6 @@ from ``ReplicaSpec.seed + replica``.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,17 +23,18 @@ from typing import Any
 
 from batchlab.checks import check_int, check_number, is_int
 from batchlab.cluster.driver import ClusterRun
-from batchlab.cluster.policies import POLICIES, check_policy, make_router
+from batchlab.cluster.policies import ROUTING_POLICIES, check_policy, make_router
 from batchlab.cluster.replica import Replica, ReplicaSpec
 from batchlab.cluster.results import ClusterResult, build_result
 from batchlab.contract import fresh_workload
 from batchlab.engine import Engine
+from batchlab.loop import gc_paused
 from batchlab.requests import Request
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """How many replicas, which routing policy (one of ``POLICIES``) with which parameters (the
+    """How many replicas, which routing policy (one of ``ROUTING_POLICIES``) with which parameters (the
     fields of its config dataclass, e.g. ``{"cache_threshold": 0.5}``), and the router's seed."""
 
     num_replicas: int
@@ -88,15 +88,11 @@ class Cluster:
         router = make_router(c.policy, c.num_replicas, c.seed, c.policy_params)
         replicas = [Replica(i, self._engine(i)) for i in range(c.num_replicas)]
         run = ClusterRun(replicas, router, workload, dict(session_of or {}), self.kills)
-        wall_start, gc_was_enabled = time.perf_counter(), gc.isenabled()
-        gc.disable()          # as the offline driver: millions of small objects, no cycles
-        try:
+        wall_start = time.perf_counter()
+        with gc_paused():     # as the offline driver: millions of small objects, no cycles
             run.run()
             result = build_result(run, {"policy": c.policy, "policy_params": dict(c.policy_params),
                                         "router": repr(router), "seed": c.seed, "kills": list(self.kills)})
-        finally:
-            if gc_was_enabled:
-                gc.enable()
         result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = time.perf_counter() - wall_start
         return result
 
@@ -107,4 +103,4 @@ class Cluster:
         return engine
 
 
-__all__ = ["POLICIES", "Cluster", "ClusterConfig"]
+__all__ = ["ROUTING_POLICIES", "Cluster", "ClusterConfig"]

@@ -28,7 +28,7 @@ from batchlab.cluster.simple_policies import (
 from batchlab.cluster.weighted import WeightedConfig, WeightedScorerRouter
 
 # name -> (router class, its config dataclass or None when it takes no parameters)
-POLICIES: dict[str, tuple[type[Router], type | None]] = {
+ROUTING_POLICIES: dict[str, tuple[type[Router], type | None]] = {
     "round_robin": (RoundRobinRouter, None),
     "random": (RandomRouter, None),
     "least_outstanding": (LeastOutstandingRouter, None),
@@ -41,8 +41,8 @@ POLICIES: dict[str, tuple[type[Router], type | None]] = {
 
 
 def check_policy(policy: object) -> str:
-    if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r}; must be one of {', '.join(POLICIES)}")
+    if policy not in ROUTING_POLICIES:
+        raise ValueError(f"policy={policy!r}; must be one of {', '.join(ROUTING_POLICIES)}")
     return policy  # type: ignore[return-value]
 
 
@@ -50,7 +50,7 @@ def make_router(policy: str, num_replicas: int, seed: int = 0,
                 params: Mapping[str, Any] | None = None) -> Router:
     """A new router for ``policy`` over ``num_replicas`` replicas; ``params`` are the fields of
     the policy's config dataclass (e.g. ``{"cache_threshold": 0.5}`` for ``cache_aware``)."""
-    router_class, config_class = POLICIES[check_policy(policy)]
+    router_class, config_class = ROUTING_POLICIES[check_policy(policy)]
     params = dict(params or {})
     if config_class is None:
         if params:
@@ -64,4 +64,4 @@ def make_router(policy: str, num_replicas: int, seed: int = 0,
     return router_class(num_replicas, seed, config)
 
 
-__all__ = ["POLICIES", "check_policy", "make_router"]
+__all__ = ["ROUTING_POLICIES", "check_policy", "make_router"]

@@ -8,6 +8,9 @@
   goodput at the end.
 - ``calibrate.py``: the course's cost model fitted from outside a server (lone prompts, concurrent decodes).
 - ``predict.py``: a load predicted on the simulator under a server's knobs, beside what was measured.
+- ``prom.py``: any server's ``/metrics`` (batchlab's or vLLM's) as a DataFrame; histogram
+  quantiles; a gauge sampler that scrapes during a load.
+- ``soak.py``: a long mixed load (streams, aborts, bad requests) for a server's memory and end states.
 - ``__main__.py``: the command line.
 
 From a notebook::

@@ -15,7 +15,7 @@ batch: prefill and large batches gain most, a batch-1 decode least. So the rule 
    The verdict is saved per CPU model, torch version, thread count, oneDNN ISA cap and probe
    version in the model cache, so it is measured once per machine, not at every load.
 
-``scripts/bench_dtypes.py`` times whole steps of the real model in both dtypes: the check of the
+``benchmarks/bench_dtypes.py`` times whole steps of the real model in both dtypes: the check of the
 verdict on a machine.
 """
 

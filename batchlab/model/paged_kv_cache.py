@@ -14,7 +14,7 @@ mapping*). A step therefore
 
 The gather is the price of paging on a CPU without a paged-attention kernel: it copies the
 context's keys and values once per layer (GPU kernels such as vLLM's read the blocks in place).
-``scripts/bench_paged.py`` measures what it costs against the slot cache's step.
+``benchmarks/bench_paged.py`` measures what it costs against the slot cache's step.
 
 The accounting (which blocks a sequence holds, prefix hashes, reference counts) is
 ``kv_blocks.BlockManager``, which ``PagedKVCache`` extends with the tensors; schedulers see

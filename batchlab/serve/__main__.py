@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from batchlab.serve.runner import DEFAULT_MODEL_NAME, POLICIES, RELEASES, ServerConfig
+from batchlab.schedulers import SCHEDULERS
+from batchlab.serve.runner import DEFAULT_MODEL_NAME, RELEASES, ServerConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -27,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="the model id clients must send")
-    p.add_argument("--policy", choices=POLICIES, default="continuous")
+    p.add_argument("--policy", choices=list(SCHEDULERS), default="continuous")
     p.add_argument("--max-num-seqs", type=int, default=32, help="KV slots (continuous: the most running requests)")
     p.add_argument("--max-model-len", type=int, default=1024, help="context window: prompt + output tokens")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="continuous: tokens per step")

@@ -3,7 +3,7 @@
 Names, meanings, labels (``model_name``, ``engine``) and histogram buckets follow vLLM 0.32's
 ``PrometheusStatLogger`` in ``vllm/v1/metrics/loggers.py``, with the bucket bounds of
 ``vllm/v1/metrics/buckets.py``, so a dashboard or a scraper written for vLLM reads batchlab's
-server unchanged (``batchlab.serve.prom`` reads either into a DataFrame).
+server unchanged (``batchlab.loadgen.prom`` reads either into a DataFrame).
 
 When each number moves (the engine's thread calls these between steps; a scrape reads the rest):
 

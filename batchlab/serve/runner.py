@@ -31,14 +31,13 @@ from batchlab.checks import check_bool, check_int
 from batchlab.engine import Engine
 from batchlab.online import EngineInbox, EngineListener
 from batchlab.requests import Request, RequestStatus, SamplingParams
-from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
+from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
 from batchlab.serve.engine_view import TraceWindow, end_state, new_preemptions, read_engine_stats, run_online_bounded
 from batchlab.serve.metrics import ServerMetrics
 from batchlab.serve.protocol import APIError, GenerationRequest
 from batchlab.serve.simulated import SimulatedDevice, placeholder_token_id
 
-POLICIES = ("static", "dynamic", "continuous")
 RELEASES = ("batch", "request")
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -91,8 +90,8 @@ class ServerConfig:
     simulate: str | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy={self.policy!r}; allowed: {list(POLICIES)}")
+        if self.policy not in SCHEDULERS:
+            raise ValueError(f"policy={self.policy!r}; allowed: {list(SCHEDULERS)}")
         if self.release not in RELEASES:
             raise ValueError(f"release={self.release!r}; allowed: {list(RELEASES)}")
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "batch_size", "max_batch_size",
@@ -339,7 +338,7 @@ class EngineRunner:
             "x_request_id": handle.x_request_id,
             "received_unix": handle.received_unix,
             # unix time = engine time + this (the engine's clock counts from its start)
-            "engine_clock_unix_offset": time.time() - self.engine.clock.now(0.0),
+            "engine_clock_unix_offset": time.time() - self.engine.clock.now(),
             "arrival_time": arrival,
             "first_scheduled_time": first,
             "first_token_time": first_token,

@@ -72,6 +72,7 @@ from batchlab.backends import ModelBackend, SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
+from batchlab.loop import run_until
 from batchlab.model import load_model
 from batchlab.model.divergence import NEAR_TIE, compare_alone_and_together, parted_from_alone
 from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
@@ -210,18 +211,30 @@ for name in "AD":   # the first line: requests run to max_new_tokens, past the e
 # - **Time.** Requests arrive at times in seconds, not at step numbers; the `Engine` runs the
 #   steps on a `ModelBackend` and records when every token was made.
 #
-# The engine's whole job is one short method, `Engine.step`, which a driver calls again and
-# again (the offline driver jumps the clock to the next arrival when the scheduler plans
-# nothing; a server's driver waits for requests instead). Read it beside the loop above: the
+# The engine's whole job is one short method, `Engine.step`. Read it beside the loop above: the
 # scheduler's plan is our "who joins, who decodes", `backend.run` is our `forward_step`, each
-# sampled token is appended (and a request that reached its length ends), and
-# `scheduler.remove_ended()` is our "finished ones leave", which also frees their KV space.
+# sampled token is appended (and a request that reached its length ends), and `release_ended`
+# (the scheduler's `remove_ended`) is our "finished ones leave", which also frees their KV space.
 
 # %%
 step_source = inspect.getsource(Engine.step)
 print(step_source)
 step_lines = [line for line in step_source.splitlines() if line.strip()]
 expect("Engine.step reads in one screen (non-blank lines)", len(step_lines), below=21)
+
+# %% [markdown]
+# Around the step runs one loop, `run_until` in `batchlab/loop.py`: admit the requests that have
+# arrived, step, and when the plan is empty wait for the next arrival or the scheduler's timer.
+# Every way of serving runs it; only where requests come from differs. `Engine.run` hands it a
+# known workload (on the virtual clock, waiting is a jump to the next arrival), a server hands it
+# the requests its HTTP handlers add, and each replica of a cluster (notebook 12) the requests
+# its router sends.
+
+# %%
+loop_source = inspect.getsource(run_until)
+print(loop_source)
+expect("the serving loop reads in one screen (non-blank lines)",
+       len([line for line in loop_source.splitlines() if line.strip()]), below=36)
 
 # %% [markdown]
 # The workload: requests with a 32-token prompt and answers of mixed lengths, arriving as a

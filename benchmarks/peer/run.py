@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.analysis import metrics
-from batchlab.bench.config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, DTYPE_CHOICES, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, VLLM_CONTENDERS, bench_workload, warmup_workload
-from batchlab.bench.engines import machine_limits, run_batchlab
-from batchlab.bench.hf import ContenderRun, run_hf_continuous_once, run_hf_generate
-from batchlab.bench.memory import PeakMemory
-from batchlab.bench.vllm_contender import run_vllm_offline, run_vllm_online, vllm_ready
+from .config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, DTYPE_CHOICES, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, VLLM_CONTENDERS, bench_workload, warmup_workload
+from .engines import machine_limits, run_batchlab
+from .hf import ContenderRun, run_hf_continuous_once, run_hf_generate
+from .memory import PeakMemory
+from .vllm_contender import run_vllm_offline, run_vllm_online, vllm_ready
 from batchlab.requests import Request, RequestStatus
 from batchlab.trace import Trace
 
@@ -258,7 +258,7 @@ def _requests_dict(trace: Trace) -> list[dict]:
 def format_header(results: dict, command: str) -> str:
     m, w = results["machine"], results["workload"]
     load = m.get("loadavg_start")
-    lines = [f"batchlab.bench  {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+    lines = [f"benchmarks.peer  {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
              f"command:  {command}",
              f"machine:  {m['device_name']}, {m['cpu_cores_usable']} cores usable, torch threads "
              f"{m['torch_threads']}, {m['platform']}",
@@ -428,7 +428,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, str]:
-    p = argparse.ArgumentParser(prog="python -m batchlab.bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peer", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=MODES, default="offline",
                    help="offline: all requests at t=0; online: Poisson arrivals on the wall clock")
@@ -476,9 +476,9 @@ def main(argv: Sequence[str] | None = None, lm=None) -> dict:
     """Run the benchmark from command-line arguments; print the table; write the JSON."""
     argv = list(sys.argv[1:] if argv is None else argv)
     config, out = parse_args(argv)
-    command = " ".join(["python -m batchlab.bench", *argv])
+    command = " ".join(["python -m benchmarks.peer", *argv])
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print(f"batchlab.bench: {command}\nos.getloadavg() = {load}", flush=True)
+    print(f"benchmarks.peer: {command}\nos.getloadavg() = {load}", flush=True)
     results = run_benchmark(config, lm=lm, log=lambda s: print(s, flush=True))
     results["command"] = command
     results["created_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from batchlab.checks import check_choice, check_int, check_number
-from batchlab.serve import HOST, ServerProcess, _wait_healthy, free_port, launch_server, wait_ready
+from batchlab.serve import HOST, ServerProcess, wait_healthy, free_port, launch_server, wait_ready
 from batchlab.serve.simulated import SimulatedDevice
 
-ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
+VLLM_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
 ROUTER_INSTALL = "pip install vllm-router==0.1.17 (requirements.txt pins it)"
 
 
@@ -80,7 +80,7 @@ class LoopbackConfig:
 
     def __post_init__(self) -> None:
         check_int("num_replicas", self.num_replicas, hint="a router needs at least one replica")
-        check_choice("policy", self.policy, ROUTER_POLICIES)
+        check_choice("policy", self.policy, VLLM_ROUTER_POLICIES)
         if self.policy == "power_of_two" and self.num_replicas < 2:
             raise ValueError(f"num_replicas={self.num_replicas}; policy 'power_of_two' needs at least 2 "
                              "(vllm-router refuses fewer)")
@@ -195,7 +195,7 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", router_arg
                  timeout: float = 120.0, binary: str | None = None) -> RouterProcess:
     """Start ``vllm-router`` on a free 127.0.0.1 port in front of ``worker_urls`` (each checked
     first: one that does not answer ``/health`` is named) and wait until it is ready."""
-    check_choice("policy", policy, ROUTER_POLICIES)
+    check_choice("policy", policy, VLLM_ROUTER_POLICIES)
     if not worker_urls:
         raise ValueError(f"worker_urls={worker_urls!r}; must name at least one replica")
     for url in worker_urls:
@@ -223,7 +223,7 @@ def wait_router(url: str, proc: subprocess.Popen, log_path: str, timeout: float)
         return f"vllm-router exited with code {proc.returncode} before it was ready:\n{tail}"
 
     try:
-        _wait_healthy(url, timeout, why_dead)
+        wait_healthy(url, timeout, why_dead)
     except TimeoutError:
         proc.kill()
         raise
@@ -241,5 +241,5 @@ def check_replica(url: str, timeout: float = 5.0) -> None:
         raise ValueError(f"replica url={url!r} answers GET /health with HTTP {status}; must answer 200")
 
 
-__all__ = ["LoopbackCluster", "LoopbackConfig", "ROUTER_POLICIES", "RouterProcess", "check_replica", "router_binary",
+__all__ = ["LoopbackCluster", "LoopbackConfig", "VLLM_ROUTER_POLICIES", "RouterProcess", "check_replica", "router_binary",
            "start_router", "wait_router"]

@@ -1,6 +1,6 @@
 """Benchmark of the paged KV cache against the slot cache, side by side in one run (prints numbers).
 
-    .venv/bin/python scripts/bench_paged.py [--context 256] [--repeats 7] [--rounds 2] [--threads 1]
+    .venv/bin/python benchmarks/bench_paged.py [--context 256] [--repeats 7] [--rounds 2] [--threads 1]
 
 Prints:
 

@@ -28,9 +28,9 @@ Two more measurements, chosen with ``--measure``:
 - ``detokenizer``: the server's incremental detokenizer, per token, at outputs of 64 and 1,024
   tokens (with a stop string held back), beside decoding the whole output at every token.
 
-    .venv/bin/python scripts/bench_server.py [--rounds 2] [--threads N]
-    .venv/bin/python scripts/bench_server.py --measure metrics --rounds 3 --threads 1
-    .venv/bin/python scripts/bench_server.py --measure detokenizer
+    .venv/bin/python benchmarks/bench_server.py [--rounds 2] [--threads N]
+    .venv/bin/python benchmarks/bench_server.py --measure metrics --rounds 3 --threads 1
+    .venv/bin/python benchmarks/bench_server.py --measure detokenizer
 """
 
 from __future__ import annotations

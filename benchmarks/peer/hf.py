@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from batchlab.bench.contenders import ContenderRun, OpProfile, _profile_extra, _record
+from .contenders import ContenderRun, OpProfile, _profile_extra, _record
 from batchlab.requests import Request
 from batchlab.trace import RequestRecord, Trace
 

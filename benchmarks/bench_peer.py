@@ -1,10 +1,10 @@
-"""The project's speed goals for the peer benchmark, checked on a run of ``python -m batchlab.bench``.
+"""The project's speed goals for the peer benchmark, checked on a run of ``python -m benchmarks.peer``.
 
-``batchlab.bench`` measures and prints; what counts as good enough is the project's business, so
+``benchmarks.peer`` measures and prints; what counts as good enough is the project's business, so
 the targets live here, not in the library. Arguments are passed on to the benchmark:
 
-    .venv/bin/python scripts/bench_peer.py --dtype both      # offline, every contender, both dtypes
-    .venv/bin/python scripts/bench_peer.py --threads 1       # on a machine shared with other jobs
+    .venv/bin/python benchmarks/bench_peer.py --dtype both      # offline, every contender, both dtypes
+    .venv/bin/python benchmarks/bench_peer.py --threads 1       # on a machine shared with other jobs
 
 Every goal is a ratio measured side by side in the same run (never an absolute time):
 
@@ -21,8 +21,10 @@ Every goal is a ratio measured side by side in the same run (never an absolute t
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from batchlab import bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout: ``benchmarks`` is a folder there
+from benchmarks import peer as bench                               # noqa: E402
 
 # (contender, figure in its summary, comparison, target).
 VLLM_GOALS = (

@@ -1,9 +1,9 @@
 """Benchmark: batchlab's engines against what a user would otherwise run, on one workload, in one run.
 
-    python -m batchlab.bench                          # offline: 32 requests, all at t = 0
-    python -m batchlab.bench --mode online --rate 2   # online: Poisson arrivals on the wall clock
-    python -m batchlab.bench --tiny                   # a few requests, a few tokens (the test runs this)
-    python -m batchlab.bench --dtype both             # every contender in fp32, then in bf16
+    python -m benchmarks.peer                          # offline: 32 requests, all at t = 0
+    python -m benchmarks.peer --mode online --rate 2   # online: Poisson arrivals on the wall clock
+    python -m benchmarks.peer --tiny                   # a few requests, a few tokens (the test runs this)
+    python -m benchmarks.peer --dtype both             # every contender in fp32, then in bf16
 
 One fixed, seeded workload (``make_workload(n, "chat", scale="cpu")``: mixed prompt and output
 lengths, greedy, every request makes exactly ``max_new_tokens`` tokens) is served, one after the
@@ -80,9 +80,9 @@ workload, every contender's metrics, settings, per-request tokens and timings, e
 ``max_batch_tokens`` try and the greedy agreement.
 """
 
-from batchlab.bench.config import BATCHLAB_CONTENDERS, CONTENDERS, DTYPES, HF_CONTENDERS, TINY, VLLM_CONTENDERS, BenchConfig
-from batchlab.bench.memory import PeakMemory
-from batchlab.bench.run import greedy_agreement, main, run_benchmark
+from .config import BATCHLAB_CONTENDERS, CONTENDERS, DTYPES, HF_CONTENDERS, TINY, VLLM_CONTENDERS, BenchConfig
+from .memory import PeakMemory
+from .run import greedy_agreement, main, run_benchmark
 
 __all__ = ["BATCHLAB_CONTENDERS", "CONTENDERS", "DTYPES", "HF_CONTENDERS", "TINY", "VLLM_CONTENDERS", "BenchConfig",
            "PeakMemory", "greedy_agreement", "main", "run_benchmark"]

@@ -6,8 +6,8 @@ import contextlib
 import time
 from collections.abc import Sequence
 
-from batchlab.bench.config import BenchConfig
-from batchlab.bench.contenders import ContenderRun, OpProfile, _profile_extra
+from .config import BenchConfig
+from .contenders import ContenderRun, OpProfile, _profile_extra
 from batchlab.requests import Request
 
 

@@ -26,8 +26,8 @@ from batchlab.cluster import Cluster, ClusterConfig, ReplicaSpec
 from batchlab.loadgen import run_load
 from batchlab.loadgen.client import LoadRequest, from_workload
 from batchlab.requests import Request
-from batchlab.serve.loopback import LoopbackCluster, LoopbackConfig
-from batchlab.serve.prom import counter_delta, scrape
+from batchlab.cluster.loopback import LoopbackCluster, LoopbackConfig
+from batchlab.loadgen.prom import counter_delta, scrape
 
 HIT_FAMILIES = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries")
 

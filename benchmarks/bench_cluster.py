@@ -1,8 +1,8 @@
 """How fast is the cluster simulator? 100,000 chat requests over 16 replicas against one engine.
 
-    python scripts/bench_cluster.py                               # 100k requests, 16 replicas
-    python scripts/bench_cluster.py --requests 10000 --policy power_of_two
-    python scripts/bench_cluster.py --device A100 --load 0.6
+    python benchmarks/bench_cluster.py                               # 100k requests, 16 replicas
+    python benchmarks/bench_cluster.py --requests 10000 --policy power_of_two
+    python benchmarks/bench_cluster.py --device A100 --load 0.6
 
 The workload: multi-turn chat sessions (``workloads.sessions``) over a few shared system
 prompts, so prefix caching hits. Every replica is ``ReplicaSpec.for_device(--model, --device)``:

@@ -1,9 +1,9 @@
 """How fast is the simulator? Serve 100,000 chat-like requests near saturation and time it.
 
-    python scripts/bench_simulator.py                         # 100k requests, max_num_seqs=16
-    python scripts/bench_simulator.py --max-num-seqs 64 --requests 20000
-    python scripts/bench_simulator.py --cost-model data/cost_model_cpu.json --slow
-    python scripts/bench_simulator.py --table                 # slots vs paged at 16 and 256 seqs
+    python benchmarks/bench_simulator.py                         # 100k requests, max_num_seqs=16
+    python benchmarks/bench_simulator.py --max-num-seqs 64 --requests 20000
+    python benchmarks/bench_simulator.py --cost-model data/cost_model_cpu.json --slow
+    python benchmarks/bench_simulator.py --table                 # slots vs paged at 16 and 256 seqs
 
 ``--cache paged`` serves on a paged cache (``--block-size`` tokens a block, prefix caching on)
 instead of reserving slots; ``--table`` runs both caches at 16 and 256 sequences, alternating,
@@ -44,7 +44,7 @@ from batchlab.workloads import Range, make_workload
 # Illustrative, hand-written (not measured): 20 ms per step, 0.2 ms per sequence, 3 ms per token,
 # 0.2 µs per attention pair.
 ILLUSTRATIVE = CostModel(fixed_s=0.020, per_seq_s=0.0002, per_token_s=0.003, per_attention_pair_s=2e-7,
-                         source="illustrative coefficients written in scripts/bench_simulator.py")
+                         source="illustrative coefficients written in benchmarks/bench_simulator.py")
 PROMPT_LEN = Range(100, 300)
 OUTPUT_LEN = Range(100, 200)
 
@@ -128,7 +128,7 @@ def table(cost: CostModel, args: argparse.Namespace, rounds: int = 3) -> None:
         print(f"{seqs:>12} {args.requests / slot:>12,.0f} {args.requests / paged:>12,.0f} "
               f"{statistics.median(rs):>14.2f}x ({rs[0]:.2f}-{rs[-1]:.2f})")
     num_replicas, wall = cluster_run(args)
-    print(f"{num_replicas} replicas (scripts/bench_cluster.py's run: chat sessions, cache-aware routing, "
+    print(f"{num_replicas} replicas (benchmarks/bench_cluster.py's run: chat sessions, cache-aware routing, "
           f"Llama-3-8B on the H100 preset, paged blocks with prefix caching, 80% load): "
           f"{args.requests / wall:,.0f} requests/s ({wall:.1f} s)")
 

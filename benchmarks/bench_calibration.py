@@ -1,6 +1,6 @@
 """Does the calibrated simulator predict the real engine? (Prints numbers; asserts nothing.)
 
-    .venv/bin/python scripts/bench_calibration.py [--json out.json]
+    .venv/bin/python benchmarks/bench_calibration.py [--json out.json]
 
 1. Calibrate: ``calibration_steps`` serves the calibration workload on the real model (chat-like
    requests all arriving at once, continuous batching with token budgets 64 and 512, then a few

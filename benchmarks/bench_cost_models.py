@@ -1,6 +1,6 @@
 """Which step-time formula describes this machine: the additive sum or the roofline? (Prints; asserts nothing.)
 
-    .venv/bin/python scripts/bench_cost_models.py [--rounds 1] [--seed 0] [--json out.json]
+    .venv/bin/python benchmarks/bench_cost_models.py [--rounds 1] [--seed 0] [--json out.json]
 
 1. Measure the machine's two roofs with the profiler: memory read bandwidth
    (``measure_bandwidth``) and matmul peak in the model's dtype (``measure_matmul_flops``).

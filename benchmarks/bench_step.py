@@ -1,6 +1,6 @@
 """Benchmark of the batched step, measured side by side in one run (prints numbers; asserts nothing).
 
-    .venv/bin/python scripts/bench_step.py [--context 64] [--repeats 7]
+    .venv/bin/python benchmarks/bench_step.py [--context 64] [--repeats 7]
 
 Prints: the measured memory bandwidth and the weight-read floor of a decode step; the measured
 peak matmul throughput and the compute ceilings it sets (prefill tokens/s at best, the shortest a

@@ -1,6 +1,6 @@
 """Is bf16 faster than fp32 on this CPU for the course's steps? (Prints; asserts nothing.)
 
-    .venv/bin/python scripts/bench_dtypes.py [--repeats 5] [--rounds 2]
+    .venv/bin/python benchmarks/bench_dtypes.py [--repeats 5] [--rounds 2]
 
 Loads the course's model in float32 and in bfloat16 and times, with the profiler, the steps the
 course runs most: decode at batch 1, 8 and 32 (context 64) and a 256-token prompt prefill. The

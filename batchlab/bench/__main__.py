@@ -1,5 +1,0 @@
-"""``python -m batchlab.bench``: see ``batchlab.bench``."""
-
-from batchlab.bench.run import main
-
-main()

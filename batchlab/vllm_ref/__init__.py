@@ -1,0 +1,17 @@
+"""vLLM beside the course, as the reference: its OpenAI server on the course's model, from its own venv.
+
+- ``server.py``: ``start_vllm`` (vLLM's server as a subprocess on 127.0.0.1, waited for until it
+  answers), ``vllm_bench_serve`` (vLLM's own benchmark client), ``vllm_status`` (is it set up?).
+- ``flags.py``: ``VLLMFlags``, the scheduling knobs ``start_vllm(flags=...)`` passes by vLLM's names,
+  and ``FLAG_TABLE``: batchlab's knobs beside vLLM's flags, V1's defaults and SGLang's flags.
+
+It never imports vLLM into the course's process; ``batchlab.loadgen`` measures it from outside,
+exactly as it measures batchlab's own server (``batchlab.serve``).
+"""
+
+from batchlab.vllm_ref.flags import FLAG_TABLE, VLLMFlags
+from batchlab.vllm_ref.server import (SERVED_MODEL_NAME, SETUP_HINT, VLLMUnavailable, ensure_running, start_vllm,
+                                      vllm_bench_serve, vllm_python, vllm_status)
+
+__all__ = ["FLAG_TABLE", "SERVED_MODEL_NAME", "SETUP_HINT", "VLLMFlags", "VLLMUnavailable", "ensure_running",
+           "start_vllm", "vllm_bench_serve", "vllm_python", "vllm_status"]

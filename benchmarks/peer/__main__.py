@@ -1,0 +1,5 @@
+"""``python -m benchmarks.peer``: see ``benchmarks.peer``."""
+
+from .run import main
+
+main()
