@@ -7,8 +7,9 @@ A serving engine is a loop around one step (nano-vllm's ``LLMEngine.step``, vLLM
     result = backend.run(plan)              the model (or the simulator) computes them
     each sampled token is appended          a request that reached max_new_tokens or a stop
                                             token ends (``end_request``)
-    scheduler.remove_ended()                ended requests leave the queues and free their KV;
-                                            their responses are released to clients
+    release_ended()                         ended requests leave the scheduler's queues and free
+                                            their KV (``scheduler.remove_ended``); finished
+                                            ones' responses are released to clients
 
 Around the step runs one loop (``loop.py``: admit the arrivals, step, wait when idle), which
 every driver calls with its own arrivals:
@@ -65,7 +66,7 @@ class Engine:
     """Serve workloads with ``scheduler`` (the policy) on ``backend`` (the model or the simulator).
 
     ``clock``: ``"virtual"`` (default) or ``"wall"``; see ``clock.py``.
-    ``fast_decode_runs``: let the offline driver use the simulator's fast path
+    ``fast_decode_runs``: let the serving loop use the simulator's fast path
     (``fast_path.py``) where it applies; the trace is the same either way.
     """
 

@@ -1,9 +1,9 @@
-"""The simulator's fast path: runs of plain decode steps predicted in bulk, with the offline driver.
+"""The simulator's fast path: runs of plain decode steps predicted in bulk, inside the serving loop.
 
 Most steps of a large simulation are plain decode steps that repeat with every sequence one
 token further on, until a request arrives or finishes. When the policy's own rules say that the
-next steps can only be such decodes (below), the offline driver lets this module
-compute a whole run of them: one duration per step from the cost model, each step's chunks stored
+next steps can only be such decodes (below), the serving loop (``loop.run_until``) lets this
+module compute a whole run of them: one duration per step from the cost model, each step's chunks stored
 compactly (``DecodeChunks``, expanded only when read), and the requests and the KV accounting
 brought forward at once. The trace is the same as stepping the engine every time
 (``tests/test_engine.py`` checks it); only the Python work per decode token disappears. It
@@ -93,7 +93,7 @@ def predict_decode_steps(run: DecodeRun, offset: int, now: float, stop_at: float
 
 
 class DecodeRuns:
-    """The fast path as the offline driver uses it: ``after_step`` after every engine step, then
+    """The fast path as the serving loop uses it: ``after_step`` after every engine step, then
     ``advance`` before the next one, which computes a run of steps when one is steady."""
 
     @staticmethod

@@ -20,11 +20,11 @@ import threading
 import numpy as np
 import pytest
 
-from batchlab.loadgen import run_load
-from batchlab.loadgen.client import LoadRequest
 from batchlab.cluster.loopback import (LoopbackCluster, LoopbackConfig, check_replica, router_binary, start_router,
                                      wait_router)
 from batchlab.cluster.router_check import agreement, router_added_latency, serve_in_process, serve_through_router
+from batchlab.loadgen import run_load
+from batchlab.loadgen.client import LoadRequest
 from batchlab.workloads.sessions import SessionShape, make_sessions
 
 CONFIG = LoopbackConfig(num_replicas=4, policy="cache_aware", simulate="L4")

@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 from batchlab.loadgen import course_tokenizer, plan_requests, run_load
-from batchlab.serve import start_server
 from batchlab.loadgen.prom import scrape, value
+from batchlab.serve import start_server
 from batchlab.vllm_ref import vllm_bench_serve
 
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 32, 12

@@ -12,12 +12,10 @@ import pytest
 
 from batchlab.analysis.metrics import latency_values
 from batchlab.backends.cost_model import CostModel
-from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, run_load
+from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, prom, run_load
 from batchlab.loadgen.calibrate import OutsideInConfig, calibrate_outside_in
 from batchlab.loadgen.predict import compare, load_figures, simulate_load
-from batchlab.loadgen import prom
-from batchlab.vllm_ref.flags import FLAG_TABLE, VLLMFlags
-from batchlab.vllm_ref import VLLMUnavailable, ensure_running, start_vllm
+from batchlab.vllm_ref import FLAG_TABLE, VLLMFlags, VLLMUnavailable, ensure_running, start_vllm
 
 COST = CostModel(0.045, 0.0005, 0.0022, 1e-6)
 SMALL_CONFIG = OutsideInConfig(prompt_lens=(16, 128), prompt_repeats=2, decode_batches=(1, 4), decode_output_len=16)

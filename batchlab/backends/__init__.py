@@ -14,7 +14,7 @@
 Why a folder: the engine sees only ``Backend``; everything that decides *how long a step takes*
 (measured or predicted) lives here. Calibration (measuring the real model to fit a cost model)
 runs the engine, so it lives above it, in ``batchlab.experiments.calibration``; the simulator's
-fast path lives with the offline driver (``batchlab.fast_path``).
+fast path lives with the serving loop (``batchlab.fast_path``).
 ``ModelBackend`` is imported on first use (``from batchlab.backends import ModelBackend`` works),
 so importing this package, or running the simulator, never loads torch.
 """

@@ -94,7 +94,7 @@ class SimBackend(Backend):
         self._noise_factors = []
         self._noise_next = 0
 
-    # --- used by run() and by the offline driver's fast path (batchlab.fast_path) -----------------
+    # --- used by run() and by the serving loop's fast path (batchlab.fast_path) ------------------
     def step_duration(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
         """The duration of the next step with these features; consumes one noise draw.
 

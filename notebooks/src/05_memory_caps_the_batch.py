@@ -46,9 +46,9 @@ from batchlab.exercises import check
 from batchlab.model import load_model
 from batchlab.model.divergence import NEAR_TIE, parted_between
 from batchlab.model.llama import LlamaWeights
-from batchlab.shapes import load_model_shapes
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher
+from batchlab.shapes import load_model_shapes
 from batchlab.workloads import Range, make_workload
 
 # %% [markdown]

@@ -47,9 +47,9 @@ import pandas as pd
 from batchlab.analysis import metrics
 from batchlab.analysis.claims import expect, expect_true
 from batchlab.exercises import check
-from batchlab.loadgen import plan_requests, run_load
+from batchlab.loadgen import plan_requests, prom, run_load
 from batchlab.model import load_model
-from batchlab.loadgen import prom, start_server
+from batchlab.serve import start_server
 from batchlab.vllm_ref import start_vllm, vllm_bench_serve, vllm_status
 
 # %% [markdown]

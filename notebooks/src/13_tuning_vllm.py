@@ -49,13 +49,11 @@ from batchlab.analysis import metrics
 from batchlab.analysis.claims import expect, expect_true
 from batchlab.backends.roofline import RooflineCostModel
 from batchlab.exercises import check
-from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, run_load
+from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, prom, run_load
 from batchlab.loadgen.calibrate import calibrate_outside_in, fresh_prompts
 from batchlab.loadgen.predict import compare, load_figures, newcomer_figures, simulate_load
 from batchlab.shapes import model_shape
-from batchlab.loadgen import prom
-from batchlab.vllm_ref.flags import FLAG_TABLE, VLLMFlags
-from batchlab.vllm_ref import VLLMUnavailable, ensure_running, start_vllm, vllm_status
+from batchlab.vllm_ref import FLAG_TABLE, VLLMFlags, VLLMUnavailable, ensure_running, start_vllm, vllm_status
 
 # %%
 tok = course_tokenizer()
