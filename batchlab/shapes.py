@@ -116,10 +116,12 @@ class ModelShape:
     tie_embeddings: bool
     source: str
     dtype: str = "bfloat16"
+    max_model_len: int | None = None    # the context it was trained for (max_position_embeddings)
 
     def __post_init__(self) -> None:
         hint = f"model shape {self.name!r}"
         check_int("num_layers", self.num_layers, hint=hint)
+        check_int("max_model_len", self.max_model_len, allow_none=True, hint=hint)
         check_int("vocab_size", self.vocab_size, hint=hint)
         check_bool("tie_embeddings", self.tie_embeddings)
         check_choice("dtype", self.dtype, sorted(DTYPE_BYTES), hint=hint)
@@ -189,7 +191,8 @@ class ModelShape:
     def from_llama_config(cls, config, name: str, source: str, dtype: str = "float32") -> "ModelShape":
         """From ``batchlab.model.llama.LlamaConfig`` (e.g. ``weights.config`` of the loaded model)."""
         return cls(name, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
-                   config.head_dim, config.intermediate_size, config.vocab_size, True, source, dtype)
+                   config.head_dim, config.intermediate_size, config.vocab_size, True, source, dtype,
+                   config.max_position)
 
     @classmethod
     def from_config_json(cls, path: str | Path, name: str | None = None) -> "ModelShape":
@@ -219,7 +222,7 @@ class ModelShape:
                    config.get("num_key_value_heads") or heads,
                    config.get("head_dim") or config["hidden_size"] // heads, config["intermediate_size"],
                    config["vocab_size"], bool(config.get("tie_word_embeddings", False)), source,
-                   dtype if dtype in DTYPE_BYTES else "bfloat16")
+                   dtype if dtype in DTYPE_BYTES else "bfloat16", config.get("max_position_embeddings"))
 
 
 def load_model_shapes(path: str | Path = SHAPES_PATH) -> dict[str, ModelShape]:

@@ -40,6 +40,7 @@ LAYERS = [
     ["serve"],                         # the HTTP server over the online engine
     ["vllm_ref"],                      # vLLM's server as the reference (a subprocess)
     ["cluster"],                       # many engines behind a router: simulated, or the real router on loopback
+    ["predict"],                       # a whole vLLM deployment on GPUs, predicted before it is rented
     ["exercises"],
 ]
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}

@@ -40,7 +40,8 @@ def test_bad_shapes_and_names_are_refused():
 
 LLAMA3_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
                  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-                 "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+                 "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                 "max_position_embeddings": 8192}
 
 
 def test_a_config_json_reads_as_the_table_s_shape(tmp_path):

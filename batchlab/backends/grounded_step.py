@@ -1,11 +1,12 @@
-"""A whole step's time from measured kernels (the grounded GPU presets).
+"""A whole step's time from measured kernels (the grounded GPU presets), on one GPU or split over several.
 
 For a step of ``num_seqs`` sequences, ``num_tokens`` tokens and ``attention_pairs`` query-key
-pairs on one GPU::
+pairs, on each of ``tensor_parallel`` GPUs that split every layer (Megatron's way)::
 
-    t = num_layers * (projections(T) + small_ops(T) + attention)   # every decoder layer
-      + lm_head(num_seqs)                                          # logits at each sequence's last token
-      + embedding(T) + final_norm(T)
+    t = num_layers * (projections(T) + small_ops(T) + attention     # every decoder layer, 1/tp of it
+                      + 2 * all_reduce(T * hidden))                 # after attention's o and the MLP's down
+      + lm_head(num_seqs)                                           # logits at each sequence's last token
+      + embedding(T) + final_norm(T) (+ all_reduce(T * hidden))     # the embedding is split by vocabulary
 
 Projections and small operators are ``KernelModel``'s, fitted to measured kernel times.
 Attention is not in those measurements: each layer's attention is one kernel moving its share
@@ -13,46 +14,71 @@ of the KV cache the step reads (``keys_read`` keys and values, as the roofline c
 doing its share of the q·k and p·v FLOPs, at the bandwidth and compute fractions (and the fixed
 cost) the matrix multiplies were measured to reach. That is an assumption: a fused attention
 kernel streaming the KV cache is taken to reach what a weight-streaming matrix multiply reaches.
-The LM head runs for one row per sequence, as vLLM computes logits only where it samples. The
-per-step overhead is added by ``RooflineCostModel``.
+With tensor parallelism each GPU holds ``1/tp`` of the heads, so of the KV cache and of the
+attention FLOPs. The LM head runs for one row per sequence, as vLLM computes logits only where
+it samples, each GPU over ``1/tp`` of the vocabulary. The all-reduces are priced by
+``all_reduce`` (``collectives.AllReduceModel``: fitted to measured NCCL times); ``tensor_parallel
+> 1`` needs one. The per-step overhead is added by ``RooflineCostModel``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batchlab.backends.kernels import KernelModel
+from batchlab.checks import check_int
 from batchlab.shapes import ModelShape
+
+ALL_REDUCES_PER_LAYER = 2     # attention's output projection and the MLP's down projection
 
 
 @dataclass(frozen=True)
 class GroundedStep:
-    """Seconds for one step of ``shape`` on one GPU whose kernels ``kernels`` describes."""
+    """Seconds for one step of ``shape`` on each of ``tensor_parallel`` GPUs whose kernels
+    ``kernels`` describes; ``all_reduce(num_bytes)`` prices one all-reduce among them."""
 
     shape: ModelShape
     kernels: KernelModel
+    tensor_parallel: int = 1
+    all_reduce: Callable[[float], float] | None = None
     _layers_by_tokens: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        check_int("tensor_parallel", self.tensor_parallel)
+        self.shape.layer.check_tensor_parallel(self.tensor_parallel)
+        if self.tensor_parallel > 1 and self.all_reduce is None:
+            raise ValueError(f"tensor_parallel={self.tensor_parallel} needs all_reduce (seconds for an "
+                             "all-reduce of N bytes, e.g. collectives.AllReduceModel)")
+
+    def all_reduce_seconds(self, num_tokens: int) -> float:
+        """One all-reduce of the hidden states of ``num_tokens`` tokens (0 on one GPU)."""
+        if self.tensor_parallel == 1:
+            return 0.0
+        return float(self.all_reduce(num_tokens * self.shape.hidden_size * self.kernels.dtype_bytes))
+
     def layers_seconds(self, num_tokens: int) -> float:
-        """Every layer's projections and small operators (remembered per token count)."""
+        """Every layer's projections, small operators and all-reduces (remembered per token count)."""
         seconds = self._layers_by_tokens.get(num_tokens)
         if seconds is None:
-            seconds = self.shape.num_layers * float(self.kernels.layer_seconds(self.shape.layer, num_tokens))
-            self._layers_by_tokens[num_tokens] = seconds
+            layer = float(self.kernels.layer_seconds(self.shape.layer, num_tokens, self.tensor_parallel))
+            layer += ALL_REDUCES_PER_LAYER * self.all_reduce_seconds(num_tokens)
+            seconds = self._layers_by_tokens[num_tokens] = self.shape.num_layers * layer
         return seconds
 
     def attention_seconds(self, keys_read: float, attention_pairs: int) -> float:
         """Every layer's attention: one kernel per layer over its share of the KV read and FLOPs."""
-        layers = self.shape.num_layers
-        kv_bytes = keys_read * self.shape.kv_bytes_per_token(self.kernels.dtype_bytes) / layers
-        flops = attention_pairs * self.shape.attention_flops_per_pair / layers
-        return layers * float(self.kernels.kernel_seconds(kv_bytes, flops))
+        split = self.shape.num_layers * self.tensor_parallel
+        kv_bytes = keys_read * self.shape.kv_bytes_per_token(self.kernels.dtype_bytes) / split
+        flops = attention_pairs * self.shape.attention_flops_per_pair / split
+        return self.shape.num_layers * float(self.kernels.kernel_seconds(kv_bytes, flops))
 
     def edges_seconds(self, num_seqs: int, num_tokens: int) -> float:
         """The LM head for one row per sequence, the embedding lookup and the final norm."""
         h = self.shape.hidden_size
-        head = self.kernels.matmul_seconds(h, self.shape.vocab_size, num_seqs)
-        return float(head + self.kernels.small_ops_seconds(2, 4 * num_tokens * h))
+        head = self.kernels.matmul_seconds(h, -(-self.shape.vocab_size // self.tensor_parallel), num_seqs)
+        return float(head + self.kernels.small_ops_seconds(2, 4 * num_tokens * h)
+                     + self.all_reduce_seconds(num_tokens))
 
     def seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int, keys_read: float) -> float:
         """The step without the per-step overhead."""

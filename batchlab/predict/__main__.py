@@ -1,0 +1,107 @@
+"""``python -m batchlab.predict``: predict a vLLM deployment's latencies and throughput.
+
+    python -m batchlab.predict --model Llama-3-8B --gpu H100 --request-rate 10 \\
+        --input-len 600 --output-len 250 --prefix-len 100 --num-prompts 5000
+    python -m batchlab.predict --model path/to/config.json --gpu H100 --tensor-parallel-size 2 \\
+        --data-parallel-size 2 --trace my_requests.csv --out result.json
+
+Prints the deployment (memory per GPU, KV blocks), the percentiles of TTFT, TPOT, ITL and E2E
+latency, throughput, KV use, preemptions and the saturation verdict; ``--out`` writes
+``vllm bench serve``'s result keys. Bad input ends with one line naming the value and what is
+allowed, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from batchlab.backends.device_presets import load_device_presets
+from batchlab.cluster.policies import ROUTING_POLICIES
+from batchlab.predict.deployment import Deployment, predict
+from batchlab.predict.engine_flags import DTYPES, EngineFlags
+from batchlab.predict.traffic import ARRIVAL_KINDS, TrafficSpec, read_trace
+from batchlab.shapes import MODEL_SHAPES
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m batchlab.predict", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help=f"one of {sorted(MODEL_SHAPES)}, or a config.json path")
+    p.add_argument("--gpu", required=True, help=f"a preset: {sorted(load_device_presets())}")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1, help="replicas behind a router")
+    p.add_argument("--routing", default="least_outstanding", help=f"the router's policy: {list(ROUTING_POLICIES)}")
+    engine = p.add_argument_group("vLLM's flags (vLLM's names and defaults)")
+    engine.add_argument("--max-num-seqs", type=int)
+    engine.add_argument("--max-num-batched-tokens", type=int)
+    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    engine.add_argument("--block-size", type=int, default=16)
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    engine.add_argument("--max-model-len", type=int)
+    engine.add_argument("--dtype", default="auto", choices=DTYPES)
+    engine.add_argument("--enforce-eager", action="store_true")
+    engine.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    load = p.add_argument_group("traffic: generated (vllm bench serve's random dataset) or --trace")
+    load.add_argument("--trace", help="CSV (with a header) or JSONL: arrival_s, input_tokens, output_tokens"
+                                      "[, prefix_group, prefix_len]")
+    load.add_argument("--num-prompts", type=int, default=1000)
+    load.add_argument("--request-rate", type=float, default=math.inf, help="req/s (inf: all at once)")
+    load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 = Poisson, < 1 burstier")
+    load.add_argument("--arrival", default="poisson", choices=ARRIVAL_KINDS)
+    load.add_argument("--input-len", type=int, default=1024, help="prompt tokens after the shared prefix")
+    load.add_argument("--output-len", type=int, default=128)
+    load.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1 +- ratio)")
+    load.add_argument("--prefix-len", type=int, default=0, help="shared prefix tokens (a system prompt)")
+    load.add_argument("--num-prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    load.add_argument("--seed", type=int, default=0)
+    p.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated, e.g. 50,90,99")
+    p.add_argument("--out", help="write vllm bench serve's result JSON here")
+    return p
+
+
+def run(args: argparse.Namespace) -> list[str]:
+    flags = EngineFlags(args.max_num_seqs, args.max_num_batched_tokens, args.enable_chunked_prefill,
+                        args.enable_prefix_caching, args.block_size, args.gpu_memory_utilization,
+                        args.max_model_len, args.dtype, args.enforce_eager, args.async_scheduling)
+    deployment = Deployment(args.model, args.gpu, args.tensor_parallel_size, args.data_parallel_size, flags,
+                            args.routing)
+    if args.trace:
+        traffic = read_trace(args.trace)
+    else:
+        traffic = TrafficSpec(args.num_prompts, args.request_rate, args.burstiness, args.arrival, args.input_len,
+                              args.output_len, args.range_ratio, args.prefix_len, args.num_prefix_groups,
+                              args.seed).generate()
+    try:
+        percentiles = tuple(float(p) for p in args.metric_percentiles.split(","))
+    except ValueError:
+        raise ValueError(f"metric_percentiles={args.metric_percentiles!r}; must be numbers separated by commas") from None
+    if not all(0 < p < 100 for p in percentiles):
+        raise ValueError(f"metric_percentiles={args.metric_percentiles!r}; must each be between 0 and 100")
+    prediction = predict(deployment, traffic, percentiles)
+    prediction.setup.update(request_rate=None if args.trace else args.request_rate,
+                            burstiness=None if args.trace else args.burstiness)
+    lines = deployment.describe() + [f"traffic: {traffic.describe()}", ""] + prediction.summary_lines()
+    lines.append(f"(predicted in {prediction.wall_seconds:.1f} s of wall time)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(prediction.bench_result(), indent=1) + "\n", encoding="utf-8")
+        lines.append(f"wrote {args.out}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        lines = run(args)
+    except ValueError as err:
+        print(f"python -m batchlab.predict: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""A vLLM deployment (model, GPU, tensor and data parallelism, flags) and its predicted serving.
+
+``Deployment`` checks the whole setup the way vLLM would refuse it (unknown model or GPU, a
+tensor-parallel degree that does not divide the heads, weights that do not fit, a KV cache too
+small for one ``max_model_len`` sequence), and builds each replica: ``tensor_parallel_size``
+GPUs running ``VllmStepModel`` (measured kernels, all-reduces, CUDA-graph padding, the engine's
+CPU work) with the KV blocks ``plan_memory`` derives, scheduled by ``ContinuousBatcher`` with
+vLLM's budgets. ``predict(deployment, traffic)`` serves the traffic on one replica, or on
+``data_parallel_size`` replicas behind a ``batchlab.cluster`` router, and returns a ``Prediction``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from batchlab.backends import SimBackend
+from batchlab.backends.collectives import all_reduce_model
+from batchlab.backends.device_presets import DevicePreset, load_device_presets
+from batchlab.backends.grounded_step import GroundedStep
+from batchlab.backends.kernels import KernelModel
+from batchlab.checks import check_choice, check_instance, check_int
+from batchlab.cluster import Cluster, ClusterConfig
+from batchlab.cluster.policies import ROUTING_POLICIES
+from batchlab.engine import Engine
+from batchlab.predict.engine_flags import EngineFlags
+from batchlab.predict.memory import GIB, MemoryPlan, plan_memory
+from batchlab.predict.report import Prediction
+from batchlab.predict.step_model import VllmStepModel
+from batchlab.predict.traffic import Traffic
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.shapes import ModelShape, model_shape
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """``data_parallel_size`` replicas of ``model`` (a ``MODEL_SHAPES`` name, a ``config.json``
+    path or a ``ModelShape``), each over ``tensor_parallel_size`` GPUs of preset ``gpu``."""
+
+    model: str | ModelShape
+    gpu: str
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    flags: EngineFlags = field(default_factory=EngineFlags)
+    routing: str = "least_outstanding"
+
+    def __post_init__(self) -> None:
+        try:
+            shape = self.model if isinstance(self.model, ModelShape) else model_shape(self.model)
+        except ValueError as err:
+            raise ValueError(f"model: {err}") from None
+        presets = load_device_presets()
+        check_choice("gpu", self.gpu, sorted(presets), hint="--gpu, a preset of batchlab/backends/device_presets.json")
+        check_int("tensor_parallel_size", self.tensor_parallel_size, hint="--tensor-parallel-size")
+        check_int("data_parallel_size", self.data_parallel_size, hint="--data-parallel-size")
+        check_instance("flags", self.flags, EngineFlags, "an EngineFlags")
+        check_choice("routing", self.routing, ROUTING_POLICIES)
+        shape.layer.check_tensor_parallel(self.tensor_parallel_size)
+        preset = presets[self.gpu]
+        flags = self.flags.resolved(preset.name, self.device_memory_bytes(preset) / GIB, shape)
+        object.__setattr__(self, "_shape", shape)
+        object.__setattr__(self, "_preset", preset)
+        object.__setattr__(self, "_flags", flags)
+        object.__setattr__(self, "_memory", plan_memory(shape, self.device_memory_bytes(preset), flags,
+                                                        self.tensor_parallel_size))
+        object.__setattr__(self, "_step", self._step_model())
+
+    @staticmethod
+    def device_memory_bytes(preset: DevicePreset) -> float:
+        """A datasheet's GB are the card's GiB (80 GB HBM is 80 GiB)."""
+        return preset.memory_bytes / 1e9 * GIB
+
+    # --- what it is built from -----------------------------------------------------------------
+    @property
+    def shape(self) -> ModelShape:
+        return self._shape
+
+    @property
+    def resolved_flags(self) -> EngineFlags:
+        return self._flags
+
+    @property
+    def memory(self) -> MemoryPlan:
+        return self._memory
+
+    @property
+    def step_model(self) -> VllmStepModel:
+        return self._step
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    def _step_model(self) -> VllmStepModel:
+        preset, tp, flags = self._preset, self.tensor_parallel_size, self._flags
+        if preset.kernels is None:
+            raise ValueError(f"gpu={self.gpu!r}; must have fitted kernels to predict a deployment")
+        kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, flags.dtype_bytes, preset.kernels)
+        all_reduce = all_reduce_model(preset.name, tp) if tp > 1 else None
+        gpu = GroundedStep(self._shape, kernels, tp, all_reduce)
+        return VllmStepModel(gpu, flags.cuda_graph_sizes(), flags.async_scheduling)
+
+    def engine(self, index: int = 0) -> Engine:
+        """One replica's engine on the virtual clock."""
+        f = self._flags
+        backend = SimBackend(self._step, self._memory.kv_tokens, f.max_model_len, block_size=f.block_size,
+                             enable_prefix_caching=f.enable_prefix_caching)
+        return Engine(ContinuousBatcher(f.max_num_seqs, f.max_num_batched_tokens, f.enable_chunked_prefill), backend)
+
+    def describe(self) -> list[str]:
+        f = self._flags
+        return [f"{self._shape.name} on {self.data_parallel_size} x {self.tensor_parallel_size} {self.gpu} "
+                f"({self.num_gpus} GPUs; tensor parallel {self.tensor_parallel_size}, {self.data_parallel_size} "
+                f"replica{'s' if self.data_parallel_size > 1 else ''}"
+                + (f" behind a {self.routing} router" if self.data_parallel_size > 1 else "") + f"), {f.dtype}",
+                f"flags: --max-num-seqs {f.max_num_seqs} --max-num-batched-tokens {f.max_num_batched_tokens} "
+                f"--block-size {f.block_size} --gpu-memory-utilization {f.gpu_memory_utilization} --max-model-len "
+                f"{f.max_model_len}" + ("" if f.enable_chunked_prefill else " --no-enable-chunked-prefill")
+                + ("" if f.enable_prefix_caching else " --no-enable-prefix-caching")
+                + (" --enforce-eager" if f.enforce_eager else "") + ("" if f.async_scheduling else " --no-async-scheduling"),
+                *self._memory.lines()]
+
+
+def predict(deployment: Deployment, traffic: Traffic, percentiles: tuple[float, ...] = (50, 90, 99)) -> Prediction:
+    """Serve ``traffic`` on ``deployment``'s simulated replicas; the ``Prediction``."""
+    check_instance("deployment", deployment, Deployment, "a Deployment")
+    check_instance("traffic", traffic, Traffic, "a Traffic (TrafficSpec(...).generate() or read_trace(path))")
+    wall = time.perf_counter()
+    requests = traffic.requests()
+    if deployment.data_parallel_size == 1:
+        trace = deployment.engine().run(requests)
+    else:
+        cluster = Cluster(ClusterConfig(deployment.data_parallel_size, deployment.routing), engine_factory=deployment.engine)
+        trace = cluster.run(requests).merged
+    setup = {"model": deployment.shape.name, "gpu": deployment.gpu, "traffic": traffic.source}
+    return Prediction(trace, setup, deployment.memory.kv_tokens * deployment.data_parallel_size,
+                      time.perf_counter() - wall, percentiles)
+
+
+__all__ = ["Deployment", "predict"]

@@ -1,0 +1,118 @@
+"""A prediction's results: latency percentiles, throughput, KV use, preemptions, and a verdict.
+
+``Prediction`` holds the merged trace of every replica and what it was predicted for.
+``bench_result()`` gives ``vllm bench serve``'s result keys and units (milliseconds, requests
+and tokens per second: ``median_ttft_ms``, ``p99_ttft_ms``, ``median_tpot_ms``,
+``median_itl_ms``, ``median_e2el_ms``, ``request_throughput``, ...), so one reader reads both.
+
+The verdict: a deployment **keeps up** when the time requests wait in the queue does not grow
+over the run. It is **saturated** when it does: the least-squares slope of queue time against
+arrival time is above ``SATURATION_SLOPE`` (each second of arrivals adds that many seconds of
+waiting: the server serves under about ``1 / (1 + slope)`` of the offered rate) and the last
+fifth of the arrivals waited over ``SATURATION_WAIT_S`` at the median. Preemptions say the KV
+cache, not the compute, ran out first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from batchlab.analysis.metrics import itl_values, per_request_metrics, preemption_stats, request_counts
+from batchlab.trace import Trace
+
+SATURATION_SLOPE = 0.02
+SATURATION_WAIT_S = 0.5
+METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}   # vLLM's name -> batchlab's
+
+
+@dataclass
+class Prediction:
+    """What ``predict`` returns: the run's trace and the facts it was predicted from."""
+
+    trace: Trace
+    setup: dict
+    kv_capacity_tokens: int
+    wall_seconds: float
+    percentiles: tuple[float, ...] = (50, 90, 99)
+    _per_request: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def per_request(self) -> pd.DataFrame:
+        if self._per_request is None:
+            self._per_request = per_request_metrics(self.trace)
+        return self._per_request
+
+    def values(self, metric: str) -> np.ndarray:
+        """Seconds: one per finished request (``ttft``, ``tpot``, ``e2el``), every gap for ``itl``."""
+        if metric == "itl":
+            return itl_values(self.trace)
+        return self.per_request[METRICS[metric]].dropna().to_numpy(float)
+
+    def saturation(self) -> dict:
+        """``saturated`` (bool), the queue's ``slope`` and the last fifth's median ``late_wait_s``."""
+        df = self.per_request.sort_values("arrival_time")
+        t, q = df["arrival_time"].to_numpy(float), df["queue_time"].fillna(0).to_numpy(float)
+        slope = float(np.polyfit(t, q, 1)[0]) if len(t) > 2 and np.ptp(t) > 0 else 0.0
+        late = float(np.median(q[len(q) * 4 // 5:])) if len(q) else 0.0
+        return {"saturated": slope > SATURATION_SLOPE and late > SATURATION_WAIT_S, "slope": slope,
+                "late_wait_s": late}
+
+    def kv_usage(self, num_samples: int = 256) -> dict:
+        """The KV tokens held by running requests, as a share of the capacity: ``mean`` and
+        ``peak`` over ``num_samples`` instants (a shared prefix counted once per request: an upper
+        bound where prefixes are cached)."""
+        df = self.per_request
+        start, first = df["first_scheduled_time"].to_numpy(float), df["first_token_time"].to_numpy(float)
+        end, prompt = df["last_token_time"].to_numpy(float), df["prompt_len"].to_numpy(float)
+        rate = (df["num_output_tokens"].to_numpy(float) - 1) / np.maximum(end - first, 1e-12)
+        times = np.linspace(start.min(), end.max(), num_samples)[:, None]            # (samples, 1)
+        held = np.where((times >= start) & (times < end), prompt + np.clip(times - first, 0, None) * rate, 0.0)
+        share = held.sum(axis=1) / self.kv_capacity_tokens
+        return {"mean": float(share.mean()), "peak": float(share.max())}
+
+    def bench_result(self) -> dict:
+        """``vllm bench serve``'s result keys and units for this prediction."""
+        counts, df = request_counts(self.trace), self.per_request
+        duration = float(df["last_token_time"].max() - self.trace.requests[0].arrival_time) if len(df) else 0.0
+        inputs, outputs = int(df["prompt_len"].sum()), int(df["num_output_tokens"].sum())
+        out = {"backend": "batchlab.predict", "model_id": self.setup["model"], "num_prompts": counts["num_requests"],
+               "request_rate": self.setup.get("request_rate", "trace"), "burstiness": self.setup.get("burstiness"),
+               "duration": duration, "completed": counts["num_finished"],
+               "failed": counts["num_requests"] - counts["num_finished"],
+               "total_input_tokens": inputs, "total_output_tokens": outputs,
+               "request_throughput": counts["num_finished"] / duration if duration else 0.0,
+               "output_throughput": outputs / duration if duration else 0.0,
+               "total_token_throughput": (inputs + outputs) / duration if duration else 0.0}
+        for name in METRICS:
+            ms = self.values(name) * 1e3
+            out[f"mean_{name}_ms"] = float(ms.mean()) if len(ms) else float("nan")
+            out[f"median_{name}_ms"] = float(np.median(ms)) if len(ms) else float("nan")
+            out[f"std_{name}_ms"] = float(ms.std()) if len(ms) else float("nan")
+            for p in self.percentiles:
+                out[f"p{p:g}_{name}_ms"] = float(np.percentile(ms, p)) if len(ms) else float("nan")
+        return out
+
+    def summary_lines(self) -> list[str]:
+        """The prediction in words: percentiles, throughput, KV, preemptions, verdict."""
+        r, sat, kv = self.bench_result(), self.saturation(), self.kv_usage()
+        head = f"{'metric':>8} {'mean':>10} " + " ".join(f"{'p' + format(p, 'g'):>10}" for p in self.percentiles)
+        lines = [head]
+        for name in METRICS:
+            lines.append(f"{name.upper():>8} {r[f'mean_{name}_ms']:8.1f}ms "
+                         + " ".join(f"{r[f'p{p:g}_{name}_ms']:8.1f}ms" for p in self.percentiles))
+        pre = preemption_stats(self.trace)
+        lines += [f"throughput: {r['request_throughput']:.2f} req/s, {r['output_throughput']:,.0f} output tok/s "
+                  f"({r['completed']:,} of {r['num_prompts']:,} requests finished over {r['duration']:.1f} s)",
+                  f"KV cache: {kv['mean']:.0%} held on average, {kv['peak']:.0%} at the peak; "
+                  f"{pre['num_preemptions']} preemptions",
+                  ("verdict: SATURATED - the queue grows by {:.2f} s per second of arrivals (the last fifth waited "
+                   "{:.1f} s at the median): the deployment serves under the offered rate").format(
+                       sat["slope"], sat["late_wait_s"]) if sat["saturated"] else
+                  f"verdict: keeps up (queue wait of the last fifth {sat['late_wait_s'] * 1e3:.0f} ms at the median)"]
+        return lines
+
+
+__all__ = ["METRICS", "SATURATION_SLOPE", "SATURATION_WAIT_S", "Prediction"]

@@ -1,0 +1,58 @@
+"""One vLLM V1 engine step on a tensor-parallel group of GPUs: the kernels, and the engine around them.
+
+``VllmStepModel.predict_features(num_seqs, num_tokens, attention_pairs)`` (a ``StepTimeModel``, so
+``SimBackend`` takes it) is::
+
+    gpu  = GroundedStep(tokens padded to a CUDA-graph size)     # kernels from measured profiles,
+                                                                # 1/tp of each layer, 2 all-reduces
+    cpu  = fixed + per_seq * num_seqs                           # scheduling and input preparation
+    step = max(gpu, cpu)  with async scheduling,  gpu + cpu  without
+
+Padding: a step of at most the largest captured size runs the next captured size up (a decode
+step of 37 sequences costs what 40 do); larger steps run at their own size. Sequences of a
+pure decode step are padded the same way (the LM head runs for the padded rows). Each constant's
+source is in ``vllm_v1.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from batchlab.backends.cost_model import StepTimeModel
+from batchlab.backends.grounded_step import GroundedStep
+from batchlab.predict.engine_flags import ENGINE_DATA, padded_tokens
+
+CPU = ENGINE_DATA["cpu_per_step"]
+
+
+@dataclass(frozen=True)
+class VllmStepModel(StepTimeModel):
+    """Seconds per engine step (see the module docstring)."""
+
+    gpu: GroundedStep
+    cuda_graph_sizes: tuple[int, ...]
+    async_scheduling: bool = True
+    query_tile: int = 128
+    cpu_fixed_s: float = CPU["fixed_ms"] * 1e-3
+    cpu_per_seq_s: float = CPU["per_seq_ms"] * 1e-3
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def gpu_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
+        """The kernels' time, at the padded size."""
+        tokens = padded_tokens(num_tokens, self.cuda_graph_sizes)
+        rows = tokens if num_tokens == num_seqs else num_seqs      # a decode step pads its rows too
+        keys = attention_pairs / min(self.query_tile, max(1.0, num_tokens / num_seqs))
+        g = self.gpu
+        return g.layers_seconds(tokens) + g.attention_seconds(keys, attention_pairs) + g.edges_seconds(rows, tokens)
+
+    def cpu_seconds(self, num_seqs: int) -> float:
+        return self.cpu_fixed_s + self.cpu_per_seq_s * num_seqs
+
+    def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
+        if num_seqs <= 0:
+            return 0.0
+        gpu, cpu = self.gpu_seconds(num_seqs, num_tokens, attention_pairs), self.cpu_seconds(num_seqs)
+        return max(gpu, cpu) if self.async_scheduling else gpu + cpu
+
+
+__all__ = ["VllmStepModel"]

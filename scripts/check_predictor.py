@@ -1,0 +1,97 @@
+"""Check batchlab.predict against measured vLLM serving runs, stage by stage, and print the errors.
+
+    .venv/bin/python scripts/check_predictor.py RUNS.jsonl [--gpu H100] [--max-requests N]
+
+RUNS.jsonl holds one JSON object per measured load stage (the project ships none: use public runs
+whose licence you have checked). Each object has ``model`` (a Hugging Face name such as
+``meta-llama/Llama-2-7b-hf``, or a name of ``batchlab.shapes``), ``tensor_parallel``, ``gpu``
+(optional), ``flags`` (vLLM's flags by their names: ``max_num_seqs``, ``max_num_batched_tokens``,
+``max_model_len``, ``block_size``, ...), ``workload`` (``rate_rps``, ``arrival`` starting with
+"constant" or "poisson", ``num_requests``, ``input_tokens`` and ``output_tokens`` as ``{"p50": ...}``,
+``prefix_tokens`` and ``resolved_shared_prefix.num_groups`` when prompts share a system prompt)
+and ``measured`` (``ttft_ms`` and ``e2e_ms`` as ``{"p50": ...}``). TPOT's median is taken as
+``(e2e p50 - ttft p50) / (output p50 - 1)``, so that clients that count stream events instead of
+tokens compare alike. A stage whose measured median TTFT is over 10 s counts as saturated.
+
+The last line is the median absolute error over TTFT, TPOT and E2E p50 of every stage the
+predictor can express, and how many saturation verdicts were right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict  # noqa: E402
+from batchlab.shapes import MODEL_SHAPES  # noqa: E402
+
+HF_NAMES = {"meta-llama/Llama-2-7b-hf": "Llama-2-7B", "meta-llama/Llama-2-70b-hf": "Llama-2-70B",
+            "codellama/CodeLlama-34b-Instruct-hf": "CodeLlama-34B", "codellama/CodeLlama-34b-hf": "CodeLlama-34B",
+            "meta-llama/Meta-Llama-3-8B": "Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct": "Llama-3-8B"}
+FLAG_NAMES = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size")
+SATURATED_TTFT_MS = 10_000
+
+
+def stage_prediction(run: dict, gpu: str, max_requests: int | None) -> dict:
+    """Predicted and measured p50s of one stage (raises ValueError if it cannot be expressed)."""
+    model = HF_NAMES.get(run["model"], run["model"])
+    if model not in MODEL_SHAPES:
+        raise ValueError(f"model={run['model']!r}; not in the shapes table")
+    flags = EngineFlags(**{k: int(run["flags"][k]) for k in FLAG_NAMES if k in run["flags"]})
+    w = run["workload"]
+    n = int(w["num_requests"]) if max_requests is None else min(int(w["num_requests"]), max_requests)
+    prefix = int(w.get("prefix_tokens") or 0)
+    groups = int((w.get("resolved_shared_prefix") or {}).get("num_groups") or 1)
+    spec = TrafficSpec(num_prompts=n, request_rate=float(w["rate_rps"]),
+                       arrival="constant" if str(w.get("arrival", "")).startswith("constant") else "poisson",
+                       input_len=max(1, int(w["input_tokens"]["p50"]) - prefix),
+                       output_len=int(w["output_tokens"]["p50"]), prefix_len=prefix, num_prefix_groups=groups)
+    deployment = Deployment(model, run.get("gpu_preset", gpu), int(run["tensor_parallel"]), flags=flags)
+    p = predict(deployment, spec.generate()).bench_result()
+    m, out = run["measured"], int(w["output_tokens"]["p50"])
+    measured = {"ttft": m["ttft_ms"]["p50"], "e2e": m["e2e_ms"]["p50"]}
+    measured["tpot"] = (measured["e2e"] - measured["ttft"]) / max(out - 1, 1)
+    predicted = {"ttft": p["median_ttft_ms"], "tpot": p["median_tpot_ms"], "e2e": p["median_e2el_ms"]}
+    return {"measured": measured, "predicted": predicted,
+            "saturated": (measured["ttft"] > SATURATED_TTFT_MS, p["median_ttft_ms"] > SATURATED_TTFT_MS)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", help="JSON Lines of measured stages (see the module docstring)")
+    parser.add_argument("--gpu", default="H100", help="the preset of runs that do not name one (H100)")
+    parser.add_argument("--max-requests", type=int, help="predict at most this many requests per stage")
+    args = parser.parse_args(argv)
+    errors, verdicts = [], []
+    for line in Path(args.runs).read_text(encoding="utf-8").splitlines():
+        run = json.loads(line)
+        if run.get("stage") == "summary":
+            continue
+        label = f"{run['model'].split('/')[-1]} tp{run['tensor_parallel']} {run['workload']['rate_rps']} req/s"
+        try:
+            r = stage_prediction(run, args.gpu, args.max_requests)
+        except ValueError as err:
+            print(f"{label}: not expressible ({err})")
+            continue
+        cells = []
+        for k in ("ttft", "tpot", "e2e"):
+            e = r["predicted"][k] / r["measured"][k] - 1
+            cells.append(f"{k} {r['measured'][k]:9.1f} -> {r['predicted'][k]:9.1f} ms ({e:+.0%})")
+            if not any(r["saturated"]):
+                errors.append(abs(e))
+        verdicts.append(r["saturated"][0] == r["saturated"][1])
+        print(f"{label:>36}: " + "; ".join(cells) + f"; saturated {r['saturated'][0]} / predicted {r['saturated'][1]}")
+    print(f"median |error| over TTFT, TPOT, E2E p50 of the stages that keep up: {np.median(errors):.1%} "
+          f"({len(errors) // 3} stages); saturation verdicts right: {sum(verdicts)} of {len(verdicts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

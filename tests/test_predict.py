@@ -1,0 +1,146 @@
+"""batchlab.predict: a vLLM deployment's memory, step and serving, and its bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchlab.backends.collectives import all_reduce_model
+from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict, read_trace
+from batchlab.predict.__main__ import main as cli
+from batchlab.predict.engine_flags import ENGINE_DATA, padded_tokens
+from batchlab.predict.memory import GIB
+from batchlab.predict.traffic import Traffic
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = EngineFlags(max_num_seqs=128, max_num_batched_tokens=2048, max_model_len=4096)
+
+
+def test_vllm_defaults_depend_on_the_device_as_vllm_sets_them():
+    h100 = Deployment("Llama-3-8B", "H100").resolved_flags
+    a100 = Deployment("Llama-3-8B", "A100").resolved_flags
+    assert (h100.max_num_seqs, h100.max_num_batched_tokens, h100.max_model_len) == (1024, 8192, 8192)
+    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
+    assert h100.dtype == "bfloat16" and Deployment("Llama-2-7B", "H100").resolved_flags.dtype == "float16"
+
+
+def test_cuda_graph_sizes_and_padding_follow_vllm_s_rule():
+    sizes = Deployment("Llama-2-7B", "H100", flags=FLAGS).resolved_flags.cuda_graph_sizes()
+    assert sizes[:4] == (1, 2, 4, 8) and sizes[-1] == 256 and 248 in sizes and 264 not in sizes   # min(128*2, 512)
+    assert padded_tokens(37, sizes) == 40 and padded_tokens(40, sizes) == 40 and padded_tokens(300, sizes) == 300
+    assert EngineFlags(enforce_eager=True).cuda_graph_sizes() == ()
+    step = Deployment("Llama-2-7B", "H100", flags=FLAGS).step_model
+    assert step.gpu_seconds(37, 37, 37 * 500) == pytest.approx(step.gpu_seconds(40, 40, 37 * 500))
+    assert step.gpu_seconds(41, 41, 41 * 500) > step.gpu_seconds(40, 40, 40 * 500)
+
+
+def test_the_kv_cache_matches_vllm_s_logged_memory_profile():
+    # vLLM PR #10511's log: Meta-Llama-3-8B on an H100, utilization 0.9: available_kv_cache_memory 53.29 GiB.
+    flags = EngineFlags(max_num_seqs=256, max_num_batched_tokens=8192)
+    plan = Deployment("Llama-3-8B", "H100", flags=flags).memory
+    assert plan.weights / GIB == pytest.approx(14.96, abs=0.01)
+    assert plan.kv_bytes / GIB == pytest.approx(53.29, rel=0.01)
+    assert plan.num_blocks == int(plan.kv_bytes // (16 * 131072))
+    tp2 = Deployment("Llama-3-8B", "H100", 2, flags=flags).memory
+    assert tp2.num_blocks > 2 * plan.num_blocks * 0.98     # half the weights and half the KV per token each
+
+
+def test_tensor_parallel_splits_the_step_and_pays_for_all_reduces():
+    one = Deployment("CodeLlama-34B", "H100", 1, flags=FLAGS).step_model.gpu
+    two = Deployment("CodeLlama-34B", "H100", 2, flags=FLAGS).step_model.gpu
+    assert two.all_reduce_seconds(40) > 0 == one.all_reduce_seconds(40)
+    assert 0.5 * one.layers_seconds(40) < two.layers_seconds(40) < 0.75 * one.layers_seconds(40)
+    model = all_reduce_model("H100", 4)
+    assert model(64 * 2**20) > model(2**20) > model(2048) > 0
+
+
+def test_the_all_reduce_and_cpu_fits_reproduce_from_the_shipped_data():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_all_reduce.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for line in done.stdout.splitlines():
+        assert float(line.split("median error ")[1].split("%")[0]) < 15, line
+    table = pd.read_csv(ROOT / "data" / "vllm_engine" / "a100_cpu_overheads.csv")
+    rows = table[(table["model_name"] == "meta-llama/Llama-2-7b-hf") & (table["tensor_parallel_degree"] == 1)]
+    slope, intercept = np.polyfit(rows["batch_size"], rows["SCHEDULE_MEDIAN"] + rows["PREPARE_INPUTS_E2E_MEDIAN"], 1)
+    assert ENGINE_DATA["cpu_per_step"]["fixed_ms"] == pytest.approx(intercept, abs=5e-4)
+    assert ENGINE_DATA["cpu_per_step"]["per_seq_ms"] == pytest.approx(slope, abs=5e-5)
+
+
+def test_light_load_keeps_up_and_overload_is_called_saturated():
+    deployment = Deployment("Llama-2-7B", "H100", flags=FLAGS)
+    light = predict(deployment, TrafficSpec(600, 5.0, input_len=500, output_len=200).generate())
+    heavy = predict(deployment, TrafficSpec(3000, 60.0, input_len=500, output_len=200).generate())
+    assert not light.saturation()["saturated"] and heavy.saturation()["saturated"]
+    r = light.bench_result()
+    assert r["completed"] == 600 and r["request_throughput"] == pytest.approx(5.0, rel=0.15)
+    assert 0 < r["median_ttft_ms"] < 200 and 2 < r["median_tpot_ms"] < 50 and r["p99_e2el_ms"] > r["median_e2el_ms"]
+    assert heavy.bench_result()["median_ttft_ms"] > 10 * r["median_ttft_ms"]
+    two = predict(Deployment("Llama-2-7B", "H100", data_parallel_size=2, flags=FLAGS),
+                  TrafficSpec(3000, 60.0, input_len=500, output_len=200).generate())
+    assert two.bench_result()["median_ttft_ms"] < heavy.bench_result()["median_ttft_ms"]
+
+
+def test_a_trace_file_replays_like_the_same_generated_traffic(tmp_path):
+    traffic = TrafficSpec(200, 4.0, input_len=300, output_len=50, prefix_len=64, num_prefix_groups=3).generate()
+    rows = pd.DataFrame({"arrival_s": traffic.arrival_s, "input_tokens": traffic.input_tokens,
+                         "output_tokens": traffic.output_tokens, "prefix_group": traffic.prefix_group,
+                         "prefix_len": traffic.prefix_len})
+    rows.to_csv(tmp_path / "t.csv", index=False)
+    (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(r) for r in rows.to_dict("records")))
+    deployment = Deployment("Llama-3-8B", "H100")
+    expected = predict(deployment, traffic).bench_result()["median_e2el_ms"]
+    for name in ("t.csv", "t.jsonl"):
+        replay = read_trace(tmp_path / name)
+        assert isinstance(replay, Traffic) and len(replay) == 200
+        assert predict(deployment, replay).bench_result()["median_e2el_ms"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("arrival_s,input_tokens\n0,5\n", r"header=.*lacks \['output_tokens'\]"),
+    ("arrival_s,input_tokens,output_tokens\n0,5,4\n1,abc,4\n", r"t.csv row 3: input_tokens='abc'; must be an int >= 1"),
+    ("arrival_s,input_tokens,output_tokens\n-1,5,4\n", r"row 2: arrival_s=-1.0|row 2: arrival_s='-1'"),
+    ("arrival_s,input_tokens,output_tokens,prefix_len\n0,5,4,3\n", r"row 2: prefix_group.*needs the group"),
+])
+def test_a_bad_trace_row_is_named_by_row_and_field(tmp_path, text, message):
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_trace(tmp_path / "t.csv")
+
+
+def test_bad_deployments_are_refused_in_one_line_each(tmp_path, capsys):
+    moe = tmp_path / "config.json"
+    moe.write_text(json.dumps({"architectures": ["MixtralForCausalLM"], "num_local_experts": 8}))
+    cases = [(["--model", "GPT-5"], "model: shape='GPT-5'"), (["--model", str(moe)], "mixture of experts"),
+             (["--gpu", "B200"], "gpu='B200'"), (["-tp", "3"], "tensor_parallel=3; must divide"),
+             (["--model", "Llama-2-70B"], r"weights=128.5 GiB per GPU.*--tensor-parallel-size 2 fits"),
+             (["--gpu", "L4", "-tp", "2"], "needs a measured all-reduce"),
+             (["--gpu", "L4", "--gpu-memory-utilization", "0.75"], r"max_model_len=8192; must fit in the KV cache"),
+             (["--model", "Llama-2-7B", "--max-model-len", "8192"], r"max_model_len=8192; must be <= 4096"),
+             (["--max-num-seqs", "0"], "max_num_seqs=0"), (["--trace", str(tmp_path / "none.csv")], "trace=")]
+    for extra, message in cases:
+        argv = ["--model", "Llama-3-8B", "--gpu", "H100", "--num-prompts", "5"] + extra
+        assert cli(argv) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and re.search(message, err), (extra, err)
+
+
+def test_the_command_line_writes_vllm_bench_serve_s_keys(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    assert cli(["--model", "Llama-2-70B", "--gpu", "H100", "-tp", "4", "--num-prompts", "300", "--request-rate", "4",
+                "--input-len", "500", "--output-len", "100", "--prefix-len", "100", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "blocks of 16 tokens" in text and "verdict: keeps up" in text
+    result = json.loads(out.read_text())
+    for key in ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms", "p99_e2el_ms",
+                "request_throughput", "output_throughput", "completed", "duration"):
+        assert math.isfinite(result[key]), key
+    assert result["completed"] == 300
