@@ -26,6 +26,25 @@ SOURCE = ("fitted by scripts/fit_all_reduce.py to data/gpu_network/*_all_reduce.
           "relative error of latency + size * 2 (n - 1) / n / bus_bandwidth over every size, per GPU count")
 
 
+# vLLM's own all-reduce for small messages (vllm/distributed/device_communicators/custom_all_reduce.py,
+# used under 8 MiB within an NVLink node): its time per call on H100s, as published in
+# sgl-project/sglang PR #2904 (2025-01-15, "vllm" table: float32 elements, time per call over 5,000
+# back-to-back calls, no CUDA graph).
+CUSTOM_SOURCE = ("vLLM's custom all-reduce (vllm/distributed/device_communicators/custom_all_reduce.py: used for "
+                 "messages under 8 MiB within an NVLink node) on H100s, time per call over 5,000 back-to-back calls "
+                 "without CUDA graphs, as published in sgl-project/sglang PR #2904 (2025-01-15); sizes there are "
+                 "float32 elements (sgl-kernel/tests/test_trt_reduce.py at that time), here bytes")
+CUSTOM_ELEMENTS = (512, 4096, 32768, 262144, 524288, 1048576)
+CUSTOM_MS = {2: (0.0095, 0.0088, 0.0087, 0.0129, 0.0177, 0.0266),
+             4: (0.0091, 0.0085, 0.0092, 0.0206, 0.0269, 0.0402),
+             8: (0.0101, 0.0093, 0.0118, 0.0241, 0.0304, 0.0450)}
+
+
+def custom_table() -> dict:
+    return {"source": CUSTOM_SOURCE, "max_bytes": 8 * 2**20, "bytes": [4 * e for e in CUSTOM_ELEMENTS],
+            "us": {str(n): [round(ms * 1e3, 2) for ms in times] for n, times in CUSTOM_MS.items()}}
+
+
 def fit_all() -> dict:
     nodes = {}
     for path in sorted(DATA.glob("*_all_reduce.csv")):
@@ -39,8 +58,10 @@ def fit_all() -> dict:
                                         "bus_bandwidth_GBps": round(model.bus_bandwidth_Bps / 1e9, 2),
                                         "rows": stats["rows"], "median_error": round(stats["median_error"], 4),
                                         "worst_error": round(stats["worst_error"], 4)}
-    return {"about": "One all-reduce among n GPUs of a node: latency + size * 2 (n - 1) / n / bus_bandwidth.",
-            "source": SOURCE, "nodes": nodes}
+    return {"about": "One all-reduce among n GPUs of a node: NCCL's, latency + size * 2 (n - 1) / n / bus_bandwidth "
+                     "('nodes'); under custom.max_bytes on an H100 node, vLLM's custom all-reduce as measured "
+                     "('custom': piecewise linear in bytes).",
+            "source": SOURCE, "nodes": nodes, "custom": {"h100_dgx": custom_table()}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,3 +144,25 @@ def test_the_command_line_writes_vllm_bench_serve_s_keys(tmp_path, capsys):
                 "request_throughput", "output_throughput", "completed", "duration"):
         assert math.isfinite(result[key]), key
     assert result["completed"] == 300
+
+
+def test_async_scheduling_admits_a_newcomer_one_step_later():
+    flags = dict(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=4096)
+    traffic = TrafficSpec(400, 6.0, input_len=500, output_len=200, seed=3).generate()
+    on = predict(Deployment("Llama-2-7B", "H100", flags=EngineFlags(**flags)), traffic).bench_result()
+    off = predict(Deployment("Llama-2-7B", "H100", flags=EngineFlags(**flags, async_scheduling=False)),
+                  traffic).bench_result()
+    # Later by about one decode step (a few ms at this load), and never earlier; a lone request is not delayed.
+    assert 0.5 * off["median_tpot_ms"] < on["median_ttft_ms"] - off["median_ttft_ms"] < 2 * off["median_tpot_ms"]
+    lone = TrafficSpec(1, input_len=500, output_len=20).generate()
+    assert predict(Deployment("Llama-2-7B", "H100", flags=EngineFlags(**flags)), lone).bench_result()[
+        "median_ttft_ms"] == pytest.approx(predict(Deployment("Llama-2-7B", "H100", flags=EngineFlags(
+            **flags, async_scheduling=False)), lone).bench_result()["median_ttft_ms"], rel=0.2)
+
+
+def test_small_all_reduces_are_priced_by_vllm_s_own_kernel_on_h100s():
+    model = all_reduce_model("H100", 4)
+    assert model(393_216) < 0.5 * model.nccl_seconds(393_216)        # a 24-token decode of a 70B layer
+    assert model(16 * 2**20) == pytest.approx(model.nccl_seconds(16 * 2**20))
+    a100 = all_reduce_model("A100", 4)
+    assert a100(393_216) == pytest.approx(a100.nccl_seconds(393_216))   # no published custom times: NCCL

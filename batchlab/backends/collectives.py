@@ -10,8 +10,11 @@ GPU's links, so one of ``size`` bytes takes about::
 reach, NCCL's "bus bandwidth") are fitted per node type and GPU count, in relative error, to
 Vidur's measured times (``data/gpu_network/``, MIT) by ``fit_all_reduce``;
 ``scripts/fit_all_reduce.py`` stores them in ``collectives.json`` with each fit's median and worst
-error. ``all_reduce_model(device, n)`` reads the stored fit for a GPU preset (``NODE_OF`` says
-which measured node stands for which device).
+error. vLLM does not use NCCL for small messages: its own one-kernel all-reduce over NVLink
+(under 8 MiB) skips NCCL's rounds; where its times were published (H100s), ``collectives.json``
+holds them (``custom``) and a message under that size is priced by them, linearly between the
+measured sizes. ``all_reduce_model(device, n)`` reads the stored model for a GPU preset
+(``NODE_OF`` says which measured node stands for which device).
 """
 
 from __future__ import annotations
@@ -40,15 +43,29 @@ class AllReduceModel:
     num_gpus: int
     latency_s: float
     bus_bandwidth_Bps: float
+    small_bytes: tuple[float, ...] = ()      # vLLM's custom all-reduce: measured sizes ...
+    small_seconds: tuple[float, ...] = ()    # ... and times, used up to small_max_bytes
+    small_max_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         check_int("num_gpus", self.num_gpus, minimum=2)
         check_number("latency_s", self.latency_s)
         check_number("bus_bandwidth_Bps", self.bus_bandwidth_Bps, strict=True)
+        if len(self.small_bytes) != len(self.small_seconds) or (self.small_bytes and len(self.small_bytes) < 2):
+            raise ValueError(f"small_bytes={self.small_bytes!r}; must pair with small_seconds, two points or more")
 
-    def __call__(self, num_bytes):
+    def nccl_seconds(self, num_bytes):
         n = self.num_gpus
         return self.latency_s + np.multiply(num_bytes, 2 * (n - 1) / n) / self.bus_bandwidth_Bps
+
+    def __call__(self, num_bytes):
+        if not self.small_bytes:
+            return self.nccl_seconds(num_bytes)
+        x, y = np.asarray(self.small_bytes), np.asarray(self.small_seconds)
+        slope = (y[-1] - y[-2]) / (x[-1] - x[-2])          # past the last measured size: its slope
+        small = np.where(np.less_equal(num_bytes, x[-1]), np.interp(num_bytes, x, y),
+                         y[-1] + slope * (np.asarray(num_bytes, dtype=float) - x[-1]))
+        return np.where(np.less(num_bytes, self.small_max_bytes), small, self.nccl_seconds(num_bytes))
 
 
 def fit_all_reduce(table: pd.DataFrame, num_gpus: int) -> tuple[AllReduceModel, dict]:
@@ -80,12 +97,18 @@ def all_reduce_model(device: str, num_gpus: int, path: str | Path = COLLECTIVES_
     if device not in NODE_OF:
         raise ValueError(f"device={device!r}; tensor parallelism needs a measured all-reduce: one of "
                          f"{sorted(NODE_OF)} (no all-reduce of a {device} node is in data/gpu_network/)")
-    fits = load_collectives(path)["nodes"][NODE_OF[device]]
+    data = load_collectives(path)
+    fits = data["nodes"][NODE_OF[device]]
     if str(num_gpus) not in fits:
         raise ValueError(f"tensor_parallel={num_gpus}; must be one of {sorted(map(int, fits))} on {device} "
                          "(the GPU counts measured in one node)")
     entry = fits[str(num_gpus)]
-    return AllReduceModel(num_gpus, entry["latency_us"] * 1e-6, entry["bus_bandwidth_GBps"] * 1e9)
+    custom = data.get("custom", {}).get(NODE_OF[device])
+    small = {}
+    if custom is not None and str(num_gpus) in custom["us"]:
+        small = {"small_bytes": tuple(custom["bytes"]), "small_max_bytes": float(custom["max_bytes"]),
+                 "small_seconds": tuple(us * 1e-6 for us in custom["us"][str(num_gpus)])}
+    return AllReduceModel(num_gpus, entry["latency_us"] * 1e-6, entry["bus_bandwidth_GBps"] * 1e9, **small)
 
 
 __all__ = ["COLLECTIVES_PATH", "NODE_OF", "AllReduceModel", "all_reduce_model", "fit_all_reduce",

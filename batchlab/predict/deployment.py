@@ -23,6 +23,7 @@ from batchlab.checks import check_choice, check_instance, check_int
 from batchlab.cluster import Cluster, ClusterConfig
 from batchlab.cluster.policies import ROUTING_POLICIES
 from batchlab.engine import Engine
+from batchlab.predict.async_scheduling import AsyncScheduledBatcher
 from batchlab.predict.engine_flags import EngineFlags
 from batchlab.predict.memory import GIB, MemoryPlan, plan_memory
 from batchlab.predict.report import Prediction
@@ -105,7 +106,12 @@ class Deployment:
         f = self._flags
         backend = SimBackend(self._step, self._memory.kv_tokens, f.max_model_len, block_size=f.block_size,
                              enable_prefix_caching=f.enable_prefix_caching)
-        return Engine(ContinuousBatcher(f.max_num_seqs, f.max_num_batched_tokens, f.enable_chunked_prefill), backend)
+        if not f.async_scheduling:
+            return Engine(ContinuousBatcher(f.max_num_seqs, f.max_num_batched_tokens, f.enable_chunked_prefill), backend)
+        scheduler = AsyncScheduledBatcher(f.max_num_seqs, f.max_num_batched_tokens, f.enable_chunked_prefill)
+        engine = Engine(scheduler, backend)
+        scheduler.last_step = lambda: engine.steps[-1] if engine.steps else None
+        return engine
 
     def describe(self) -> list[str]:
         f = self._flags

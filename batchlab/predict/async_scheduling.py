@@ -1,0 +1,49 @@
+"""vLLM V1's async scheduling, as a scheduler: a request that arrives during a step joins one step later.
+
+With async scheduling (vLLM's default since PR #27614), the engine core plans step ``k + 1``
+while step ``k`` runs on the GPU, and plans step ``k + 2`` as soon as step ``k``'s output is
+back. A request that arrives while step ``k`` runs therefore first enters step ``k + 2``: its
+wait for the first token is one step longer than a synchronous engine's, in exchange for a GPU
+that never waits for the CPU. When nothing else is running, no step ``k + 1`` was planned, and the
+newcomer joins the next step as in a synchronous engine.
+
+``AsyncScheduledBatcher`` is ``ContinuousBatcher`` with that rule: while it plans the step after
+``last_step()`` (the engine's latest step record), the requests that arrived during that step
+wait, unless nothing is running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from batchlab.plan import StepPlan
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.trace import StepRecord
+
+
+class AsyncScheduledBatcher(ContinuousBatcher):
+    """``ContinuousBatcher`` that admits a request no earlier than the second step after its arrival."""
+
+    def __init__(self, *args, last_step: Callable[[], StepRecord | None] = lambda: None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_step = last_step
+        self._in_flight: tuple[float, float] | None = None    # the step whose newcomers wait
+
+    def schedule(self, now: float) -> StepPlan:
+        last = self.last_step()
+        # Planned back to back with the last step, while requests run: that step's arrivals wait.
+        self._in_flight = (last.start, last.end) if last is not None and self.running and now <= last.end else None
+        return super().schedule(now)
+
+    def _admit_waiting(self, step) -> None:
+        if self._in_flight is None:
+            return super()._admit_waiting(step)
+        start, _ = self._in_flight
+        waiting, late = self.waiting, []
+        while waiting and waiting[-1].arrival_time > start:   # the newest arrivals are at the back
+            late.append(waiting.pop())
+        super()._admit_waiting(step)
+        waiting.extend(reversed(late))
+
+
+__all__ = ["AsyncScheduledBatcher"]
