@@ -255,6 +255,7 @@ print(f"the gap across r004's prefill: {gaps_ms[k]:.0f} ms; median gap {np.media
 # | **[11 · Which latency are you feeling?](11_which_latency_are_you_feeling.ipynb) (capstone)** | Diagnose a server from what users feel: a slow first token points at queueing and prefill, slow streaming at decode throughput; then tune it. |
 # | **[12 · One model, many replicas](12_one_model_many_replicas.ipynb)** | Many replicas behind a router: round robin against load-aware routing on a mixed fleet; prefix affinity and its trap under heavy sharing; a real router (`vllm-router`) in front of simulated GPUs, checked against the simulation; how many replicas a load needs. |
 # | **[13 · Tuning vLLM](13_tuning_vllm.ipynb)** | vLLM's flags against batchlab's knobs and V1's defaults; the simulator calibrated to vLLM from outside predicts a knob's effect (`--max-num-seqs`, prefix caching with `cache_salt`), then the knob is turned and measured, through the client and vLLM's `/metrics`. |
+# | **[14 · Before you rent the GPUs](14_before_you_rent_the_gpus.ipynb)** | Predict a whole vLLM deployment on GPUs before renting them: the KV cache vLLM would allot, what tensor parallelism buys and costs, one GPU against TP2 against two replicas under a latency target, the price of a million tokens, and how far the prediction was checked. |
 #
 # Each notebook ends with a summary and a few exercises. Type your answer into the cell and run
 # `check(...)`: it says whether you are right. Worked solutions are in `solutions/`, for when

@@ -1,0 +1,71 @@
+"""Choosing a deployment: sweep the offered rate over candidates, find each one's highest rate
+under a latency SLO, and price its tokens.
+
+``sweep_rates(candidates, traffic_at, rates)`` predicts every candidate (name -> ``Deployment``)
+at every rate (``traffic_at(rate)`` gives the ``TrafficSpec``) and returns one row per pair:
+TTFT and TPOT percentiles in ms, throughput, the verdict. ``best_rate(table, slo)`` is each
+candidate's highest swept rate whose every SLO percentile holds (and that keeps up);
+``cost_per_million_tokens`` turns a GPU-hour price and a throughput into dollars per million
+output tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import pandas as pd
+
+from batchlab.checks import check_number
+from batchlab.predict.deployment import Deployment, predict
+from batchlab.predict.traffic import TrafficSpec
+
+
+def sweep_rates(candidates: Mapping[str, Deployment], traffic_at: Callable[[float], TrafficSpec],
+                rates: Iterable[float], progress: bool = False) -> pd.DataFrame:
+    """One row per (candidate, rate): ``candidate``, ``num_gpus``, ``rate``, ``ttft_p50_ms``,
+    ``ttft_p90_ms``, ``tpot_p50_ms``, ``tpot_p90_ms``, ``e2e_p50_ms``, ``output_tok_s``,
+    ``saturated``."""
+    pairs = [(name, rate) for name in candidates for rate in rates]
+    if progress:
+        from tqdm.auto import tqdm
+        pairs = tqdm(pairs, desc="predicting", unit="run")
+    rows = []
+    for name, rate in pairs:
+        prediction = predict(candidates[name], traffic_at(rate).generate())
+        r = prediction.bench_result()
+        rows.append({"candidate": name, "num_gpus": candidates[name].num_gpus, "rate": rate,
+                     "ttft_p50_ms": r["median_ttft_ms"], "ttft_p90_ms": r["p90_ttft_ms"],
+                     "tpot_p50_ms": r["median_tpot_ms"], "tpot_p90_ms": r["p90_tpot_ms"],
+                     "e2e_p50_ms": r["median_e2el_ms"], "output_tok_s": r["output_throughput"],
+                     "saturated": prediction.saturation()["saturated"]})
+    return pd.DataFrame(rows)
+
+
+def best_rate(table: pd.DataFrame, slo: Mapping[str, float]) -> pd.DataFrame:
+    """Per candidate: the highest swept ``rate`` that keeps up with every ``slo`` column under its
+    bound (e.g. ``{"ttft_p90_ms": 500, "tpot_p90_ms": 50}``), its ``output_tok_s`` and
+    ``num_gpus``; NaN where no swept rate does."""
+    missing = [k for k in slo if k not in table.columns]
+    if missing:
+        raise ValueError(f"slo={dict(slo)!r}; its keys must be columns of the table: {missing} are not")
+    ok = ~table["saturated"]
+    for column, bound in slo.items():
+        ok &= table[column] < bound
+    rows = []
+    for name, group in table.groupby("candidate", sort=False):
+        good = group[ok.loc[group.index]]
+        best = good.loc[good["rate"].idxmax()] if len(good) else None
+        rows.append({"candidate": name, "num_gpus": int(group["num_gpus"].iloc[0]),
+                     "best_rate": float(best["rate"]) if best is not None else float("nan"),
+                     "output_tok_s": float(best["output_tok_s"]) if best is not None else float("nan")})
+    return pd.DataFrame(rows).set_index("candidate")
+
+
+def cost_per_million_tokens(num_gpus: float, usd_per_gpu_hour: float, output_tok_s: float) -> float:
+    """Dollars per million output tokens: what the GPUs cost in the time they take to make them."""
+    check_number("usd_per_gpu_hour", usd_per_gpu_hour, strict=True, hint="what one GPU costs you an hour")
+    check_number("output_tok_s", output_tok_s, strict=True, hint="output tokens per second")
+    return num_gpus * usd_per_gpu_hour / 3600 / output_tok_s * 1e6
+
+
+__all__ = ["best_rate", "cost_per_million_tokens", "sweep_rates"]
