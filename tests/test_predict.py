@@ -133,6 +133,18 @@ def test_bad_deployments_are_refused_in_one_line_each(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and re.search(message, err), (extra, err)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "Llama-3-8B", "--gpu", "H100", "--max-num-seqz", "8"], "unrecognized arguments: --max-num-seqz 8"),
+    (["--model", "Llama-3-8B", "--gpu", "H100", "--dtype", "int4"], "argument --dtype: invalid choice: 'int4'"),
+    (["--gpu", "H100"], "the following arguments are required: --model"),
+])
+def test_an_unknown_or_malformed_flag_is_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli(argv)
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
 def test_the_command_line_writes_vllm_bench_serve_s_keys(tmp_path, capsys):
     out = tmp_path / "result.json"
     assert cli(["--model", "Llama-2-70B", "--gpu", "H100", "-tp", "4", "--num-prompts", "300", "--request-rate", "4",

@@ -27,8 +27,15 @@ from batchlab.predict.traffic import ARRIVAL_KINDS, TrafficSpec, read_trace
 from batchlab.shapes import MODEL_SHAPES
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An unknown or malformed flag ends with one line naming it (not argparse's usage block)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see --help for the flags and what each allows)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m batchlab.predict", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m batchlab.predict", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help=f"one of {sorted(MODEL_SHAPES)}, or a config.json path")
     p.add_argument("--gpu", required=True, help=f"a preset: {sorted(load_device_presets())}")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
