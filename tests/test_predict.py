@@ -145,6 +145,18 @@ def test_an_unknown_or_malformed_flag_is_one_line(argv, message, capsys):
     assert stop.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
 
 
+def test_any_dense_config_json_is_a_model(tmp_path, capsys):
+    config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+              "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+              "max_position_embeddings": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert cli(["--model", str(tmp_path / "config.json"), "--gpu", "H100", "-tp", "2", "--num-prompts", "50",
+                "--request-rate", "5", "--max-model-len", "8192"]) == 0
+    assert "on 1 x 2 H100" in capsys.readouterr().out
+    assert cli(["--model", str(tmp_path / "config.json"), "--gpu", "H100", "-tp", "8"]) == 2     # 28 heads
+    assert "tensor_parallel=8; must divide num_heads=28" in capsys.readouterr().err
+
+
 def test_the_command_line_writes_vllm_bench_serve_s_keys(tmp_path, capsys):
     out = tmp_path / "result.json"
     assert cli(["--model", "Llama-2-70B", "--gpu", "H100", "-tp", "4", "--num-prompts", "300", "--request-rate", "4",
