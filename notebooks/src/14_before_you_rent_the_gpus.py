@@ -248,12 +248,15 @@ for path in sorted((KERNEL_PROFILES_DIR / "held_out").glob("*.csv")):
 # 3. **Whole deployments.** Checked against public measured runs of vLLM 0.15.1 on H100s
 #    (constant-rate loads of 5-20 requests a second, 600-token prompts sharing a system prompt,
 #    250 output tokens; data whose licence does not allow shipping it here, so it is not in this
-#    course): for Llama-2-7B on one GPU the median TTFT, TPOT and end-to-end latency were within
-#    13% at every load the server kept up with, and the two overloaded stages were called
-#    saturated. With TP2 and TP4 (CodeLlama-34B, Llama-2-70B) the predictor was slow by 20-80%,
-#    more at higher load: the measured vLLM steps were faster than the held-out kernel profiles
-#    plus the all-reduces add up to. Treat a TP prediction as an upper bound on latency, and
-#    rerun the check with your own measured runs: `python scripts/check_predictor.py RUNS.jsonl`.
+#    course). Llama-2-7B on one GPU: the median TTFT, TPOT and end-to-end latency within 13% from
+#    5 to 10 requests a second; at 20 a second, near its capacity, TPOT 43% high (errors grow
+#    near capacity: a step predicted a little slow holds more sequences, which makes the next
+#    step slower still); its overloaded stage called saturated. With TP2 and TP4 (CodeLlama-34B,
+#    Llama-2-70B) the predictor was slow by 20-80%, more at higher load, and called their 20
+#    requests a second saturated where the real servers kept up: the measured vLLM steps were
+#    faster than the held-out kernel profiles plus the all-reduces add up to. Treat a TP
+#    prediction as an upper bound on latency, and check it with runs you measured yourself:
+#    `python scripts/check_predictor.py RUNS.jsonl`.
 
 # %% [markdown]
 # ## Explore
@@ -289,8 +292,8 @@ explore(show_deployment, model=["Llama-3-8B", "Llama-2-7B", "CodeLlama-34B", "Ll
 #   latency target; two replicas carry more under a loose one. Per token, replicas cost what one
 #   GPU does; TP2 is worth its second GPU only when the target is tight.
 # - The kernels behind the prediction are right to about 5% at the median on models the fit never
-#   saw; a whole single-GPU deployment was within 13% of vLLM's measured medians; TP deployments
-#   were predicted slower than measured.
+#   saw; a whole single-GPU deployment was within 13% of vLLM's measured medians at moderate load
+#   and further off near its capacity; TP deployments were predicted slower than measured.
 
 # %% [markdown]
 # ## Exercises
