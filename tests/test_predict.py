@@ -84,6 +84,8 @@ def test_light_load_keeps_up_and_overload_is_called_saturated():
     assert r["completed"] == 600 and r["request_throughput"] == pytest.approx(5.0, rel=0.15)
     assert 0 < r["median_ttft_ms"] < 200 and 2 < r["median_tpot_ms"] < 50 and r["p99_e2el_ms"] > r["median_e2el_ms"]
     assert heavy.bench_result()["median_ttft_ms"] > 10 * r["median_ttft_ms"]
+    burst = predict(deployment, TrafficSpec(50, input_len=500, output_len=20).generate())     # all at t = 0
+    assert burst.saturation()["saturated"] is None and "every request arrived at once" in burst.summary_lines()[-1]
     two = predict(Deployment("Llama-2-7B", "H100", data_parallel_size=2, flags=FLAGS),
                   TrafficSpec(3000, 60.0, input_len=500, output_len=200).generate())
     assert two.bench_result()["median_ttft_ms"] < heavy.bench_result()["median_ttft_ms"]

@@ -37,7 +37,7 @@ def sweep_rates(candidates: Mapping[str, Deployment], traffic_at: Callable[[floa
                      "ttft_p50_ms": r["median_ttft_ms"], "ttft_p90_ms": r["p90_ttft_ms"],
                      "tpot_p50_ms": r["median_tpot_ms"], "tpot_p90_ms": r["p90_tpot_ms"],
                      "e2e_p50_ms": r["median_e2el_ms"], "output_tok_s": r["output_throughput"],
-                     "saturated": prediction.saturation()["saturated"]})
+                     "saturated": bool(prediction.saturation()["saturated"])})
     return pd.DataFrame(rows)
 
 

@@ -9,8 +9,9 @@ The verdict: a deployment **keeps up** when the time requests wait in the queue 
 over the run. It is **saturated** when it does: the least-squares slope of queue time against
 arrival time is above ``SATURATION_SLOPE`` (each second of arrivals adds that many seconds of
 waiting: the server serves under about ``1 / (1 + slope)`` of the offered rate) and the last
-fifth of the arrivals waited over ``SATURATION_WAIT_S`` at the median. Preemptions say the KV
-cache, not the compute, ran out first.
+fifth of the arrivals waited over ``SATURATION_WAIT_S`` at the median. Traffic that arrives all
+at once has no rate to keep up with, and gets no verdict. Preemptions say the KV cache, not the
+compute, ran out first.
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ class Prediction:
         return self.per_request[METRICS[metric]].dropna().to_numpy(float)
 
     def saturation(self) -> dict:
-        """``saturated`` (bool), the queue's ``slope`` and the last fifth's median ``late_wait_s``."""
+        """``saturated`` (bool; None when every request arrived at once: no rate to keep up with),
+        the queue's ``slope`` and the last fifth's median ``late_wait_s``."""
         df = self.per_request.sort_values("arrival_time")
         t, q = df["arrival_time"].to_numpy(float), df["queue_time"].fillna(0).to_numpy(float)
-        slope = float(np.polyfit(t, q, 1)[0]) if len(t) > 2 and np.ptp(t) > 0 else 0.0
         late = float(np.median(q[len(q) * 4 // 5:])) if len(q) else 0.0
+        if len(t) < 3 or np.ptp(t) == 0:
+            return {"saturated": None, "slope": float("nan"), "late_wait_s": late}
+        slope = float(np.polyfit(t, q, 1)[0])
         return {"saturated": slope > SATURATION_SLOPE and late > SATURATION_WAIT_S, "slope": slope,
                 "late_wait_s": late}
 
@@ -108,11 +112,19 @@ class Prediction:
                   f"({r['completed']:,} of {r['num_prompts']:,} requests finished over {r['duration']:.1f} s)",
                   f"KV cache: {kv['mean']:.0%} held on average, {kv['peak']:.0%} at the peak; "
                   f"{pre['num_preemptions']} preemptions",
-                  ("verdict: SATURATED - the queue grows by {:.2f} s per second of arrivals (the last fifth waited "
-                   "{:.1f} s at the median): the deployment serves under the offered rate").format(
-                       sat["slope"], sat["late_wait_s"]) if sat["saturated"] else
-                  f"verdict: keeps up (queue wait of the last fifth {sat['late_wait_s'] * 1e3:.0f} ms at the median)"]
+                  self._verdict(sat)]
         return lines
+
+    @staticmethod
+    def _verdict(sat: dict) -> str:
+        if sat["saturated"] is None:
+            return (f"verdict: none - every request arrived at once, so there is no rate to keep up with (the last "
+                    f"fifth waited {sat['late_wait_s']:.1f} s in the queue at the median); give --request-rate")
+        if sat["saturated"]:
+            return (f"verdict: SATURATED - the queue grows by {sat['slope']:.2f} s per second of arrivals (the last "
+                    f"fifth waited {sat['late_wait_s']:.1f} s at the median): the deployment serves under the "
+                    "offered rate")
+        return f"verdict: keeps up (queue wait of the last fifth {sat['late_wait_s'] * 1e3:.0f} ms at the median)"
 
 
 __all__ = ["METRICS", "SATURATION_SLOPE", "SATURATION_WAIT_S", "Prediction"]
