@@ -4,11 +4,12 @@
     .venv/bin/python scripts/fit_gpu_presets.py --check    # fit and compare with the file; exit 1 if they differ
 
 Every ``data/gpu_kernels/<gpu>_<model>.csv`` (Vidur's measured per-layer kernel times) belongs to
-the device its name starts with; each device is fitted on all its files together
-(``batchlab.backends.kernel_fit``: small operators, then achieved bandwidth and the fixed cost
-per kernel from the memory-bound rows, then achieved compute and the transition's exponent from
-every row). The transition is fitted twice, as a smooth maximum (exponent fitted) and as a hard
-maximum (exponent 32), and both errors are stored, so the file says why the smooth one is used.
+the device its name starts with; each device is fitted on all its files together, on its
+datasheet's roofs and SM count (``batchlab.backends.kernel_fit``: small operators, then achieved
+bandwidth and the fixed cost per kernel from the memory-bound rows, then achieved compute, the
+transition's exponent and the matrix multiplies' output tile from every row). The transition is
+fitted twice, as a smooth maximum (exponent fitted) and as a hard maximum (exponent 32, same
+tile), and both errors are stored, so the file says why the smooth one is used.
 Only the fitted devices' ``kernels`` and the ``kernel_fit`` record are rewritten; devices without
 measurements keep their stated assumption (``"like": ...``).
 """
@@ -25,21 +26,32 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from batchlab.backends.device_presets import DEVICE_PRESETS_PATH, load_device_presets  # noqa: E402
-from batchlab.backends.kernel_fit import MEMORY_BOUND_TOKENS, fit_device  # noqa: E402
+from batchlab.backends.kernel_fit import MEMORY_BOUND_TOKENS, TILE_CANDIDATES, TILE_COLS, fit_device  # noqa: E402
 from batchlab.backends.kernel_profiles import KERNEL_PROFILES_DIR, compare_profile, error_summary, guess_device, \
     read_kernel_profile  # noqa: E402
-from batchlab.backends.kernels import KernelEfficiency  # noqa: E402
+from batchlab.backends.kernels import MMA_ROWS, SPLIT_K_MAX_SLICES, SPLIT_K_MIN_DEPTH, \
+    KernelEfficiency  # noqa: E402
 
 HARD_MAX_P = 32.0
 METHOD = [
     "one kernel: latency + ((bytes / (bandwidth_fraction * bandwidth))^p "
     "+ (flops / (compute_fraction * peak))^p)^(1/p); one layer: its four matrix multiplies (qkv, o, gate+up, down, each GPU holding 1/tp) and five small operators "
     "(two norms, rope, activation, add: small_op_latency + bytes / (small_op_bandwidth_fraction * bandwidth))",
+    "a matrix multiply's flops are its tiles' (tile and wave quantization, the same formula for every device, "
+    "projection and tensor-parallel degree): rows (tokens) padded up to a multiple of tile_rows (fewer than one "
+    f"tile: to the next power of two, at least {MMA_ROWS}, the rows of one tensor-core MMA), columns (output features) "
+    "to a multiple of tile_cols; tiles = ceil(rows / tile height) * ceil(n / tile_cols) run in waves of num_sms "
+    "(the device's SM count, from NVIDIA's whitepapers), rounded up to whole waves, with the K loop split into the "
+    f"s <= min({SPLIT_K_MAX_SLICES}, k / {SPLIT_K_MIN_DEPTH}) slices that round up least (an assumption); "
+    "flops = 2 * k * waves * num_sms * tile height * tile_cols; the bytes stay the real ones",
     "small operators: least squares in relative error over every row",
     f"bandwidth_fraction and matmul_latency: least squares in relative error over the memory-bound rows "
     f"(<= {MEMORY_BOUND_TOKENS} tokens, every tensor-parallel degree)",
     "compute_fraction and transition_p: least squared log error of the whole layer over every row (1-4,096 tokens), "
-    "on a grid refined around its best point",
+    "on a grid refined around its best point, for each tile (tile_rows x tile_cols) of "
+    f"{', '.join(f'{r}x{c}' for r, c in TILE_CANDIDATES)}; the tile with the least error is kept (tile_rows fitted "
+    f"on the shipped files only; tile_cols = {TILE_COLS} stated: the common bf16 CTA tile width of CUTLASS and "
+    "cuBLAS on Ampere and Hopper, an assumption)",
 ]
 
 
@@ -57,6 +69,7 @@ def kernels_entry(eff: KernelEfficiency, stats: dict, tables: dict) -> dict:
             "transition_p": round(eff.transition_p, 3), "matmul_latency_us": round(eff.matmul_latency_s * 1e6, 3),
             "small_op_bandwidth_fraction": round(eff.small_op_bandwidth_fraction, 4),
             "small_op_latency_us": round(eff.small_op_latency_s * 1e6, 3),
+            "tile_rows": eff.tile_rows, "tile_cols": eff.tile_cols,
             "source": f"fitted by scripts/fit_gpu_presets.py to data/gpu_kernels/{', '.join(tables)} (Vidur's "
                       f"measured kernel times, MIT License): {rows} rows, 1-4,096 tokens, tensor parallel "
                       f"{', '.join(map(str, tps))}",
@@ -72,7 +85,8 @@ def held_out(presets, grouped: dict, fitted: dict) -> dict[str, str]:
         preset = presets[device]
         for name in (tables if len(tables) > 1 else []):
             rest = {n: t for n, t in tables.items() if n != name}
-            eff, _ = fit_device(rest, preset.memory_bandwidth_Bps, preset.peak_flops, preset.dtype_bytes)
+            eff, _ = fit_device(rest, preset.memory_bandwidth_Bps, preset.peak_flops, preset.dtype_bytes,
+                                num_sms=preset.num_sms)
             median, worst = error_summary(compare_profile(tables[name], replace(preset, kernels=eff).kernel_model()))
             checks[f"{device} fitted on {', '.join(rest)}, checked on {name}"] = \
                 f"median {median:.1%}, worst {worst:.1%}"
@@ -96,8 +110,9 @@ def fit_all(data: dict) -> tuple[dict, dict, dict]:
     for device, tables in grouped.items():
         preset = presets[device]
         args = (tables, preset.memory_bandwidth_Bps, preset.peak_flops, preset.dtype_bytes)
-        eff, stats = fit_device(*args)
-        _, hard = fit_device(*args, transition_p=HARD_MAX_P)
+        eff, stats = fit_device(*args, num_sms=preset.num_sms)
+        _, hard = fit_device(*args, transition_p=HARD_MAX_P, num_sms=preset.num_sms,
+                             tile=(eff.tile_rows, eff.tile_cols))
         entries[device], fitted[device] = kernels_entry(eff, stats, tables), eff
         transitions[device] = {
             name: {file: f"median {s['median_error']:.1%}, worst {s['worst_error']:.1%}" for file, s in st.items()}

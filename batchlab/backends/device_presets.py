@@ -1,7 +1,8 @@
 """GPU presets: each device's datasheet roofline and what its kernels were measured to reach.
 
 ``batchlab/backends/device_presets.json`` holds, per device, the datasheet's memory bandwidth,
-dense peak in one dtype and memory (each cited), and ``kernels``: the ``KernelEfficiency`` fitted
+dense peak in one dtype, memory and number of SMs (each cited; the SMs set how many tiles of a
+matrix multiply run in one wave), and ``kernels``: the ``KernelEfficiency`` fitted
 by ``scripts/fit_gpu_presets.py`` to measured kernel times (``data/gpu_kernels/``), or, for a
 device without measurements, ``"like": "<device>"`` and a ``source`` stating the assumption that
 its kernels reach the same fractions of its own datasheet. One ``step_overhead`` (the engine's
@@ -16,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchlab.backends.kernels import KernelEfficiency, KernelModel
-from batchlab.checks import check_number
+from batchlab.checks import check_int, check_number
 from batchlab.shapes import DTYPE_BYTES
 
 DEVICE_PRESETS_PATH = Path(__file__).resolve().parent / "device_presets.json"   # package data
-_PRESET_KEYS = {"memory_bandwidth_GBps", "peak_tflops", "dtype", "memory_GB", "source", "kernels"}
+_PRESET_KEYS = {"memory_bandwidth_GBps", "peak_tflops", "dtype", "memory_GB", "num_sms", "source", "kernels"}
 _FITTED_KEYS = {"bandwidth_fraction", "compute_fraction", "transition_p", "matmul_latency_us",
-                "small_op_bandwidth_fraction", "small_op_latency_us", "source", "fit"}
+                "small_op_bandwidth_fraction", "small_op_latency_us", "tile_rows", "tile_cols", "source", "fit"}
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,14 @@ class DevicePreset:
     kernels_source: str = ""
     step_overhead_s: float = 0.0
     step_overhead_source: str = ""
+    num_sms: int | None = None          # streaming multiprocessors; None: no wave quantization
 
     def __post_init__(self) -> None:
         hint = f"device preset {self.name!r}"
         for name in ("memory_bandwidth_Bps", "peak_flops", "memory_bytes"):
             check_number(name, getattr(self, name), strict=True, hint=hint)
         check_number("step_overhead_s", self.step_overhead_s, hint=hint)
+        check_int("num_sms", self.num_sms, allow_none=True, hint=hint)
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype={self.dtype!r}; must be one of {sorted(DTYPE_BYTES)} ({hint})")
         if not isinstance(self.source, str) or not self.source:
@@ -58,10 +61,10 @@ class DevicePreset:
         return DTYPE_BYTES[self.dtype]
 
     def kernel_model(self) -> KernelModel:
-        """This device's kernels on its datasheet's roofs."""
+        """This device's kernels on its datasheet's roofs and SMs."""
         if self.kernels is None:
             raise ValueError(f"kernels=None; must be set for device {self.name!r} to model its kernels")
-        return KernelModel(self.memory_bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels)
+        return KernelModel(self.memory_bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels, self.num_sms)
 
 
 def _check_keys(where: str, entry: object, keys: set[str], optional: set[str] = frozenset()) -> None:
@@ -80,7 +83,7 @@ def _fitted_kernels(where: str, entry: dict) -> KernelEfficiency:
         check_number(key, entry[key], hint=where)
     return KernelEfficiency(entry["bandwidth_fraction"], entry["compute_fraction"], entry["transition_p"],
                             entry["matmul_latency_us"] * 1e-6, entry["small_op_bandwidth_fraction"],
-                            entry["small_op_latency_us"] * 1e-6)
+                            entry["small_op_latency_us"] * 1e-6, entry["tile_rows"], entry["tile_cols"])
 
 
 def _resolve_kernels(path, devices: dict) -> dict[str, tuple[KernelEfficiency, str]]:
@@ -122,11 +125,12 @@ def load_device_presets(path: str | Path = DEVICE_PRESETS_PATH) -> dict[str, Dev
         _check_keys(f"{path}: device {name!r}", entry, _PRESET_KEYS)
         for key in ("memory_bandwidth_GBps", "peak_tflops", "memory_GB"):
             check_number(key, entry[key], strict=True, hint=f"{path}: device {name!r}")
+        check_int("num_sms", entry["num_sms"], hint=f"{path}: device {name!r}")
     kernels = _resolve_kernels(path, devices)
     overhead_s, overhead_source = _step_overhead(path, data)
     return {name: DevicePreset(name, entry["memory_bandwidth_GBps"] * 1e9, entry["peak_tflops"] * 1e12,
                                entry["dtype"], entry["memory_GB"] * 1e9, entry["source"], *kernels[name],
-                               overhead_s, overhead_source)
+                               overhead_s, overhead_source, entry["num_sms"])
             for name, entry in devices.items()}
 
 

@@ -43,6 +43,7 @@ class GroundedStep:
     tensor_parallel: int = 1
     all_reduce: Callable[[float], float] | None = None
     _layers_by_tokens: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _edges: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_int("tensor_parallel", self.tensor_parallel)
@@ -74,11 +75,15 @@ class GroundedStep:
         return self.shape.num_layers * float(self.kernels.kernel_seconds(kv_bytes, flops))
 
     def edges_seconds(self, num_seqs: int, num_tokens: int) -> float:
-        """The LM head for one row per sequence, the embedding lookup and the final norm."""
-        h = self.shape.hidden_size
-        head = self.kernels.matmul_seconds(h, -(-self.shape.vocab_size // self.tensor_parallel), num_seqs)
-        return float(head + self.kernels.small_ops_seconds(2, 4 * num_tokens * h)
-                     + self.all_reduce_seconds(num_tokens))
+        """The LM head for one row per sequence, the embedding lookup and the final norm
+        (remembered per sequence and token count)."""
+        seconds = self._edges.get((num_seqs, num_tokens))
+        if seconds is None:
+            h = self.shape.hidden_size
+            head = self.kernels.matmul_seconds(h, -(-self.shape.vocab_size // self.tensor_parallel), num_seqs)
+            seconds = self._edges[num_seqs, num_tokens] = float(
+                head + self.kernels.small_ops_seconds(2, 4 * num_tokens * h) + self.all_reduce_seconds(num_tokens))
+        return seconds
 
     def seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int, keys_read: float) -> float:
         """The step without the per-step overhead."""

@@ -1,5 +1,8 @@
 """Fit a device's ``KernelEfficiency`` to measured per-layer kernel times, in three stages.
 
+The kernels run on the device's datasheet roofs and its SM count (``num_sms``: tiles run in
+waves of one per SM; see ``batchlab.backends.kernels``).
+
 1. **Small operators** (norms, rope, activation, residual add): linear least squares, in relative
    error, of ``5 * latency + bytes / (fraction * bandwidth)`` over every row.
 2. **Achieved bandwidth and the fixed cost per matrix multiply**: the same over the memory-bound
@@ -7,16 +10,19 @@
    even at the datasheet's peak): ``4 * latency + bytes / (fraction * bandwidth)``. These rows
    span tensor-parallel degrees 1-8, so the weights per kernel vary eightfold and separate the
    fixed cost from the bandwidth.
-3. **Achieved compute and the transition's exponent p**: the least squared log error of the whole
-   layer (projections and small operators) over every row, on a grid refined around its best
-   point. With ``transition_p`` given (a hard ``max`` is a large p), only the compute fraction.
+3. **Achieved compute, the transition's exponent p and the output tile**: the least squared log
+   error of the whole layer (projections and small operators) over every row, on a grid refined
+   around its best point, for each tile of ``TILE_CANDIDATES`` (64 or 128 tokens by 128 output
+   features); the tile with the least error is kept. With ``transition_p`` given (a hard ``max``
+   is a large p), only the compute fraction; with ``tile`` given, only that tile.
 
 ``fit_device`` returns the efficiency and, per file, the median and worst error of the layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -29,6 +35,12 @@ from batchlab.shapes import SMALL_OPS_PER_LAYER
 MEMORY_BOUND_TOKENS = 8
 P_RANGE = (1.0, 4.0)
 COMPUTE_RANGE = (0.2, 1.0)
+# (rows, columns) of a matrix multiply's output tile: tokens x output features. The width is
+# stated: 128, the common CTA tile width of CUTLASS's and cuBLAS's bf16 kernels on Ampere and Hopper
+# (an assumption; CUTLASS's SM80 default is 128 x 256, with 64 x 64 warp tiles). The height, 64 or
+# 128 tokens (both common), is fitted: the one with the least error over the device's files.
+TILE_COLS = 128
+TILE_CANDIDATES = ((64, TILE_COLS), (128, TILE_COLS))
 
 
 def _weighted_line(columns: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -99,25 +111,36 @@ def _log_error(tables, make: Callable[[float, float], KernelModel]) -> Callable[
     return f
 
 
+def _fit_compute(tables, make: Callable[..., KernelModel], transition_p: float | None,
+                 tiles: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], float, float]:
+    """(tile, compute fraction, p) with the least squared log error over the tiles given."""
+    p_box = P_RANGE if transition_p is None else (transition_p, transition_p)
+    best = None
+    for tile in tiles:
+        f = _log_error(tables, partial(make, tile))
+        compute_fraction, p = _grid_minimum(f, [COMPUTE_RANGE, p_box])
+        error = f(compute_fraction, p)
+        if best is None or error < best[0]:
+            best = (error, tile, compute_fraction, p)
+    return best[1], best[2], best[3]
+
+
 def fit_device(tables: Mapping[str, pd.DataFrame], bandwidth: float, peak: float, dtype_bytes: int = 2,
-               transition_p: float | None = None) -> tuple[KernelEfficiency, dict]:
-    """The efficiency fitted to one device's profiles (file name -> table) and, per file, its
-    ``{"rows", "median_error", "worst_error"}`` over 1-4,096 tokens."""
+               transition_p: float | None = None, num_sms: int | None = None,
+               tile: tuple[int, int] | None = None) -> tuple[KernelEfficiency, dict]:
+    """The efficiency fitted to one device's profiles (file name -> table) on its datasheet
+    (bandwidth, peak, ``num_sms``) and, per file, its ``{"rows", "median_error", "worst_error"}``
+    over 1-4,096 tokens. ``tile`` (rows, columns) fixes the output tile instead of fitting it."""
     tables = {name: table[table["num_tokens"] <= MAX_TOKENS] for name, table in tables.items()}
     small_latency, small_fraction = _fit_small_ops(tables, bandwidth, dtype_bytes)
     latency, bandwidth_fraction = _fit_memory_bound(tables, bandwidth, dtype_bytes)
 
-    def make(compute_fraction: float, p: float) -> KernelModel:
+    def make(tile: tuple[int, int], compute_fraction: float, p: float) -> KernelModel:
         eff = KernelEfficiency(min(bandwidth_fraction, 1.0), compute_fraction, p, max(latency, 0.0),
-                               min(small_fraction, 1.0), max(small_latency, 0.0))
-        return KernelModel(bandwidth, peak, dtype_bytes, eff)
+                               min(small_fraction, 1.0), max(small_latency, 0.0), *tile)
+        return KernelModel(bandwidth, peak, dtype_bytes, eff, num_sms)
 
-    f = _log_error(tables, make)
-    if transition_p is None:
-        compute_fraction, p = _grid_minimum(f, [COMPUTE_RANGE, P_RANGE])
-    else:
-        compute_fraction, p = _grid_minimum(f, [COMPUTE_RANGE, (transition_p, transition_p)])
-    kernels = make(compute_fraction, p)
+    kernels = make(*_fit_compute(tables, make, transition_p, TILE_CANDIDATES if tile is None else [tile]))
     stats = {}
     for name, table in tables.items():
         compared = compare_profile(table, kernels)

@@ -9,26 +9,71 @@ here takes::
     a = bytes / (bandwidth_fraction * bandwidth)         # the memory roof the kernels reach
     c = flops / (compute_fraction * peak)                # the compute roof they reach
 
-``latency`` is a fixed cost per kernel (launch, ramp-up, the tail of the last wave), which is
-what makes small matrices (a layer split over 8 GPUs) relatively slow. ``p`` shapes the
-transition: ``p = 1`` adds the two times (no overlap at all), a large ``p`` tends to the hard
-``max``. The small element-wise operators (norms, rope, the MLP's activation, the residual add)
-get their own latency and bandwidth fraction and no compute term: they move bytes.
+``latency`` is a fixed cost per kernel (launch, ramp-up), which is what makes small matrices (a
+layer split over 8 GPUs) relatively slow. ``p`` shapes the transition: ``p = 1`` adds the two
+times (no overlap at all), a large ``p`` tends to the hard ``max``. The small element-wise
+operators (norms, rope, the MLP's activation, the residual add) get their own latency and
+bandwidth fraction and no compute term: they move bytes.
 
-``KernelEfficiency`` holds the six fitted numbers (``scripts/fit_gpu_presets.py`` fits them,
+A matrix multiply's ``flops`` are those of the tiles it runs, not of its outputs (tile and wave
+quantization). ``rows`` x ``n`` outputs are computed in tiles of ``tile_rows`` x ``tile_cols``
+(one thread block each): the rows are padded up to a multiple of ``tile_rows`` (fewer rows than
+one tile: up to the next power of two, at least ``MMA_ROWS``, as small-batch kernels use short
+tiles), the columns to a multiple of ``tile_cols``. The tiles run in waves of ``num_sms`` (one
+tile per SM at a time), so their count is rounded up to whole waves; the K loop may be split
+into up to ``split_k_slices(k)`` slices to fill a wave better, the split that wastes least is
+taken::
+
+    h     = tile_rows if rows >= tile_rows else min(tile_rows, max(MMA_ROWS, 2**ceil(log2(rows))))
+    tiles = ceil(rows / h) * ceil(n / tile_cols)
+    waves = min over s = 1..split_k_slices(k) of ceil(tiles * s / num_sms) / s
+    flops = 2 * k * waves * num_sms * h * tile_cols      # without num_sms: 2 * k * tiles * h * tile_cols
+
+The memory term keeps the real bytes (a padded row is never read). Attention
+(``kernel_seconds``) is not quantized.
+
+``KernelEfficiency`` holds the fitted numbers (``scripts/fit_gpu_presets.py`` fits them,
 ``batchlab/backends/device_presets.json`` stores them per device); ``KernelModel`` applies them to
-a device's datasheet numbers, for one kernel, one matrix multiply or one decoder layer. Every
-method takes numpy arrays of token counts too (the fit evaluates thousands of rows at once).
+a device's datasheet numbers and SM count, for one kernel, one matrix multiply or one decoder
+layer. Every method takes numpy arrays of token counts too (the fit evaluates thousands of rows
+at once).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from batchlab.checks import check_int, check_number
 from batchlab.shapes import SMALL_OPS_PER_LAYER, LayerShape
+
+MMA_ROWS = 16               # rows of the smallest bf16 tensor-core MMA (mma.sync m16n8k16, sm_80 on; PTX ISA)
+SPLIT_K_MIN_DEPTH = 256     # assumption: a split-K slice keeps at least 256 of K (four 64-deep K steps)
+SPLIT_K_MAX_SLICES = 16     # assumption: K is split into at most 16 slices
+
+
+def split_k_slices(k: int) -> int:
+    """How many slices the K loop of a ``k``-deep multiply may be split into (1 = no split)."""
+    return max(1, min(SPLIT_K_MAX_SLICES, k // SPLIT_K_MIN_DEPTH))
+
+
+def tile_height(rows, tile_rows: int):
+    """The height of the tiles ``rows`` rows run in: ``tile_rows``, or for fewer rows the next
+    power of two (at least ``MMA_ROWS``, at most ``tile_rows``)."""
+    rows = np.asarray(rows, dtype=float)
+    short = 2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0)))
+    return np.minimum(tile_rows, np.maximum(MMA_ROWS, short))
+
+
+def wave_tiles(tiles, num_sms: int, k: int):
+    """The tiles' time in tiles: whole waves of ``num_sms``, with the K loop split into the
+    ``s <= split_k_slices(k)`` slices that round up least (``s`` slices make ``s`` times the
+    tiles, each ``1/s`` as long)."""
+    tiles = np.asarray(tiles, dtype=float)
+    s = np.arange(1, split_k_slices(k) + 1, dtype=float)        # every split at once, on a last axis
+    return (np.ceil(tiles[..., None] * s / num_sms) * num_sms / s).min(axis=-1)
 
 
 def check_fraction(name: str, value: object) -> None:
@@ -49,6 +94,8 @@ class KernelEfficiency:
     matmul_latency_s: float              # fixed seconds per matrix-multiply (or attention) kernel
     small_op_bandwidth_fraction: float   # of the datasheet bandwidth, element-wise operators
     small_op_latency_s: float            # fixed seconds per element-wise kernel
+    tile_rows: int = 1                   # rows (tokens) of a matrix multiply's output tile; 1: unquantized
+    tile_cols: int = 1                   # columns (output features) of the tile; 1: unquantized
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_fraction", "compute_fraction", "small_op_bandwidth_fraction"):
@@ -56,21 +103,26 @@ class KernelEfficiency:
         check_number("transition_p", self.transition_p, 1.0)
         check_number("matmul_latency_s", self.matmul_latency_s)
         check_number("small_op_latency_s", self.small_op_latency_s)
+        check_int("tile_rows", self.tile_rows)
+        check_int("tile_cols", self.tile_cols)
 
 
 @dataclass(frozen=True)
 class KernelModel:
-    """``KernelEfficiency`` applied to a device's datasheet bandwidth (bytes/s) and peak (FLOP/s)."""
+    """``KernelEfficiency`` applied to a device's datasheet bandwidth (bytes/s), peak (FLOP/s) and
+    SM count (``num_sms``; None: tiles are not rounded up to whole waves)."""
 
     bandwidth_Bps: float
     peak_flops: float
     dtype_bytes: int
     efficiency: KernelEfficiency
+    num_sms: int | None = None
 
     def __post_init__(self) -> None:
         check_number("bandwidth_Bps", self.bandwidth_Bps, strict=True)
         check_number("peak_flops", self.peak_flops, strict=True)
         check_int("dtype_bytes", self.dtype_bytes)
+        check_int("num_sms", self.num_sms, allow_none=True)
         if not isinstance(self.efficiency, KernelEfficiency):
             raise ValueError(f"efficiency={self.efficiency!r}; must be a KernelEfficiency")
 
@@ -82,11 +134,21 @@ class KernelModel:
         p = e.transition_p
         return e.matmul_latency_s + (memory**p + compute**p) ** (1.0 / p)
 
+    def tiled_outputs(self, k: int, n: int, rows):
+        """The outputs the tiles of a ``rows`` x ``n`` result compute, padding and the last wave's
+        idle SMs counted (the module docstring's formula)."""
+        e = self.efficiency
+        height = tile_height(rows, e.tile_rows)
+        tiles = np.ceil(np.asarray(rows, dtype=float) / height) * math.ceil(n / e.tile_cols)
+        if self.num_sms is not None:
+            tiles = wave_tiles(tiles, self.num_sms, k)
+        return tiles * height * e.tile_cols
+
     def matmul_seconds(self, k: int, n: int, rows):
         """``rows`` x ``k`` activations times a ``k`` x ``n`` weight: the weight, input and output
-        move once; 2 FLOPs per multiply-add."""
+        move once; 2 FLOPs per multiply-add of the tiles (``tiled_outputs``)."""
         num_bytes = self.dtype_bytes * (k * n + rows * (k + n))
-        return self.kernel_seconds(num_bytes, 2.0 * k * n * rows)
+        return self.kernel_seconds(num_bytes, 2.0 * k * self.tiled_outputs(k, n, rows))
 
     def small_ops_seconds(self, num_ops: int, elements):
         """``num_ops`` element-wise kernels moving ``elements`` values between them."""

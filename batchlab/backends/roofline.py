@@ -88,9 +88,11 @@ class RooflineCostModel(StepTimeModel):
     fit_stats: dict | None = field(default=None, compare=False)
     query_tile: int = 128
     kernels: KernelEfficiency | None = None
+    num_sms: int | None = None           # the device's SMs: a matrix multiply's tiles run in waves of them
 
     def __post_init__(self) -> None:
         check_int("query_tile", self.query_tile)
+        check_int("num_sms", self.num_sms, allow_none=True)
         if not isinstance(self.shape, ModelShape):
             raise ValueError(f"shape={self.shape!r}; must be a ModelShape (e.g. MODEL_SHAPES['SmolLM2-135M'])")
         check_number("bandwidth_Bps", self.bandwidth_Bps, strict=True)
@@ -101,7 +103,7 @@ class RooflineCostModel(StepTimeModel):
         object.__setattr__(self, "overhead_s", float(self.overhead_s))
         if self.kernels is not None and not isinstance(self.kernels, KernelEfficiency):
             raise ValueError(f"kernels={self.kernels!r}; must be a KernelEfficiency or None (the datasheet roofline)")
-        kernels = KernelModel(self.bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels) \
+        kernels = KernelModel(self.bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels, self.num_sms) \
             if self.kernels else None
         object.__setattr__(self, "_grounded", GroundedStep(self.shape, kernels) if kernels else None)
         # The roofs the kernels reach (the datasheet's without kernels), and the per-step constants.
@@ -132,7 +134,7 @@ class RooflineCostModel(StepTimeModel):
             what = f"kernels: {device.kernels_source}" if grounded else "datasheet roofline"
         return cls(shape, device.memory_bandwidth_Bps, device.peak_flops, device.dtype_bytes, overhead_s,
                    source=f"{shape.name} on {device.name} ({device.dtype}; {device.source}; {what})",
-                   kernels=device.kernels if grounded else None)
+                   kernels=device.kernels if grounded else None, num_sms=device.num_sms if grounded else None)
 
     # --- predicting --------------------------------------------------------------------------
     def keys_read(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
@@ -192,8 +194,8 @@ class RooflineCostModel(StepTimeModel):
         return {"formula": GROUNDED_FORMULA if self.kernels else FORMULA, "shape": asdict(self.shape),
                 "bandwidth_Bps": self.bandwidth_Bps, "peak_flops": self.peak_flops,
                 "dtype_bytes": self.dtype_bytes, "overhead_s": self.overhead_s, "query_tile": self.query_tile,
-                "kernels": asdict(self.kernels) if self.kernels else None, "source": self.source,
-                "fit_stats": self.fit_stats}
+                "kernels": asdict(self.kernels) if self.kernels else None, "num_sms": self.num_sms,
+                "source": self.source, "fit_stats": self.fit_stats}
 
     @classmethod
     def from_dict(cls, data: dict) -> "RooflineCostModel":
@@ -203,7 +205,7 @@ class RooflineCostModel(StepTimeModel):
         model = cls(ModelShape(**data["shape"]), data["bandwidth_Bps"], data["peak_flops"],
                     data["dtype_bytes"], data["overhead_s"], data.get("source", ""),
                     query_tile=data.get("query_tile", 128),
-                    kernels=KernelEfficiency(**kernels) if kernels else None)
+                    kernels=KernelEfficiency(**kernels) if kernels else None, num_sms=data.get("num_sms"))
         object.__setattr__(model, "fit_stats", data.get("fit_stats"))
         return model
 

@@ -96,7 +96,8 @@ class Deployment:
         preset, tp, flags = self._preset, self.tensor_parallel_size, self._flags
         if preset.kernels is None:
             raise ValueError(f"gpu={self.gpu!r}; must have fitted kernels to predict a deployment")
-        kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, flags.dtype_bytes, preset.kernels)
+        kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, flags.dtype_bytes, preset.kernels,
+                              preset.num_sms)
         all_reduce = all_reduce_model(preset.name, tp) if tp > 1 else None
         gpu = GroundedStep(self._shape, kernels, tp, all_reduce)
         return VllmStepModel(gpu, flags.cuda_graph_sizes(), flags.async_scheduling)

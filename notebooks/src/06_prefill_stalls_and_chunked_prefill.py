@@ -452,8 +452,8 @@ plt.show()
 
 # %% [markdown]
 # How much the measured kernels move the GPU's figures: the newcomer's whole prompt in one step
-# takes 1.3 to 1.9 times as long as the datasheet's roofline says (the kernels reach 83% of the
-# peak at best, and the 2 ms per step); cutting it into 8 chunks of 512 tokens costs it under 15%
+# takes 1.3 to 1.9 times as long as the datasheet's roofline says (the kernels reach 77% of the
+# peak on the tiles they run, padding included, and the 2 ms per step); cutting it into 8 chunks of 512 tokens costs it under 15%
 # more on the datasheet's roofline, but 30-60% more on the grounded preset. The running
 # requests' worst gap shrinks to about a fifth or less on both.
 
@@ -463,7 +463,8 @@ whole_ratio = gpu_sweep["long_ttft"].iloc[-1] / datasheet_sweep["long_ttft"].ilo
 print(f"whole prompt: newcomer TTFT {gpu_sweep['long_ttft'].iloc[-1] * 1e3:.0f} ms on the H100 preset, "
       f"{datasheet_sweep['long_ttft'].iloc[-1] * 1e3:.0f} ms on the datasheet roofline (x{whole_ratio:.2f})")
 expect("H100, whole prompt: newcomer's TTFT, grounded / datasheet", whole_ratio, above=1.3, below=1.9)
-expect("H100 preset: the kernels' share of the datasheet peak", gpu.kernels.compute_fraction, above=0.8, below=0.86)
+expect("H100 preset: the kernels' share of the datasheet peak, on their tiles", gpu.kernels.compute_fraction,
+       above=0.74, below=0.8)
 cpu_8, gpu_8, datasheet_8 = (rel.iloc[(rel["chunks"] - 8).abs().argmin()] for rel in devices.values())
 print(f"8 chunks: newcomer TTFT x{cpu_8['ttft']:.2f} on this {lm.device}, x{gpu_8['ttft']:.2f} on the H100 "
       f"preset (x{datasheet_8['ttft']:.2f} on the datasheet roofline); others' worst gap "
@@ -489,8 +490,9 @@ expect(f"8 chunks, this {lm.device}: newcomer's TTFT x", cpu_8["ttft"], above=1.
 # the same. The measurements do not: the eight passes take longer. The preset overstates that
 # extra cost: 512 is a size at which the H100's measured kernels run faster than at their
 # neighbours (the tiles of the matrix multiply fill exactly; notebook 01's figure shows the
-# saw-tooth), a detail the preset's smooth curve does not follow. So the preset's 8-chunk price
-# is an upper estimate, and the truth lies between the two lines above.
+# saw-tooth), a detail the preset follows only in part (it pads to one fixed tile; the GPU's
+# library picks another tiling from one size to the next). So the preset's 8-chunk price is an
+# upper estimate, and the truth lies between the two lines above.
 
 # %%
 h100_layer = compare_profile(read_kernel_profile(KERNEL_PROFILES_DIR / "h100_Llama-2-7b-hf.csv"),

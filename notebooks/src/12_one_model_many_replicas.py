@@ -127,8 +127,8 @@ plt.show()
 # while the H100s have room, and the requests stuck there make the tail. Both load-aware
 # policies see the in-flight counts climb on the slow replicas and send less there. The medians
 # hardly differ, within a quarter of each other on every seed: most requests meet a fast replica
-# under every policy. Over the three seeds round robin's p99 was 6 to 15 times least
-# outstanding's and 6 to 20 times power of two's. The ratio moves that much because a p99 of
+# under every policy. Over the three seeds round robin's p99 was 8 to 17 times least
+# outstanding's and 7 to 19 times power of two's. The ratio moves that much because a p99 of
 # 1,800 requests is set by the slowest 18: one draw of the traffic gives one value of it, not
 # the policy's effect to two digits.
 
@@ -136,8 +136,9 @@ plt.show()
 p50_spread = [max(tails[(s, p)]["ttft_p50"] for p in FLEET_POLICIES) / min(tails[(s, p)]["ttft_p50"]
               for p in FLEET_POLICIES) - 1 for s in SEEDS]
 expect("spread of the three policies' TTFT p50 (max/min - 1), each seed", p50_spread, below=0.25)
-expect("round robin's TTFT p99 / least outstanding's, each seed", p99_ratio.loc["least_outstanding"], above=6, below=15)
-expect("round robin's TTFT p99 / power of two's, each seed", p99_ratio.loc["power_of_two"], above=6, below=20)
+expect("round robin's TTFT p99 / least outstanding's, each seed", p99_ratio.loc["least_outstanding"], above=7.5,
+       below=18.5)
+expect("round robin's TTFT p99 / power of two's, each seed", p99_ratio.loc["power_of_two"], above=6, below=19.5)
 
 # %% [markdown]
 # ## What a real router's power of two sees
@@ -264,13 +265,13 @@ plt.show()
 # What it loses is the conversations. Nearly 7 in 8 of the later turns landed on another replica
 # than the turn before, which had never seen that conversation and computed its earlier turns
 # again (with prefix + load, under 5% did); round robin found 3 points fewer of the prompt tokens
-# cached (91% against 94%).
+# cached.
 #
 # Under light sharing there is nothing to be affine to: every request was under 1 s with every
-# policy, and the TTFT p50s were within 3% of each other. The tails were not equal: the
+# policy, and the TTFT p50s were within 4% of each other. The tails were not equal: the
 # cache-aware router, finding no match, takes the replica with the fewest requests in flight by
 # its own count, and two prompts that arrive close together can meet there, so its p99 was about
-# twice round robin's (0.15 s against 0.07 s), still far inside the second.
+# twice round robin's, still far inside the second.
 
 # %%
 h, l = {n: sharing[("heavy", n)] for n in names}, {n: sharing[("light", n)] for n in names}
@@ -290,7 +291,7 @@ expect("heavy sharing: prefix + load's cache reuse over round robin's (points)",
 # %%
 p50s = np.array([l[n]["ttft_p50"] for n in names])
 expect("light sharing: requests with TTFT >= 1 s, every policy", [l[n]["over_1s"] for n in names], below=0.5)
-expect("light sharing: spread of the policies' TTFT p50 (max/min - 1)", p50s.max() / p50s.min() - 1, below=0.03)
+expect("light sharing: spread of the policies' TTFT p50 (max/min - 1)", p50s.max() / p50s.min() - 1, below=0.04)
 expect("light sharing: cache-aware's TTFT p99 / round robin's", l["prefix + load"]["ttft_p99"] / l["round robin"]["ttft_p99"],
        above=1.7, below=2.5)
 
