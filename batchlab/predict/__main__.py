@@ -35,7 +35,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m batchlab.predict", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m batchlab.predict",
+                      description="Predict a vLLM deployment's latencies and throughput on GPUs, before renting them.")
     p.add_argument("--model", required=True, help=f"one of {sorted(MODEL_SHAPES)}, or a config.json path")
     p.add_argument("--gpu", required=True, help=f"a preset: {sorted(load_device_presets())}")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
