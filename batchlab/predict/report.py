@@ -72,9 +72,9 @@ class Prediction:
         start, first = df["first_scheduled_time"].to_numpy(float), df["first_token_time"].to_numpy(float)
         end, prompt = df["last_token_time"].to_numpy(float), df["prompt_len"].to_numpy(float)
         rate = (df["num_output_tokens"].to_numpy(float) - 1) / np.maximum(end - first, 1e-12)
-        times = np.linspace(start.min(), end.max(), num_samples)[:, None]            # (samples, 1)
-        held = np.where((times >= start) & (times < end), prompt + np.clip(times - first, 0, None) * rate, 0.0)
-        share = held.sum(axis=1) / self.kv_capacity_tokens
+        held = [np.where((t >= start) & (t < end), prompt + np.clip(t - first, 0, None) * rate,
+                         0.0).sum() for t in np.linspace(start.min(), end.max(), num_samples)]
+        share = np.asarray(held) / self.kv_capacity_tokens       # one instant at a time: memory stays O(requests)
         return {"mean": float(share.mean()), "peak": float(share.max())}
 
     def bench_result(self) -> dict:
