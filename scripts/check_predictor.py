@@ -69,16 +69,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", default="H100", help="the preset of runs that do not name one (H100)")
     parser.add_argument("--max-requests", type=int, help="predict at most this many requests per stage")
     args = parser.parse_args(argv)
+    path = Path(args.runs)
+    if not path.is_file():
+        print(f"check_predictor.py: runs={args.runs!r}; must be an existing JSON Lines file", file=sys.stderr)
+        return 2
     errors, verdicts = [], []
-    for line in Path(args.runs).read_text(encoding="utf-8").splitlines():
-        run = json.loads(line)
-        if run.get("stage") == "summary":
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
             continue
-        label = f"{run['model'].split('/')[-1]} tp{run['tensor_parallel']} {run['workload']['rate_rps']} req/s"
+        try:
+            run = json.loads(line)
+            if run.get("stage") == "summary":
+                continue
+            label = f"{run['model'].split('/')[-1]} tp{run['tensor_parallel']} {run['workload']['rate_rps']} req/s"
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            print(f"check_predictor.py: {path.name} line {number}: {type(err).__name__} {err}; each line must be "
+                  "a JSON object with model, tensor_parallel, flags, workload and measured", file=sys.stderr)
+            return 2
         try:
             r = stage_prediction(run, args.gpu, args.max_requests)
-        except ValueError as err:
-            print(f"{label}: not expressible ({err})")
+        except (ValueError, KeyError, TypeError) as err:
+            print(f"{label}: not expressible ({type(err).__name__ if isinstance(err, KeyError) else ''}{err})")
             continue
         cells = []
         for k in ("ttft", "tpot", "e2e"):
@@ -88,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                 errors.append(abs(e))
         verdicts.append(r["saturated"][0] == r["saturated"][1])
         print(f"{label:>36}: " + "; ".join(cells) + f"; saturated {r['saturated'][0]} / predicted {r['saturated'][1]}")
-    print(f"median |error| over TTFT, TPOT, E2E p50 of the stages that keep up: {np.median(errors):.1%} "
+    if not verdicts:
+        print("no stage could be predicted")
+        return 1
+    median = f"{np.median(errors):.1%}" if errors else "none"
+    print(f"median |error| over TTFT, TPOT, E2E p50 of the stages that keep up: {median} "
           f"({len(errors) // 3} stages); saturation verdicts right: {sum(verdicts)} of {len(verdicts)}")
     return 0
 

@@ -192,3 +192,26 @@ def test_small_all_reduces_are_priced_by_vllm_s_own_kernel_on_h100s():
     assert model(16 * 2**20) == pytest.approx(model.nccl_seconds(16 * 2**20))
     a100 = all_reduce_model("A100", 4)
     assert a100(393_216) == pytest.approx(a100.nccl_seconds(393_216))   # no published custom times: NCCL
+
+
+def test_the_check_script_scores_measured_runs(tmp_path):
+    """A stage 'measured' as the predictor predicts it scores 0%; a stage 30% slower scores 30%."""
+    deployment = Deployment("Llama-2-7B", "H100", flags=FLAGS)
+    spec = TrafficSpec(300, 5.0, arrival="constant", input_len=400, output_len=101, prefix_len=100)
+    r = predict(deployment, spec.generate()).bench_result()
+    run = {"model": "meta-llama/Llama-2-7b-hf", "tensor_parallel": 1, "flags": {"max_num_seqs": 128,
+           "max_num_batched_tokens": 2048, "max_model_len": 4096},
+           "workload": {"rate_rps": 5.0, "arrival": "constant", "num_requests": 300, "input_tokens": {"p50": 500},
+                        "output_tokens": {"p50": 101}, "prefix_tokens": 100},
+           "measured": {"ttft_ms": {"p50": r["median_ttft_ms"]}, "e2e_ms": {"p50": r["median_e2el_ms"]}}}
+    slow = {**run, "measured": {k: {"p50": v["p50"] * 1.3} for k, v in run["measured"].items()}}
+    script = [sys.executable, str(ROOT / "scripts" / "check_predictor.py")]
+    for measured, expected in ((run, 0.0), (slow, 0.3)):
+        (tmp_path / "runs.jsonl").write_text(json.dumps(measured) + "\n")
+        done = subprocess.run(script + [str(tmp_path / "runs.jsonl")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        median = float(done.stdout.splitlines()[-1].split("keep up: ")[1].split("%")[0]) / 100
+        assert abs(median - expected / (1 + expected)) < 0.02, done.stdout    # predicted/measured - 1
+    (tmp_path / "bad.jsonl").write_text('{"model": "x"}\n')
+    done = subprocess.run(script + [str(tmp_path / "bad.jsonl")], capture_output=True, text=True)
+    assert done.returncode == 2 and "bad.jsonl line 1: KeyError" in done.stderr
