@@ -371,13 +371,22 @@ def test_sweep_rows_are_small_and_reproducible():
         grid(policy=[])
 
 
+def test_a_failing_point_is_a_row_and_the_others_go_on(capsys):
+    table = run_sweep(cluster_point, [POINTS[0], {"policy": "no_such_policy", "seed": 0}])
+    assert table["num_finished"].iloc[0] > 0 and pd.isna(table["error"].iloc[0])
+    assert table["error"].iloc[1].startswith("ValueError: policy='no_such_policy'; must be one of")
+    assert "1 of 2 points failed" in capsys.readouterr().out
+
+
 def test_sweep_on_ray_equals_in_process():
     pytest.importorskip("ray")
-    in_process = run_sweep(cluster_point, POINTS)
+    points = [*POINTS, {"policy": "no_such_policy", "seed": 0}]        # one failure travels as a row too
+    in_process = run_sweep(cluster_point, points)
     t0 = time.perf_counter()
-    on_ray = run_sweep(cluster_point, POINTS, use_ray=True, num_cpus=2)
-    print(f"sweep of {len(POINTS)} points on an embedded Ray (2 CPUs): {time.perf_counter() - t0:.1f} s")
+    on_ray = run_sweep(cluster_point, points, use_ray=True, num_cpus=2)
+    print(f"sweep of {len(points)} points on an embedded Ray (2 CPUs): {time.perf_counter() - t0:.1f} s")
     pd.testing.assert_frame_equal(in_process, on_ray)
+    assert on_ray["error"].notna().sum() == 1
 
 
 # --- style ----------------------------------------------------------------------------------------

@@ -64,6 +64,26 @@ def test_the_router_adds_little_latency_at_low_load(loopback):
     assert lat["router_added_s"] < 0.010, lat
 
 
+def test_every_policy_routes_and_two_routers_keep_their_own_metrics(loopback):
+    """Each router binds a Prometheus port of its own (two at once do not collide) and counts what
+    it routed; every policy vllm-router offers starts and serves a request."""
+    from batchlab.cluster.loopback import VLLM_ROUTER_POLICIES
+    urls = loopback.replica_urls[:2]
+    routers = []
+    try:
+        for policy in VLLM_ROUTER_POLICIES:
+            routers.append(start_router(urls, policy, timeout=60))
+            done = run_load(routers[-1].url, [LoadRequest(f"{policy}-0", list(range(3000, 3064)), 4)])
+            assert [r.error for r in done.records] == [None], (policy, routers[-1].log()[-2000:])
+        ports = {r.metrics_url for r in routers}
+        assert len(ports) == len(routers) and all(r.proc.poll() is None for r in routers)
+        families = set(routers[0].metrics()["family"])
+        assert any(f.startswith("vllm_router_") for f in families), sorted(families)[:20]
+    finally:
+        for router in routers:
+            router.stop()
+
+
 def test_a_replica_that_dies_mid_run_ends_its_requests_with_a_stated_reason(loopback):
     load = [LoadRequest(f"d{i}", list(range(2000 + 50 * i, 2000 + 50 * i + 200)), 48, arrival_time=0.05 * i)
             for i in range(16)]

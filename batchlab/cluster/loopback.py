@@ -18,6 +18,11 @@ start-up and every ``--health-check-interval-secs``, default 60), ``GET /get_loa
 (``no_stop_trim``, ``separate_reasoning``, ...).
 
 ``start_router(urls, policy)`` starts the router alone in front of servers already running.
+Each router exposes its own Prometheus metrics (``vllm_router_*``: requests, retries, latency
+per worker) on a free port of its own (``--prometheus-port``; the router's default, 29000, would
+make two routers on one machine collide): ``RouterProcess.metrics()`` reads them. How often the
+router polls ``/get_load`` is not a flag of 0.1.17: it polls at its
+``--worker-startup-check-interval`` (30 s unless given).
 
 Errors: a policy, replica count or simulate spec that is not allowed fails before anything
 starts; a replica URL that does not answer ``/health`` is named; a missing router binary, a router that exits or a replica that never becomes healthy
@@ -46,7 +51,11 @@ from batchlab.checks import check_choice, check_int, check_number
 from batchlab.serve import HOST, ServerProcess, wait_healthy, free_port, launch_server, wait_ready
 from batchlab.serve.simulated import SimulatedDevice
 
-VLLM_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
+# Every policy vllm-router 0.1.17 accepts (its --help): kv_aware scores workers by the KV they hold,
+# from the KV events it is given (--kv-event-source; without events it sees no cache);
+# sticky_least_loaded keeps a session on its replica and sends new ones to the least loaded.
+VLLM_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash", "kv_aware",
+                        "sticky_least_loaded")
 ROUTER_INSTALL = "pip install vllm-router==0.1.17 (requirements.txt pins it)"
 
 
@@ -177,9 +186,17 @@ class RouterProcess:
     proc: subprocess.Popen
     url: str
     log_path: str
+    metrics_url: str | None = None      # the router's own Prometheus endpoint
 
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace")
+
+    def metrics(self):
+        """The router's own metrics (``vllm_router_*``) as ``loadgen.prom.parse_metrics`` rows."""
+        from batchlab.loadgen.prom import scrape
+        if self.metrics_url is None:
+            raise ValueError("metrics_url=None; must be set: this router was started with its metrics off")
+        return scrape(self.metrics_url)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -204,10 +221,15 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", router_arg
     port = free_port()
     log_path = tempfile.NamedTemporaryFile(prefix="vllm-router-", suffix=".log", delete=False).name
     cmd = [binary, "--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
-           "--worker-startup-timeout-secs", str(int(timeout)), "--log-level", "warning", *router_args]
+           "--worker-startup-timeout-secs", str(int(timeout)), "--log-level", "warning"]
+    metrics_url = None
+    if "--prometheus-port" not in router_args:        # a port of its own, so routers never collide
+        metrics_port = free_port()
+        cmd += ["--prometheus-host", HOST, "--prometheus-port", str(metrics_port)]
+        metrics_url = f"http://{HOST}:{metrics_port}"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    router = RouterProcess(proc, f"http://{HOST}:{port}", log_path)
+        proc = subprocess.Popen([*cmd, *router_args], stdout=log, stderr=subprocess.STDOUT)
+    router = RouterProcess(proc, f"http://{HOST}:{port}", log_path, metrics_url)
     wait_router(router.url, proc, log_path, timeout)
     return router
 

@@ -12,12 +12,18 @@ can run the points one after another in this process (the default), or as Ray ta
     RAY_ADDRESS=ray://head:10001 python my_sweep.py                # the same code on a Ray cluster
 
 On Ray, a run is one task of one CPU. Without ``RAY_ADDRESS`` Ray is started inside this
-process (``ray.init``) with ``num_cpus`` CPUs (all of ``os.cpu_count()`` by default; a shared
-machine may want fewer, given explicitly), and its workers import batchlab from the same place
-as this process does. With ``RAY_ADDRESS`` set, ``ray.init()`` joins that cluster, whose nodes
-must have batchlab installed; ``num_cpus`` is then the cluster's business. Ray is stopped again
-if the sweep started it. Starting Ray takes seconds to tens of seconds, so Ray pays off only
-for sweeps whose runs take longer than that in total.
+process (``ray.init``) with ``num_cpus`` CPUs if given, or as many as Ray itself detects (it
+reads a container's CPU limit, which ``os.cpu_count()`` does not), and its workers import
+batchlab from the same place as this process does. With ``RAY_ADDRESS`` set (a running
+cluster's head, e.g. ``ray://head:10001``), ``ray.init`` joins that cluster and ships this
+batchlab to its workers (``runtime_env``'s ``py_modules``); their nodes need batchlab's
+dependencies (numpy, pandas) installed, and ``num_cpus`` is the cluster's business. Ray is
+stopped again if the sweep started it. Starting Ray takes seconds to tens of seconds, so Ray
+pays off only for sweeps whose runs take longer than that in total.
+
+A point whose run raises does not lose the others: its row holds the settings and an ``error``
+column (``"TypeName: message"``); the column exists only when some point failed, and a line
+says how many did.
 """
 
 from __future__ import annotations
@@ -52,8 +58,12 @@ def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def call_point(fn: RunFn, point: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one point and check it returned a row (a dict)."""
-    row = fn(**point)
+    """Run one point and check it returned a row (a dict); a run that raises becomes a row with
+    its ``error`` (a run that returns something else is the sweep's mistake, and raises)."""
+    try:
+        row = fn(**point)
+    except Exception as err:   # the run's own failure: reported in its row, the others go on
+        return {"error": f"{type(err).__name__}: {err}"}
     if not isinstance(row, Mapping):
         raise ValueError(f"{getattr(fn, '__name__', fn)}({dict(point)}) returned {type(row).__name__}, "
                          "not a dict: a sweep's runs return small rows, never traces")
@@ -74,8 +84,11 @@ def run_sweep(fn: RunFn, points: Sequence[Mapping[str, Any]], *, use_ray: bool =
     if not all(isinstance(p, Mapping) for p in points):
         raise ValueError("every point must be a dict of settings")
     check_bool("use_ray", use_ray)
-    check_int("num_cpus", num_cpus, allow_none=True, hint="None: os.cpu_count()")
+    check_int("num_cpus", num_cpus, allow_none=True, hint="None: what Ray detects")
     rows = run_on_ray(fn, points, num_cpus) if use_ray else [call_point(fn, p) for p in points]
+    failed = sum("error" in row for row in rows)
+    if failed:
+        print(f"run_sweep: {failed} of {len(rows)} points failed; their rows hold the error (column 'error')")
     return pd.DataFrame([{**p, **row} for p, row in zip(points, rows)])
 
 
@@ -100,11 +113,10 @@ def start_ray(num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if os.environ.get("RAY_ADDRESS"):
-        ray.init()
+        ray.init(runtime_env={"py_modules": [str(PACKAGE_ROOT / "batchlab")]})   # this batchlab, on every worker
         return True
     with _workers_import_this_batchlab():
-        ray.init(num_cpus=os.cpu_count() if num_cpus is None else num_cpus, include_dashboard=False,
-                 logging_level="warning")
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="warning")   # None: Ray detects them
     return True
 
 
@@ -117,10 +129,20 @@ def run_on_ray(fn: RunFn, points: Sequence[Mapping[str, Any]], num_cpus: int | N
     started = start_ray(num_cpus)
     try:
         task = ray.remote(num_cpus=1)(call_point)
-        return ray.get([task.remote(fn, dict(p)) for p in points])
+        refs = [task.remote(fn, dict(p)) for p in points]
+        return [_row_of(ray, ref) for ref in refs]
     finally:
         if started:
             ray.shutdown()
+
+
+def _row_of(ray, ref) -> dict:
+    """A task's row, or its failure (a worker that died, a row that was not a dict) as a row."""
+    try:
+        return ray.get(ref)
+    except Exception as err:   # RayTaskError and its kin: this point failed, the others go on
+        cause = getattr(err, "cause", None) or err
+        return {"error": f"{type(cause).__name__}: {cause}"}
 
 
 def cluster_point(*, policy: str = "cache_aware", num_replicas: int = 4, seed: int = 0,

@@ -318,13 +318,14 @@ expect("light sharing: cache-aware's TTFT p99 / round robin's", l["prefix + load
 real = LoopbackConfig(num_replicas=4, policy="round_robin", simulate="L4")
 conversations = SessionShape(num_sessions=24, turns=2, system_prompt_len=512, num_system_prompts=8,
                              session_rate=2.0, think_time_s=2.0, user_len=256, output_len=32)
-loopback = {}
+loopback, router_view = {}, {}
 with LoopbackCluster(real) as lb:
     for seed, policy in enumerate(("round_robin", "cache_aware"), start=1):
         lb.use_policy(policy)
         requests = make_sessions(conversations, seed=seed).requests     # new ids: no hits from the last run
         loopback[policy] = {"router": serve_through_router(lb, requests),
                             "twin": serve_in_process(real, requests, policy=policy)}
+        router_view[policy] = (lb.router.metrics(), len(requests))     # the router's own /metrics
     latency = router_added_latency(lb, rounds=6)
 rows = {(p, side): {k: v[k] for k in ("ttft_p50_s", "prefix_hit_share", "num_errors")}
         for p, sides in loopback.items() for side, v in sides.items()}
@@ -366,6 +367,21 @@ expect("cache_aware's hit share over round_robin's, real router (points)",
        100 * (loopback["cache_aware"]["router"]["prefix_hit_share"]
               - loopback["round_robin"]["router"]["prefix_hit_share"]), above=20)
 expect("the router's added TTFT at low load (ms)", 1e3 * latency["router_added_s"], below=5)
+
+# %% [markdown]
+# The router keeps its own books, on a Prometheus port of its own: `vllm_router_policy_decisions_total`
+# counts each choice its policy made, per worker. Read from the router itself, each policy's
+# decisions per replica:
+
+# %%
+decisions = {}
+for policy, (metrics, sent) in router_view.items():
+    rows = metrics[metrics["sample"] == "vllm_router_policy_decisions_total"]
+    per_worker = {row["labels"]["worker"].rsplit(":", 1)[-1]: int(row["value"]) for _, row in rows.iterrows()}
+    decisions[policy] = per_worker
+    expect(f"{policy}: the router's decisions / requests sent through it", sum(per_worker.values()) / sent,
+           above=0.99, below=1.01)
+pd.DataFrame(decisions).fillna(0).astype(int).rename_axis("replica (port)")
 
 # %% [markdown]
 # ## How many replicas does a load need?
