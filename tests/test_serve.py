@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
+import batchlab
 from batchlab.backends import ModelBackend
 from batchlab.engine import Engine
 from batchlab.requests import Request
@@ -300,6 +301,18 @@ def test_do_nothing_values_and_implemented_fields_are_served(server, lm):
     kept = client.post("/v1/completions", json={**base, "stop": cut, "include_stop_str_in_output": True}).json()
     assert kept["choices"][0]["text"] == text[:text.index(cut) + len(cut)]
     assert kept["choices"][0]["finish_reason"] == "stop"
+
+
+def test_vllms_small_routes_and_its_context_length_wording(server):
+    client = httpx.Client(base_url=server.url, timeout=TIMEOUT)
+    assert client.get("/ping").status_code == 200 and client.post("/ping").status_code == 200
+    assert client.get("/version").json()["version"] == batchlab.__version__
+    assert client.get("/load").json() == {"server_load": 0}
+    permission = client.get("/v1/models").json()["data"][0]["permission"][0]
+    assert permission["object"] == "model_permission" and permission["allow_sampling"] is True
+    for body in ({"prompt": "word " * 2000}, {"prompt": "x", "max_tokens": 5000}):   # what clients match on
+        message = client.post("/v1/completions", json=body).json()["error"]["message"]
+        assert message.startswith("This model's maximum context length is "), message
 
 
 def test_models_request_ids_and_tokenize_speak_vllms_protocol(server, lm):

@@ -3,7 +3,8 @@
 Routes (as vLLM's OpenAI server names them): ``POST /v1/completions``, ``POST
 /v1/chat/completions`` (``"stream": true`` for server-sent events), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM's metric names: see ``metrics.py``),
-``POST /tokenize``, ``POST /detokenize``, ``GET /get_load`` (what ``vllm-router`` polls under
+``POST /tokenize``, ``POST /detokenize``, ``GET /version``, ``GET|POST /ping`` and ``GET /load``
+(vLLM's), ``GET /get_load`` (what ``vllm-router`` polls under
 ``power_of_two``: ``{"load": requests in flight}``, the SGLang worker's form), and ``GET
 /batchlab/stats`` (queue and KV-cache occupancy, for tests and notebooks). With an API key, every ``/v1`` route needs
 ``Authorization: Bearer <key>`` and answers 401 without it (the others stay open, as in vLLM).
@@ -33,6 +34,8 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
+
+import batchlab
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from batchlab.serve.detok import Detokenizer
@@ -44,6 +47,14 @@ from batchlab.serve.runner import EngineRunner, Handle
 
 KEEPALIVE_S = 1.0     # an SSE comment line after this long without an event (detects gone clients)
 MAX_REQUEST_ID_CHARS = 256
+
+
+def _permission(created: int) -> dict:
+    """vLLM's ``ModelPermission`` card (clients that read ``permission`` find its fields)."""
+    return {"id": f"modelperm-{created}", "object": "model_permission", "created": created,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": False,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+            "group": None, "is_blocking": False}
 
 
 def _error(e: APIError) -> JSONResponse:
@@ -127,12 +138,25 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
             return Response(status_code=200)
         return _error(APIError(503, runner.error or "the engine is not running", None, "service_unavailable"))
 
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():
+        return await health()          # vLLM's /ping (the SageMaker route) answers as /health does
+
+    @app.get("/version")
+    async def version():
+        return {"version": batchlab.__version__}
+
+    @app.get("/load")
+    async def load():
+        return {"server_load": runner.stats()["in_flight"]}      # vLLM's name: requests in flight
+
     @app.get("/v1/models")
     async def models():
+        created = int(runner.started_unix)
         return {"object": "list", "data": [{
-            "id": runner.config.model_name, "object": "model", "created": int(runner.started_unix),
+            "id": runner.config.model_name, "object": "model", "created": created,
             "owned_by": "batchlab", "root": runner.model_root, "parent": None,
-            "max_model_len": runner.config.max_model_len,
+            "max_model_len": runner.config.max_model_len, "permission": [_permission(created)],
             "simulated_device": None if runner.device is None else runner.device.card()}]}
 
     @app.get("/metrics")

@@ -174,9 +174,9 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
             raise bad("add_generation_prompt", f"add_generation_prompt={flag!r}; must be true or false")
         prompt_ids, prompt_field = _chat_prompt(body, tokenizer, flag), "messages"
     if len(prompt_ids) >= max_model_len:
-        raise bad(prompt_field, f"the prompt is {len(prompt_ids)} tokens; this model's context window "
-                                f"(max_model_len) is {max_model_len} tokens, and the prompt must leave room "
-                                "for at least one output token")
+        raise bad(prompt_field, f"This model's maximum context length is {max_model_len} tokens. However, your "
+                                f"prompt is {len(prompt_ids)} tokens, and it must leave room for at least one "
+                                "output token (max_model_len, as vLLM words it)")
 
     max_field = "max_tokens"
     max_tokens = body.get("max_tokens")
@@ -189,9 +189,9 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise bad(max_field, f"{max_field}={max_tokens!r}; must be an integer >= 1")
     elif len(prompt_ids) + max_tokens > max_model_len:
-        raise bad(max_field, f"{max_field}={max_tokens} with a prompt of {len(prompt_ids)} tokens needs "
-                             f"{len(prompt_ids) + max_tokens} tokens; this model's context window "
-                             f"(max_model_len) is {max_model_len}: ask for at most "
+        raise bad(max_field, f"This model's maximum context length is {max_model_len} tokens. However, you "
+                             f"requested {len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, "
+                             f"{max_tokens} in the completion): {max_field}={max_tokens}; ask for at most "
                              f"{max_model_len - len(prompt_ids)}")
 
     temperature = _optional(body, "temperature", 1.0)
