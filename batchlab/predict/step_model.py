@@ -16,7 +16,7 @@ source is in ``vllm_v1.json``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from batchlab.backends.cost_model import StepTimeModel
 from batchlab.backends.grounded_step import GroundedStep
@@ -35,7 +35,6 @@ class VllmStepModel(StepTimeModel):
     query_tile: int = 128
     cpu_fixed_s: float = CPU["fixed_ms"] * 1e-3
     cpu_per_seq_s: float = CPU["per_seq_ms"] * 1e-3
-    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def gpu_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
         """The kernels' time, at the padded size."""

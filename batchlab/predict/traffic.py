@@ -69,10 +69,11 @@ class Traffic:
         span = float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) > 1 else 0.0
         rate = (len(self) - 1) / span if span > 0 else math.inf
         shared = self.prefix_len[self.prefix_group >= 0]
+        groups = len(np.unique(self.prefix_group[self.prefix_group >= 0]))
         return (f"{len(self):,} requests over {span:,.1f} s ({rate:.3g} req/s), input {np.mean(self.input_tokens):.0f} "
                 f"tokens on average, output {np.mean(self.output_tokens):.0f}; "
-                + (f"{len(np.unique(self.prefix_group[self.prefix_group >= 0]))} prefix groups sharing "
-                   f"{np.mean(shared):.0f} tokens" if len(shared) else "no shared prefix")
+                + (f"{groups} prefix group{'s' if groups > 1 else ''} sharing {np.mean(shared):.0f} tokens"
+                   if len(shared) else "no shared prefix")
                 + f" ({self.source})")
 
 
