@@ -62,6 +62,10 @@ from batchlab.trace import StepRecord, Trace, request_records
 __all__ = ["Engine", "EngineError", "Idle"]
 
 
+def _mark_ended(req: Request, reason: FinishReason, detail: str | None) -> None:
+    req.status, req.finish_reason, req.finish_detail = reason.status, reason, detail
+
+
 class Engine:
     """Serve workloads with ``scheduler`` (the policy) on ``backend`` (the model or the simulator).
 
@@ -119,7 +123,7 @@ class Engine:
         """``req`` arrives at ``now``: the scheduler queues it, or it is rejected if it never could run."""
         rid = req.request_id
         if rid in self.requests:     # never served twice, never lost: rejected on the spot
-            self._end(req, FinishReason.REJECTED, f"request id {rid!r} is already in use")
+            _mark_ended(req, FinishReason.REJECTED, f"request id {rid!r} is already in use")
             self.listener.on_end(req, now)
             return
         self.requests[rid], self.release_times[rid] = req, None
@@ -141,14 +145,15 @@ class Engine:
                             plan.batch_id)
         self.steps.append(record)
         end = record.end
-        self._apply(plan, result.new_tokens, start, end)    # computed tokens, sampled tokens, ends
+        self._apply(plan, result.new_tokens, start, end, result.logprobs)   # computed, sampled, ends
         self.release_ended(end)
         return record
 
-    def _apply(self, plan: StepPlan, new_tokens: dict[str, int], start: float, end: float) -> None:
+    def _apply(self, plan: StepPlan, new_tokens: dict[str, int], start: float, end: float,
+               logprobs: dict | None = None) -> None:
         """Each chunk's tokens are now computed; each sampling chunk's request gets its next token
-        (at the step's end) and ends if that was a stop token or its last one. (This runs for every
-        chunk of every step of a simulation, so it is written out rather than split up.)"""
+        (at the step's end, with its logprobs if asked) and ends on a stop token (once it has
+        ``min_tokens``) or its last one. (Runs per chunk per step, so it is written out.)"""
         requests = self.requests
         on_token = self.listener.on_token if self.hears_tokens else None   # (the default hears nothing)
         for c in plan.chunks:
@@ -168,9 +173,11 @@ class Engine:
                 raise EngineError(f"the backend returned no token for {c.request_id!r}, whose chunk samples")
             req.output_ids.append(token)
             req.token_times.append(end)
+            if logprobs and (lp := logprobs.get(c.request_id)) is not None:
+                req.output_logprobs.append(lp)
             if on_token is not None:
                 on_token(req, token, end)
-            if token in req.stop_token_ids:
+            if req.stops_on(token):
                 self.end_request(req, FinishReason.STOP, end)
             elif len(req.output_ids) >= req.max_new_tokens:
                 self.end_request(req, FinishReason.LENGTH, end)
@@ -183,8 +190,9 @@ class Engine:
             req.num_computed_tokens += k
             req.output_ids.extend([token] * k)
             req.token_times.extend(ends)
-            if token in req.stop_token_ids or len(req.output_ids) >= req.max_new_tokens:
-                self.end_request(req, FinishReason.STOP if token in req.stop_token_ids else FinishReason.LENGTH, t)
+            stopped = req.stops_on(token)
+            if stopped or len(req.output_ids) >= req.max_new_tokens:
+                self.end_request(req, FinishReason.STOP if stopped else FinishReason.LENGTH, t)
                 ended = True
         if ended:
             self.release_ended(t)
@@ -195,15 +203,11 @@ class Engine:
         its response goes out when the scheduler releases it (``release``); a rejected or aborted
         one is answered now. An aborted running request leaves the scheduler (and frees its KV)
         at the next ``scheduler.remove_ended()``."""
-        self._end(req, reason, detail)
+        _mark_ended(req, reason, detail)
         self.backend.release(req.request_id)
         if reason in (FinishReason.REJECTED, FinishReason.ABORT):
             self.release_times[req.request_id] = t
             self.listener.on_end(req, t)
-
-    @staticmethod
-    def _end(req: Request, reason: FinishReason, detail: str | None) -> None:
-        req.status, req.finish_reason, req.finish_detail = reason.status, reason, detail
 
     def abort(self, request_id: str, detail: str, now: float) -> bool:
         """End ``request_id`` now with ``detail`` as the reason; False if it is unknown or has ended."""

@@ -55,8 +55,10 @@ class DecodeRun:
         self.starts = tuple([c.start + c.num_tokens - 1 for c in step.chunks])
         self.requests = requests
         self.held_slots, self.batch_id = step.held_slots, step.batch_id
-        # A request whose stop tokens include the placeholder stops at its next token.
-        self.remaining = [1 if PLACEHOLDER_TOKEN in r.stop_token_ids else r.max_new_tokens - len(r.output_ids)
+        # A request whose stop tokens include the placeholder stops at its next token (or, with
+        # min_tokens, at the token that makes min_tokens).
+        self.remaining = [min(r.max_new_tokens, max(len(r.output_ids) + 1, r.sampling.min_tokens)) - len(r.output_ids)
+                          if PLACEHOLDER_TOKEN in r.stop_token_ids else r.max_new_tokens - len(r.output_ids)
                           for r in requests]
         self.last_offset = min(self.remaining)     # the step in which the first sequence finishes
         # The step at offset i decodes position starts[j] + i for every j; its attention pairs

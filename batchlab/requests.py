@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from batchlab.checks import check_fraction, check_int, check_number, is_int, is_number
+from batchlab.checks import check_fraction, check_int, check_number, fail, is_int, is_number
 
 
 class RequestStatus(str, enum.Enum):
@@ -65,24 +65,76 @@ _STATUS_OF = {FinishReason.LENGTH: RequestStatus.FINISHED, FinishReason.STOP: Re
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen. ``temperature == 0`` means greedy (argmax).
+    """How the next token is chosen, with vLLM's names and meanings. ``temperature == 0`` means
+    greedy: the most likely token after penalties and ``min_tokens`` (as vLLM's sampler does).
 
     ``seed`` makes a sampled request reproducible on its own: each request draws from its own
     generator, so its output does not depend on which other requests shared its steps.
+
+    The logit processors, in vLLM's order (``batchlab.model.sampling`` applies them):
+    ``min_tokens``: the request's stop tokens cannot be sampled until it has this many tokens.
+    ``repetition_penalty`` (> 0, 1 = off): a token already in the prompt or the output has its
+    logit divided by it when positive, multiplied when negative. ``frequency_penalty`` and
+    ``presence_penalty`` (in [-2, 2], 0 = off): subtracted once per earlier occurrence in the
+    output, and once if it occurred at all. Then temperature, ``min_p`` (drop tokens less likely
+    than ``min_p`` times the most likely one), ``top_k`` (0 = off) and ``top_p``.
+    ``logit_bias``: ``(token id, bias)`` pairs added to the logits first (with ``min_tokens``).
+    ``logprobs``: return the sampled token's log-probability and the ``logprobs`` most likely
+    tokens' (None = not asked; 0 = only the sampled token's), from the model's raw logits.
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         check_number("temperature", self.temperature, hint="0 = greedy")
         check_fraction("top_p", self.top_p)
         check_int("seed", self.seed, minimum=None, allow_none=True)
+        check_int("top_k", self.top_k, minimum=0, hint="0 = every token")
+        check_fraction("min_p", self.min_p, "[0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            check_number(name, getattr(self, name), minimum=-2.0, maximum=2.0, hint="0 = off")
+        check_number("repetition_penalty", self.repetition_penalty, strict=True, hint="1 = off")
+        check_int("min_tokens", self.min_tokens, minimum=0)
+        check_int("logprobs", self.logprobs, minimum=0, allow_none=True)
+        if not isinstance(self.logit_bias, tuple) or not all(
+                isinstance(pair, tuple) and len(pair) == 2 and is_int(pair[0]) and pair[0] >= 0 and is_number(pair[1])
+                for pair in self.logit_bias):
+            fail("logit_bias", self.logit_bias, "a tuple of (token id >= 0, finite bias) pairs")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits depend on the tokens so far (a penalty is on)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits first: the argmax of the raw logits."""
+        return self.greedy and not self.penalized and self.min_tokens == 0 and not self.logit_bias
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The model's log-probabilities at one output position, from its raw logits (before
+    penalties, temperature and filters: vLLM's default ``raw_logprobs``)."""
+
+    token_id: int                            # the token that was sampled
+    logprob: float                           # its log-probability
+    rank: int                                # 1 = the most likely token
+    top: tuple[tuple[int, float], ...] = ()  # the most likely (token id, logprob), best first
 
 
 @dataclass
@@ -95,7 +147,8 @@ class Request:
     tokens, as serving benchmarks do with ``ignore_eos``).
 
     State, written by the engine only: ``status``, ``num_computed_tokens``, ``output_ids``,
-    ``token_times`` (when each output token was computed), ``first_scheduled_time``,
+    ``token_times`` (when each output token was computed), ``output_logprobs`` (one
+    ``TokenLogprobs`` per output token, when ``sampling.logprobs`` asks), ``first_scheduled_time``,
     ``finish_reason`` (a ``FinishReason``) and ``finish_detail`` (why, in words, when it was
     aborted or rejected).
     """
@@ -112,6 +165,7 @@ class Request:
     num_computed_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     first_scheduled_time: float | None = None
     finish_reason: FinishReason | None = None
     finish_detail: str | None = None
@@ -133,6 +187,9 @@ class Request:
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(
                 f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens!r}; must be an int >= 1")
+        if self.sampling.min_tokens > self.max_new_tokens:
+            raise ValueError(f"request {self.request_id!r}: min_tokens={self.sampling.min_tokens}; must be at most "
+                             f"max_new_tokens={self.max_new_tokens}")
         if not is_number(self.arrival_time) or self.arrival_time < 0:
             raise ValueError(
                 f"request {self.request_id!r}: arrival_time={self.arrival_time!r}; must be a finite "
@@ -161,6 +218,10 @@ class Request:
     @property
     def is_done(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)
+
+    def stops_on(self, token: int) -> bool:
+        """Whether sampling ``token`` last ends this request: a stop token, once it has ``min_tokens``."""
+        return token in self.stop_token_ids and len(self.output_ids) >= self.sampling.min_tokens
 
     def token_ids(self, start: int, num: int) -> list[int]:
         """Known tokens ``[start, start + num)`` of ``prompt_ids + output_ids``."""

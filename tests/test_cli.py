@@ -19,7 +19,7 @@ from batchlab.serve import HOST, free_port
 from batchlab.serve import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL_LOAD = ["--num-requests", "8", "--prompt-len", "16", "--output-len", "4", "--no-progress"]
+SMALL_LOAD = ["--num-prompts", "8", "--input-len", "16", "--output-len", "4", "--disable-tqdm"]
 
 
 def readme_commands() -> list[list[str]]:
@@ -57,8 +57,9 @@ def test_readme_server_commands_serve_the_readme_loads(server_cmd, tmp_path):
         assert loads
         for load in loads:
             cmd = [url if arg == "http://127.0.0.1:8000" else arg for arg in python_m(load)] + SMALL_LOAD
-            if "--out" in cmd:
-                cmd[cmd.index("--out") + 1] = str(tmp_path / "out")
+            for flag in ("--out", "--result-dir"):          # results in this test's folder
+                if flag in cmd:
+                    cmd[cmd.index(flag) + 1] = str(tmp_path / "out")
             done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
             assert done.returncode == 0, f"{' '.join(load)}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
             assert "8/8 finished" in done.stdout

@@ -3,9 +3,11 @@ batchlab's server (open and closed loop)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
 import threading
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -209,19 +211,26 @@ def test_errors_mid_run_are_counted_by_status_never_dropped(lm):
 
 def test_the_command_line_sweeps_rates_and_writes_its_results(server, tmp_path, capsys):
     from batchlab.loadgen.__main__ import main
-    code = main(["--url", server.url, "--rates", "2,8", "--num-requests", "4", "--prompt-len", "16",
-                 "--output-len", "4", "--goodput", "ttft:60000", "--out", str(tmp_path), "--no-progress"])
+    from batchlab.loadgen.vllm_result import read_result
+    code = main(["--base-url", server.url, "--rates", "2,8", "--num-prompts", "4", "--input-len", "16",
+                 "--output-len", "4", "--goodput", "ttft:60000", "--save-result", "--result-dir", str(tmp_path),
+                 "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99.9", "--disable-tqdm"])
     out = capsys.readouterr().out
     assert code == 0 and "--- rate 2/s" in out and "--- rate 8/s" in out
     assert "DistServe's goodput" in out and "above the sweep" in out          # every rate met a 60 s TTFT
+    assert "Median TTFT (ms):" in out and "P99.9 E2EL (ms):" in out and "TPOT" not in out
     sweep = pd.read_csv(tmp_path / "sweep.csv")
     assert list(sweep["rate"]) == [2, 8] and list(sweep["slo_attainment"]) == [1.0, 1.0]
-    for rate in ("2", "8"):
-        summary = json.loads((tmp_path / f"rate_{rate}" / "summary.json").read_text())
-        assert summary["outcomes"] == {"ok": 4} and summary["goodput"] > 0 and summary["latency_s"]["ttft"]["count"] == 4
-        rows = pd.read_csv(tmp_path / f"rate_{rate}" / "requests.csv")
+    for rate in ("2.0", "8.0"):                     # vLLM's file names: {label}-{rate}qps-{model}-{date}.json
+        [path] = tmp_path.glob(f"openai-{rate}qps-*.json")
+        result = read_result(path)
+        assert result.completed == 4 and result.failed == 0 and result.raw["request_goodput"] > 0
+        assert result.request_rate == float(rate) and result.total_output_tokens == 16
+        assert list(result.latency_ms.index) == ["ttft", "e2el"]
+        assert set(result.latency_ms.columns) == {"mean", "median", "std", "p50", "p99.9"}
+        rows = pd.read_csv(path.with_suffix(".requests.csv"))
         assert len(rows) == 4 and set(rows["outcome"]) == {"ok"}
-    assert main(["--url", server.url, "--rates", "2,-1"]) == 2
+    assert main(["--url", server.url, "--rates", "2,-1"]) == 2           # the old names still work
     assert "rates='2,-1'; must be" in capsys.readouterr().err
 
 
@@ -232,3 +241,160 @@ def test_a_load_cut_at_max_duration_says_so(server, lm):
     assert result.cut and "CUT:" in result.summary()
     assert sum(result.status_counts().values()) == 4 and "ok" not in result.status_counts()
     assert all(r.error and r.error.startswith(("cancelled", "not sent")) for r in result.records)
+
+
+# --- vllm bench serve's options: arrivals, datasets, what is sent, bad flags ----------------------------
+def test_arrivals_are_scaled_as_vllm_scales_them():
+    from batchlab.loadgen.schedule import Schedule
+    for seed in range(3):                  # the last send lands at N / rate, whatever the draw
+        times = Schedule(2.0).send_times(16, seed)
+        assert times[-1] == pytest.approx(8.0) and np.all(np.diff(times) >= 0) and times[0] > 0
+    assert Schedule(2.0, burstiness=math.inf).send_times(4).tolist() == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    assert Schedule().send_times(3).tolist() == [0.0, 0.0, 0.0]                    # rate inf: all at once
+    bursty = np.diff(Schedule(5.0, burstiness=0.25).send_times(200, 1))
+    assert bursty.std() / bursty.mean() > 1.3                                      # gamma shape 0.25: CV 2
+    linear = Schedule(ramp_up_strategy="linear", ramp_up_start_rps=1, ramp_up_end_rps=8)
+    assert [linear.rate_at(i, 8) for i in (0, 7)] == [1.0, 8.0]
+    exp = Schedule(ramp_up_strategy="exponential", ramp_up_start_rps=1, ramp_up_end_rps=16)
+    assert exp.rate_at(2, 5) == pytest.approx(4.0)                                # 1 * 16 ** (2/4)
+    gaps = np.diff(linear.send_times(400, 0))
+    assert gaps[:100].mean() > 2.5 * gaps[-100:].mean()                           # faster as it ramps
+    assert Schedule(2.0).label == "2.0qps" and linear.label == "ramp-up-linear-1qps-8qps"
+
+
+def test_vllms_datasets(lm, tmp_path):
+    from batchlab.loadgen.datasets import DatasetConfig
+    tok = lm.tokenizer
+    rand = DatasetConfig(random_input_len=20, random_output_len=10, random_range_ratio='{"input": 0.5, "output": 0}',
+                         random_prefix_len=4).sample(40, tok, seed=3)
+    assert all(14 <= r.prompt_len <= 34 and r.max_tokens == 10 and len(r.prompt) == r.prompt_len for r in rand)
+    assert len({tuple(r.prompt[:4]) for r in rand}) == 1 and len({tuple(r.prompt) for r in rand}) == 40
+    assert not set(tok.all_special_ids) & {t for r in rand for t in r.prompt}
+    assert [r.prompt for r in DatasetConfig().sample(3, tok, 3)] == [r.prompt for r in DatasetConfig().sample(3, tok, 3)]
+    rep = DatasetConfig("prefix_repetition", prefix_repetition_prefix_len=8, prefix_repetition_suffix_len=4,
+                        prefix_repetition_num_prefixes=3, prefix_repetition_output_len=5).sample(10, tok)
+    assert len(rep) == 9 and all(len(r.prompt) == 12 and r.max_tokens == 5 for r in rep)   # 10 // 3 per prefix
+    assert sorted(Counter(tuple(r.prompt[:8]) for r in rep).values()) == [3, 3, 3]
+    path = tmp_path / "sharegpt.json"
+    conv = lambda q, a: {"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}
+    path.write_text(json.dumps([conv("Tell me a story about a dragon and a knight.", "Once upon a time there lived a dragon."),
+                                conv("Hi", "Hello there, how are you today?"),          # prompt under 4 tokens: left out
+                                {"conversations": [{"from": "human", "value": "alone"}]},  # one turn: left out
+                                conv("What is the capital city of France, please?", "Paris is the capital.")]))
+    share = DatasetConfig("sharegpt", str(path)).sample(5, tok, seed=0)
+    assert len(share) == 5 and {r.prompt for r in share} == {"Tell me a story about a dragon and a knight.",
+                                                            "What is the capital city of France, please?"}
+    assert share[0].max_tokens == len(tok(next(c["conversations"][1]["value"] for c in json.loads(path.read_text())
+                                               if c["conversations"][0]["value"] == share[0].prompt))["input_ids"])
+    assert len(DatasetConfig("sharegpt", str(path), no_oversample=True, sharegpt_output_len=7).sample(5, tok)) == 2
+
+
+def test_ignore_eos_and_continuous_usage_stats_only_when_asked():
+    from batchlab.loadgen.__main__ import ignore_eos_for, parse_args
+    from batchlab.loadgen.client import _body
+    lr = LoadRequest("a", "hi", 3)
+    plain = _body(lr, "completions", "m", {"temperature": 0.0}, continuous_usage_stats=False)
+    assert plain["stream_options"] == {"include_usage": True} and "ignore_eos" not in plain
+    assert _body(lr, "completions", "m", {})["stream_options"]["continuous_usage_stats"] is True
+    eos = {" ".join(a): ignore_eos_for(parse_args(["--base-url", "x"] + a)) for a in (
+        [], ["--dataset-name", "sharegpt"], ["--dataset-name", "sharegpt", "--ignore-eos"], ["--no-ignore-eos"],
+        ["--prompts", "p.jsonl"], ["--workload", "w.jsonl"])}
+    assert eos == {"": True, "--dataset-name sharegpt": False, "--dataset-name sharegpt --ignore-eos": True,
+                   "--no-ignore-eos": False, "--prompts p.jsonl": False, "--workload w.jsonl": True}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dataset-name", "burstgpt"], "dataset-name='burstgpt'; must be one of ['random', 'sharegpt', 'prefix_repetition']"),
+    (["--dataset-name", "sharegpt", "--dataset-path", "no/such.json"], "dataset-path='no/such.json'; must be a ShareGPT-style JSON file (no such file)"),
+    (["--dataset-name", "sharegpt"], "dataset-path=None; must be a ShareGPT-style JSON file"),
+    (["--dataset-path", "x.json"], "dataset-path='x.json'; must be unset with --dataset-name random"),
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1"], "ramp-up-end-rps=None; must be a positive number"),
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "4", "--request-rate", "2"],
+     "request-rate=2.0; must be unset (inf) with --ramp-up-strategy"),
+    (["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "8", "--ramp-up-end-rps", "4"], "ramp-up-start-rps=8.0; must be <= ramp-up-end-rps=4.0"),
+    (["--ramp-up-strategy", "cubic", "--ramp-up-start-rps", "1", "--ramp-up-end-rps", "4"], "ramp-up-strategy='cubic'; must be one of ['linear', 'exponential']"),
+    (["--ramp-up-start-rps", "1"], "ramp-up-start-rps=1.0; must be unset without --ramp-up-strategy"),
+    (["--header", "x-team"], "header='x-team'; must be KEY=VALUE"),
+    (["--extra-body", "{top_k: 5}"], "extra-body='{top_k: 5}'; must be a JSON object"),
+    (["--extra-body", "[1, 2]"], "extra-body='[1, 2]'; must be a JSON object"),
+    (["--percentile-metrics", "ttft,latency"], "percentile-metrics='ttft,latency'; must be distinct comma-separated names"),
+    (["--metric-percentiles", "50,101"], "metric-percentiles='50,101'; must be comma-separated percentiles in (0, 100]"),
+    (["--random-range-ratio", "1.5"], "random-range-ratio='1.5'; must be in [0, 1)"),
+    (["--request-rate", "0"], "request-rate=0.0; must be a positive number"),
+    (["--result-dir", "runs"], "save-result=False; must be given with --result-dir"),
+])
+def test_bad_command_line_options_stop_with_one_line_and_exit_code_2(flags, message, capsys):
+    from batchlab.loadgen.__main__ import main
+    assert main(["--base-url", "http://127.0.0.1:9"] + flags) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("batchlab.loadgen: ") and message in err, err
+
+
+class StrictServer(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-style server that refuses fields it does not know (as OpenAI's own does) and
+    streams one text chunk per token but the last (whose token only the final usage counts)."""
+
+    KNOWN = {"model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_k"}
+    seen: list = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, code: int, body: bytes, kind: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._send(200, json.dumps({"data": [{"id": "strict-model"}]}).encode())
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append((dict(self.headers), body))
+        unknown = set(body) - self.KNOWN | set(body.get("stream_options", {})) - {"include_usage"}
+        if unknown:
+            return self._send(400, json.dumps({"error": {"message": f"unknown fields {sorted(unknown)}"}}).encode())
+        n = body["max_tokens"]
+        chunks = [{"choices": [{"index": 0, "text": "ab"[i % 2] if i < n - 1 else "",
+                                "finish_reason": "length" if i == n - 1 else None}]} for i in range(n)]
+        chunks.append({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n}})
+        self._send(200, b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n",
+                   "text/event-stream")
+
+
+def test_a_strict_server_gets_only_what_was_asked_for(tmp_path):
+    """vLLM's flags against a server that refuses ignore_eos and continuous_usage_stats: --header
+    and --extra-body arrive, tokens are counted from the final usage, ramp-ups are named as vLLM names them."""
+    from batchlab.loadgen.__main__ import main
+    from batchlab.loadgen.vllm_result import read_result
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([{"conversations": [{"from": "human", "value": "Name three rivers of Europe, please."},
+                                                   {"from": "gpt", "value": "The Danube, the Rhine and the Loire."}]}]))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StrictServer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        common = ["--base-url", url, "--dataset-name", "sharegpt", "--dataset-path", str(path), "--output-len", "3",
+                  "--header", "x-team=course", "--extra-body", '{"top_k": 5}', "--disable-tqdm", "--save-result",
+                  "--result-dir", str(tmp_path / "runs"), "--percentile-metrics", "ttft,itl,e2el"]
+        assert main(common + ["--num-prompts", "3", "--request-rate", "50", "--result-filename", "steady.json",
+                              "--save-detailed"]) == 0
+        headers, body = StrictServer.seen[-1]
+        assert headers["x-team"] == "course" and body["top_k"] == 5 and body["stream_options"] == {"include_usage": True}
+        steady = read_result(tmp_path / "runs" / "steady.json")
+        assert steady.completed == 3 and steady.total_output_tokens == 9 and steady.total_input_tokens == 21
+        assert steady.request_rate == 50 and steady.raw["model_id"] == "strict-model"
+        detail = steady.raw                        # --save-detailed: per-request lists, in seconds
+        assert detail["output_lens"] == [3, 3, 3] and detail["input_lens"] == [7, 7, 7]
+        assert len(detail["ttfts"]) == 3 and all(0 < t < steady.duration_s for t in detail["ttfts"])
+        assert [len(gaps) for gaps in detail["itls"]] == [2, 2, 2] and detail["errors"] == ["", "", ""]
+        assert detail["median_ttft_ms"] == pytest.approx(1e3 * float(np.median(detail["ttfts"])))
+        assert main(common + ["--num-prompts", "4", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "20",
+                              "--ramp-up-end-rps", "40"]) == 0
+        [ramp] = (tmp_path / "runs").glob("openai-ramp-up-linear-20qps-40qps-strict-model-*.json")
+        raw = read_result(ramp).raw
+        assert (raw["ramp_up_strategy"], raw["ramp_up_start_rps"], raw["ramp_up_end_rps"]) == ("linear", 20, 40)
+        assert main(common + ["--num-prompts", "1", "--ignore-eos"]) == 1       # asked for: this server refuses it
+    finally:
+        httpd.shutdown()

@@ -263,12 +263,18 @@ def test_sigterm_ends_streams_with_a_stated_reason():
 
 # --- the protocols other tools speak -------------------------------------------------------------------
 BAD_FIELDS = [
-    ("logprobs asked for", {"prompt": "x", "logprobs": 1}, "logprobs"),
-    ("logprobs 0 still asks", {"prompt": "x", "logprobs": 0}, "logprobs"),
-    ("top_k", {"prompt": "x", "top_k": 5}, "top_k"),
-    ("a penalty", {"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ("more logprobs than vLLM's maximum", {"prompt": "x", "logprobs": 21}, "logprobs"),
+    ("echo with logprobs", {"prompt": "x", "logprobs": 1, "echo": True}, "echo"),
+    ("prompt logprobs", {"prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),
+    ("top_k below -1", {"prompt": "x", "top_k": -2}, "top_k"),
+    ("min_p past 1", {"prompt": "x", "min_p": 1.5}, "min_p"),
+    ("a penalty past 2", {"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ("repetition_penalty 0", {"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ("min_tokens past max_tokens", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ("logit_bias on no token", {"prompt": "x", "logit_bias": {"-3": 1}}, "logit_bias"),
+    ("two choices", {"prompt": "x", "n": 2}, "n"),
+    ("beam search", {"prompt": "x", "use_beam_search": True}, "use_beam_search"),
     ("JSON output", {"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
-    ("a field nobody knows", {"prompt": "x", "frobnicate": 1}, "frobnicate"),
     ("stop_token_ids of the wrong type", {"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
     ("unknown stream option", {"prompt": "x", "stream_options": {"include_usage": True, "x": 1}},
      "stream_options.x"),
@@ -301,6 +307,49 @@ def test_do_nothing_values_and_implemented_fields_are_served(server, lm):
     kept = client.post("/v1/completions", json={**base, "stop": cut, "include_stop_str_in_output": True}).json()
     assert kept["choices"][0]["text"] == text[:text.index(cut) + len(cut)]
     assert kept["choices"][0]["finish_reason"] == "stop"
+
+
+def test_vllms_sampling_fields_are_served_and_unknown_fields_ignored_with_a_log_line(server, lm, caplog):
+    client = httpx.Client(base_url=server.url, timeout=TIMEOUT)
+    base = {"prompt": "Answer yes or no: is water wet?", "max_tokens": 14, "temperature": 0}
+    plain = client.post("/v1/completions", json=base).json()["choices"][0]
+    assert plain["finish_reason"] == "stop"                 # the model's end-of-sequence, early
+    with caplog.at_level("WARNING", logger="batchlab.serve"):
+        longer = client.post("/v1/completions", json={**base, "min_tokens": 12, "frobnicate": 1}).json()
+    assert longer["usage"]["completion_tokens"] >= 12
+    assert any("ignored: ['frobnicate']" in r.getMessage() for r in caplog.records)
+    for extra in ({"top_k": 5, "min_p": 0.1, "temperature": 0.8, "seed": 1},
+                  {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.5},
+                  {"logit_bias": {str(lm.tokenizer.eos_token_id): -100}}):
+        r = client.post("/v1/completions", json={**base, **extra})
+        assert r.status_code == 200, (extra, r.text)
+    with caplog.at_level("WARNING", logger="batchlab.serve"):
+        client.post("/v1/completions", json={**base, "top_k": -7})
+    assert any("refused 400: top_k=-7" in r.getMessage() for r in caplog.records)   # every refusal is logged
+
+
+def test_logprobs_in_vllms_shapes_streamed_or_whole(server, lm):
+    client = httpx.Client(base_url=server.url, timeout=TIMEOUT)
+    body = {"prompt": "The capital of France is", "max_tokens": 5, "temperature": 0, "logprobs": 3, "ignore_eos": True}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    assert len(whole["tokens"]) == 5 and "".join(whole["tokens"]) == client.post(
+        "/v1/completions", json=body).json()["choices"][0]["text"]
+    assert all(v <= 0 for v in whole["token_logprobs"]) and whole["text_offset"][0] == 0
+    for token, value, top in zip(whole["tokens"], whole["token_logprobs"], whole["top_logprobs"]):
+        assert len(top) == 3 and top[token] == value == max(top.values())     # greedy: the most likely
+    pieces = []
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                pieces += [c["logprobs"] for c in json.loads(line[6:])["choices"] if c["logprobs"]]
+    assert sum((p["tokens"] for p in pieces), []) == whole["tokens"]
+    assert sum((p["text_offset"] for p in pieces), []) == whole["text_offset"]
+    chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+                                                      "temperature": 0, "logprobs": True, "top_logprobs": 2}).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == chat["usage"]["completion_tokens"]
+    assert all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"] for c in content)
+    assert all(bytes(c["bytes"]).decode() == c["token"] for c in content)
 
 
 def test_vllms_small_routes_and_its_context_length_wording(server):
@@ -433,7 +482,7 @@ def test_metrics_scraped_during_a_load_agree_with_the_trace(lm):
     assert value(final, "vllm:prompt_tokens") == sum(r.prompt_len for r in started)
     success = final[final["sample"] == "vllm:request_success_total"]
     by_reason = {row.labels["finished_reason"]: row.value for row in success.itertuples()}
-    assert by_reason == {"length": 12, "stop": 0, "abort": 2}
+    assert by_reason == {"length": 12, "stop": 0, "abort": 2, "error": 0, "repetition": 0}
     per_request = metrics.per_request_metrics(trace)
     gaps = np.concatenate([np.diff(r.token_times) for r in started])
     for family, values in (("vllm:time_to_first_token_seconds", [r.token_times[0] - r.arrival_time for r in started]),
@@ -447,6 +496,16 @@ def test_metrics_scraped_during_a_load_agree_with_the_trace(lm):
     assert hit_tokens > 0 and value(final, "vllm:prefix_cache_hits") == hit_tokens
     assert value(final, "vllm:prefix_cache_queries") == sum(r.prompt_len for r in started) + sum(
         prompt_len[p.request_id] + p.num_output_tokens for p in trace.preemptions)
+    # every step once, with the tokens it computed; a request's cached prompt tokens are where its
+    # first chunk starts (re-admissions after a preemption count in prefix_cache_hits only)
+    assert histogram_buckets(final, "vllm:iteration_tokens_total").iloc[-1] == len(trace.steps)
+    assert histogram_sum(final, "vllm:iteration_tokens_total") == sum(step.num_tokens for step in trace.steps)
+    first_start: dict[str, int] = {}
+    for step in trace.steps:
+        for c in step.chunks:
+            first_start.setdefault(c.request_id, c.start)
+    cached = sum(first_start[r.request_id] for r in started)
+    assert 0 < value(final, "vllm:prompt_tokens_cached") == cached <= hit_tokens
 
 
 def test_a_small_soak_with_a_trace_window(lm):

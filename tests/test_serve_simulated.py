@@ -67,6 +67,14 @@ def test_router_added_fields_are_accepted(sim_server):
     assert httpx.post(f"{sim_server.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
 
 
+def test_placeholders_have_no_logprobs_and_min_tokens_is_kept(sim_server):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+    r = httpx.post(f"{sim_server.url}/v1/completions", json={**body, "logprobs": 1}, timeout=60)
+    assert r.status_code == 400 and "placeholder" in r.json()["error"]["message"]
+    r = httpx.post(f"{sim_server.url}/v1/completions", json={**body, "min_tokens": 4, "top_k": 3}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
 @pytest.mark.parametrize("spec", ["X100", "Llama-9@H100", "H100@Llama-3-8B", "", "/nonexistent/model.json"])
 def test_a_bad_simulate_spec_is_named_with_what_is_allowed(spec):
     with pytest.raises(ValueError, match="simulate=.*must be a GPU preset"):

@@ -4,7 +4,7 @@ It finds the model and its tokenizer through ``/v1/models`` (``id`` and ``root``
 random prompts through ``/tokenize`` and ``/detokenize``, sends an ``X-Request-Id`` with each
 request and ``"logprobs": null``, ``"repetition_penalty": 1.0`` in each body. On the same server
 and workload (prompts of 32 tokens, 12 greedy output tokens with ``ignore_eos``, one request at a
-time), its TTFT and ITL medians and ``batchlab.loadgen``'s agree within 20%: three back-to-back
+time), its TTFT and ITL medians and ``python -m batchlab.loadgen``'s agree within 20%: three back-to-back
 pairs, the median pair's ratio. Within 20%, not closer: each client's median is over 6 requests of
 a few tens of ms, and on the course's 2-core VM one pair's TTFT ratio moved from run to run between
 0.91 and 1.20 (the median pair: 1.00-1.18 over three whole-suite and lone runs). A client that
@@ -13,20 +13,31 @@ be off by a whole decode step (35-45 ms here, 50% of TTFT) or halve ITL.
 
 What each measures: both time a request from just before the POST. vLLM's TTFT ends at the first
 SSE chunk that has ``choices`` (even with empty text); its ITL is the gap between successive
-such chunks, one gap per chunk. batchlab's loadgen counts tokens, not chunks (the running usage
-count in each chunk): TTFT ends at the first chunk that carries a token, and a chunk of k tokens
-gives k - 1 gaps of 0 s. batchlab's server sends one token per chunk here, with the finish
+such chunks, one gap per chunk. batchlab's loadgen counts tokens, not chunks (a chunk with text
+is one token, the final usage's rest goes to the last; with ``--continuous-usage-stats``, the
+running count in each chunk): TTFT ends at the first chunk that carries a token, and a chunk of
+k tokens gives k - 1 gaps of 0 s. batchlab's server sends one token per chunk here, with the finish
 reason on the last token's chunk, so the two definitions meet.
+
+Both clients run from the same flags (vLLM's names: ``--dataset-name random --random-input-len 32
+...``) and save their results with ``--save-result``; one function, ``read_result``, reads both
+files, whose keys and units must agree (``duration`` in seconds, ``*_ms`` in milliseconds: one
+request at a time, so the run lasts the sum of the E2ELs, and E2EL = TTFT + 11 TPOT).
 
 Skipped (with the command to set it up) where vLLM's venv is missing; a failure in CI.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from batchlab.loadgen import course_tokenizer, plan_requests, run_load
+from batchlab.loadgen.__main__ import main as loadgen_main
+from batchlab.loadgen.vllm_result import BenchResult, read_result
 from batchlab.loadgen.prom import scrape, value
 from batchlab.serve import start_server
 from batchlab.vllm_ref import vllm_bench_serve
@@ -41,15 +52,28 @@ def server(vllm_ready):
         yield s
 
 
-def vllm_bench(url: str, seed: int) -> dict:
-    return vllm_bench_serve(url, [
-        "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
-        "--random-input-len", str(PROMPT_LEN), "--random-output-len", str(OUTPUT_LEN),
-        "--num-prompts", str(NUM_PROMPTS), "--max-concurrency", "1", "--ignore-eos", "--temperature", "0",
-        "--seed", str(seed), "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el"])
+WORKLOAD = ["--dataset-name", "random", "--random-input-len", str(PROMPT_LEN), "--random-output-len", str(OUTPUT_LEN),
+            "--num-prompts", str(NUM_PROMPTS), "--max-concurrency", "1", "--ignore-eos", "--temperature", "0",
+            "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"]
 
 
-def test_vllm_bench_serve_runs_against_batchlab_and_agrees_with_loadgen(server):
+def vllm_bench(url: str, seed: int, path: Path) -> BenchResult:
+    """``vllm bench serve`` on ``WORKLOAD``; its result JSON copied to ``path`` and read back."""
+    result = vllm_bench_serve(url, [*WORKLOAD, "--seed", str(seed)])
+    assert "/tokenize unavailable" not in result["stdout"] and "tokenizer mismatch" not in result["stdout"]
+    del result["stdout"]                            # added by vllm_bench_serve; the rest is vLLM's file
+    path.write_text(json.dumps(result))
+    return read_result(path)
+
+
+def loadgen_bench(url: str, seed: int, path: Path) -> BenchResult:
+    """``python -m batchlab.loadgen`` on the same flags (and one warm-up request), read back the same way."""
+    assert loadgen_main(["--base-url", url, *WORKLOAD, "--seed", str(seed), "--num-warmups", "1", "--save-result",
+                         "--result-dir", str(path.parent), "--result-filename", path.name]) == 0
+    return read_result(path)
+
+
+def test_vllm_bench_serve_runs_against_batchlab_and_agrees_with_loadgen(server, tmp_path):
     tok = course_tokenizer()
     before = scrape(server.url)
     # A fresh server's first requests are slower (caches, allocator): the first client measured
@@ -59,25 +83,51 @@ def test_vllm_bench_serve_runs_against_batchlab_and_agrees_with_loadgen(server):
     assert warm.status_counts() == {"ok": WARMUP}
     theirs, ours = [], []
     for seed in (0, 1, 2):                          # alternated: vLLM's client, then ours, three times
-        result = vllm_bench(server.url, seed)
-        assert result["completed"] == NUM_PROMPTS and result["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
-        assert "/tokenize unavailable" not in result["stdout"] and "tokenizer mismatch" not in result["stdout"]
-        theirs.append((result["median_ttft_ms"] / 1e3, result["median_itl_ms"] / 1e3))
-        reqs = plan_requests(NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN, tok, arrival="at_once", seed=seed)
-        load = run_load(server.url, reqs, max_concurrency=1, warmup=1, max_duration=300)
-        assert load.status_counts() == {"ok": NUM_PROMPTS}
-        table = load.table()
-        ours.append((float(table.loc["ttft", "p50"]), float(table.loc["itl", "p50"])))
+        theirs.append(vllm_bench(server.url, seed, tmp_path / f"vllm-{seed}.json"))
+        ours.append(loadgen_bench(server.url, seed, tmp_path / f"loadgen-{seed}.json"))
+    for result in theirs + ours:                    # one reader, the same keys and units in both files
+        assert result.completed == NUM_PROMPTS and result.failed == 0
+        assert result.total_input_tokens == NUM_PROMPTS * PROMPT_LEN
+        assert result.total_output_tokens == NUM_PROMPTS * OUTPUT_LEN
+        assert list(result.latency_ms.index) == ["ttft", "tpot", "itl", "e2el"]
+        assert set(result.latency_ms.columns) == {"mean", "median", "std", "p50", "p99"}
+        assert result.max_concurrency == 1 and result.request_rate == float("inf")
+        assert result.request_throughput == pytest.approx(NUM_PROMPTS / result.duration_s)
+        # Units: duration in seconds, latencies in ms. One request at a time, so the run lasts
+        # about the sum of its requests' E2EL, and an E2EL is about TTFT + (tokens - 1) * TPOT.
+        e2el = result.latency_ms.loc["e2el"]
+        assert 0.8 < NUM_PROMPTS * e2el["mean"] / (result.duration_s * 1e3) <= 1.0, result.path
+        lat = result.latency_ms
+        assert lat.loc["e2el", "mean"] == pytest.approx(lat.loc["ttft", "mean"] + (OUTPUT_LEN - 1) * lat.loc["tpot", "mean"],
+                                                        rel=1e-6)
+        assert lat.loc["ttft", "median"] == pytest.approx(lat.loc["ttft", "p50"])
     # Each pair's ratio (ours / theirs, measured back to back), then the median pair: a burst of
     # other work on the machine during one run moves one pair, not the verdict.
-    ttft_ratio, itl_ratio = (float(np.median([o[i] / t[i] for o, t in zip(ours, theirs)])) for i in (0, 1))
+    ratios = {m: float(np.median([o.latency_ms.loc[m, "median"] / t.latency_ms.loc[m, "median"]
+                                  for o, t in zip(ours, theirs)])) for m in ("ttft", "itl")}
     def ms(runs):
-        return ", ".join(f"{ttft * 1e3:.1f} / {itl * 1e3:.1f}" for ttft, itl in runs)
+        return ", ".join(f"{r.latency_ms.loc['ttft', 'median']:.1f} / {r.latency_ms.loc['itl', 'median']:.1f}"
+                         for r in runs)
     report = f"TTFT / ITL medians (ms): vLLM bench {ms(theirs)}; loadgen {ms(ours)}"
     print(report)
-    assert abs(ttft_ratio - 1) < 0.20, report
-    assert abs(itl_ratio - 1) < 0.20, report
+    assert abs(ratios["ttft"] - 1) < 0.20, report
+    assert abs(ratios["itl"] - 1) < 0.20, report
     # The server's /metrics saw every request of both clients (our warm-ups too).
     after = scrape(server.url)
     finished = value(after, "vllm:request_success") - value(before, "vllm:request_success")
     assert finished == WARMUP + 3 * NUM_PROMPTS + 3 * (NUM_PROMPTS + 1)
+
+
+def test_vllm_bench_serve_with_vllms_sampling_flags(server, tmp_path):
+    """``vllm bench serve --top-k 5`` and the rest of its sampling flags (sent in each body as
+    vLLM's fields) plus ``--logprobs``: every request served, none failed, all counted."""
+    before = value(scrape(server.url), "vllm:request_success")
+    flags = ["--temperature", "0.8", "--top-k", "5", "--top-p", "0.9", "--min-p", "0.05", "--repetition-penalty", "1.1",
+             "--presence-penalty", "0.5", "--frequency-penalty", "0.5", "--logprobs", "2"]
+    result = vllm_bench_serve(server.url, ["--dataset-name", "random", "--random-input-len", str(PROMPT_LEN),
+                                           "--random-output-len", str(OUTPUT_LEN), "--num-prompts", "8",
+                                           "--max-concurrency", "4", "--ignore-eos", "--disable-tqdm", "--seed", "0",
+                                           *flags])
+    assert result["completed"] == 8 and result["failed"] == 0, result["stdout"][-3000:]
+    assert result["total_output_tokens"] == 8 * OUTPUT_LEN
+    assert value(scrape(server.url), "vllm:request_success") - before == 8

@@ -10,6 +10,7 @@ error (the end of its log).
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 
 from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm
@@ -63,3 +64,40 @@ def test_load_client_measures_vllm_with_every_column(vllm, lm):
     for metric in ("ttft", "tpot", "itl", "e2e"):   # queue_time is the server's own view: vLLM sends none
         assert table.loc[metric, "count"] > 0 and table.loc[metric, "p50"] > 0
     assert result.rate_report()["all_sent"]
+
+
+# vLLM's sampling fields, greedy, where the answers must agree: each body goes to both servers.
+SAMPLING_BODIES = [
+    {"prompt": "Say hi.", "max_tokens": 16, "repetition_penalty": 1.3},
+    {"prompt": "One, two, three,", "max_tokens": 16, "frequency_penalty": 0.8, "presence_penalty": 0.4},
+    {"prompt": "Answer yes or no: is water wet?", "max_tokens": 16, "min_tokens": 12},   # stops early without
+    {"prompt": "Write a list:", "max_tokens": 12, "top_k": 1, "temperature": 0.7},       # top_k 1 is greedy
+    {"prompt": "The capital of France is", "max_tokens": 8, "logit_bias": {"7042": -100}},
+]
+
+
+def test_vllms_sampling_fields_give_vllms_answers(vllm, lm):
+    from batchlab.serve import ServerConfig, ServerThread
+    if lm.dtype != "float32":
+        pytest.skip("the equality is fp32's (vLLM runs the course's model in fp32)")
+    config = ServerConfig(policy="continuous", max_num_seqs=8, max_model_len=512)
+    with ServerThread(config, lm) as ours, httpx.Client(timeout=120) as client:
+        for body in SAMPLING_BODIES:
+            body = {"model": SERVED_MODEL_NAME, "temperature": 0, **body}
+            theirs = client.post(f"{vllm.url}/v1/completions", json=body)
+            mine = client.post(f"{ours.url}/v1/completions", json={**body, "model": None})
+            assert theirs.status_code == mine.status_code == 200, (theirs.text, mine.text)
+            t, m = theirs.json(), mine.json()
+            assert m["choices"][0]["text"] == t["choices"][0]["text"], body
+            counts = ("prompt_tokens", "completion_tokens", "total_tokens")   # (vLLM adds None details)
+            assert [m["usage"][k] for k in counts] == [t["usage"][k] for k in counts], body
+            assert m["choices"][0]["finish_reason"] == t["choices"][0]["finish_reason"], body
+        body = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 4}
+        t = client.post(f"{vllm.url}/v1/completions", json={**body, "model": SERVED_MODEL_NAME}).json()
+        m = client.post(f"{ours.url}/v1/completions", json=body).json()
+        t, m = t["choices"][0]["logprobs"], m["choices"][0]["logprobs"]
+        assert m["tokens"] == t["tokens"] and m["text_offset"] == t["text_offset"]
+        assert np.allclose(m["token_logprobs"], t["token_logprobs"], atol=2e-3)
+        for mine_top, their_top in zip(m["top_logprobs"], t["top_logprobs"]):
+            assert list(mine_top) == list(their_top)      # the same tokens, in the same order
+            assert np.allclose(list(mine_top.values()), list(their_top.values()), atol=2e-3)

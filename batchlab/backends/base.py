@@ -14,15 +14,17 @@ from dataclasses import dataclass, field
 
 from batchlab.kv_space import KVSpace
 from batchlab.plan import StepPlan
-from batchlab.requests import Request
+from batchlab.requests import Request, TokenLogprobs
 
 
 @dataclass
 class StepResult:
-    """``new_tokens[request_id]`` for every chunk that samples; ``duration`` in seconds."""
+    """``new_tokens[request_id]`` for every chunk that samples; ``duration`` in seconds;
+    ``logprobs[request_id]`` for the sampled requests whose ``sampling.logprobs`` asks."""
 
     new_tokens: dict[str, int] = field(default_factory=dict)
     duration: float = 0.0
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
 class Backend(ABC):

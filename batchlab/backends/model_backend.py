@@ -101,8 +101,7 @@ class ModelBackend(Backend):
         synchronize(self.weights.device)
         t0 = time.perf_counter()
         logits = forward_step(self.weights, self.kv, chunks)
-        tokens = self.sampler.sample(logits, [r.request_id for r in sampled],
-                                     [r.sampling for r in sampled]) if sampled else []
+        tokens, logprobs = self.sampler.sample(logits, sampled) if sampled else ([], {})
         synchronize(self.weights.device)
         duration = time.perf_counter() - t0
-        return StepResult({r.request_id: t for r, t in zip(sampled, tokens)}, duration)
+        return StepResult({r.request_id: t for r, t in zip(sampled, tokens)}, duration, logprobs)

@@ -4,6 +4,11 @@
 - ``records.py``: ``ClientRecord`` per request and the ``Trace`` built from the records, so every
   metric, plot and notebook function works on client-side data unchanged.
 - ``prompts.py``: prompts from a JSONL file (completions or chat), arrival times, text prompts.
+- ``datasets.py``: ``vllm bench serve``'s datasets (``random``, ``sharegpt``, ``prefix_repetition``).
+- ``schedule.py``: send times as vLLM plans them (gamma gaps rescaled so the last send is at
+  N / rate; linear or exponential ramp-ups).
+- ``vllm_result.py``: a load as ``vllm bench serve``'s result JSON (its keys and units), and
+  ``read_result``, which reads a file of either client.
 - ``sweep.py``: SLOs in vLLM's ``--goodput`` form, and a sweep over request rates with DistServe's
   goodput at the end.
 - ``calibrate.py``: the course's cost model fitted from outside a server (lone prompts, concurrent decodes).
@@ -11,7 +16,7 @@
 - ``prom.py``: any server's ``/metrics`` (batchlab's or vLLM's) as a DataFrame; histogram
   quantiles; a gauge sampler that scrapes during a load.
 - ``soak.py``: a long mixed load (streams, aborts, bad requests) for a server's memory and end states.
-- ``__main__.py``: the command line.
+- ``__main__.py``: the command line, with ``vllm bench serve``'s flags.
 
 From a notebook::
 
@@ -20,7 +25,8 @@ From a notebook::
     result.table()                                  # ttft / tpot / itl / e2e from the client's side
     result.rate_report()                            # did the client keep to its plan?
 
-From a shell: ``python -m batchlab.loadgen --url http://127.0.0.1:8000 --rate 2 --num-requests 32``.
+From a shell: ``python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --request-rate 2 --num-prompts 32``
+(``--save-result`` writes vLLM's result JSON).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from batchlab.loadgen.client import ENDPOINTS, MODES, LoadRequest, LoadResult, f
 from batchlab.loadgen.prompts import as_text, read_prompts, with_arrivals
 from batchlab.loadgen.records import ClientRecord, chunk_gaps, client_trace, server_trace
 from batchlab.loadgen.sweep import parse_goodput, parse_rates, rate_sweep
+from batchlab.loadgen.vllm_result import BenchResult, read_result
 from batchlab.requests import Request
 
 
@@ -67,4 +74,4 @@ def course_tokenizer():
 __all__ = ["LoadRequest", "LoadResult", "ClientRecord", "run_load", "run_load_async", "from_workload",
            "plan_requests", "replay_requests", "course_tokenizer", "client_trace", "server_trace",
            "chunk_gaps", "MODES", "ENDPOINTS", "Request", "read_prompts", "with_arrivals", "as_text",
-           "parse_goodput", "parse_rates", "rate_sweep"]
+           "parse_goodput", "parse_rates", "rate_sweep", "BenchResult", "read_result"]

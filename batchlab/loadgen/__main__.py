@@ -1,70 +1,139 @@
-"""``python -m batchlab.loadgen``: load an OpenAI-compatible server and print what the client saw.
+"""``python -m batchlab.loadgen``: ``vllm bench serve``'s sibling: load an OpenAI-compatible server, print what the client saw.
 
-    python -m batchlab.loadgen --url http://127.0.0.1:8000 --num-requests 32 --rate 2
-    python -m batchlab.loadgen --url http://127.0.0.1:8000 --arrival gamma --burstiness 0.25 --rate 2
-    python -m batchlab.loadgen --url http://127.0.0.1:8000 --workload data/chat_poisson_cpu.jsonl
-    python -m batchlab.loadgen --url http://127.0.0.1:8000 --concurrency 8 --num-requests 32   # closed loop
-    python -m batchlab.loadgen --url http://127.0.0.1:8000 --rates 1,2,4 --goodput ttft:500 tpot:100 --out runs/
-    python -m batchlab.loadgen --url http://my-vllm:8000 --endpoint chat --prompts my_prompts.jsonl \\
-        --tokenizer HuggingFaceTB/SmolLM2-135M-Instruct --rate 4 --max-concurrency 16 --warmup 2
+    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --num-prompts 32 --request-rate 2
+    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --request-rate 2 --burstiness 0.25
+    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --ramp-up-strategy linear \\
+        --ramp-up-start-rps 1 --ramp-up-end-rps 8 --num-prompts 64
+    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --dataset-name sharegpt --dataset-path sg.json
+    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --dataset-name prefix_repetition \\
+        --prefix-repetition-prefix-len 64 --prefix-repetition-suffix-len 16 --prefix-repetition-num-prefixes 4
+    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --concurrency 8 --num-prompts 32   # closed loop
+    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --rates 1,2,4 --goodput ttft:500 tpot:100 \\
+        --save-result --result-dir runs/
+    python -m batchlab.loadgen --base-url http://my-vllm:8000 --endpoint /v1/chat/completions \\
+        --prompts my_prompts.jsonl --tokenizer HuggingFaceTB/SmolLM2-135M-Instruct --request-rate 4 \\
+        --max-concurrency 16 --num-warmups 2 --header x-team=course --extra-body '{"top_k": 20}'
 
-Prompts: the course corpus (token ids from ``--tokenizer``, default the course's; as text with
-``--text`` or ``--endpoint chat``), or a JSONL file of ``{"prompt": ...}`` / ``{"messages": ...}``
-lines (``--prompts``). Bad options stop with one line naming the value and what is allowed.
+vLLM's flag names, meanings and result file (``--save-result``: ``vllm bench serve``'s JSON keys
+and units, ``batchlab.loadgen.vllm_result``); arrivals planned as vLLM plans them
+(``batchlab.loadgen.schedule``: the last send at N / rate); its ``random``, ``sharegpt`` and
+``prefix_repetition`` datasets (``batchlab.loadgen.datasets``). ``ignore_eos`` is sent as vLLM
+sends it (``--ignore-eos``, and always with the ``random`` dataset and ``--workload``, whose
+lengths are exact; ``--no-ignore-eos`` turns it off even there), ``continuous_usage_stats``
+only with ``--continuous-usage-stats``. The course's own: ``--prompts`` (a JSONL of
+``{"prompt": ...}`` / ``{"messages": ...}`` lines), ``--workload`` (replay a workload file's
+arrival times), ``--concurrency`` (a closed loop), ``--rates`` (a sweep ending with DistServe's
+goodput), ``--save-trace``. Defaults that differ from vLLM's, for a CPU: ``--num-prompts 32``,
+``--random-input-len 64``, ``--random-output-len 16``, ``--temperature 0`` (greedy). The old
+names still work: ``--url``, ``--rate``, ``--num-requests``, ``--prompt-len``, ``--warmup``,
+``--no-progress``, ``--arrival``, ``--out DIR`` (= ``--save-result --result-dir DIR``). Bad
+options stop with one line naming the value and what is allowed (exit code 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
-import pandas as pd
+from batchlab.checks import check_int, check_number, fail
 
-from batchlab.checks import check_int, check_number
+ENDPOINT_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "completions": "completions",
+                  "chat": "chat"}
+BACKENDS = ("openai", "openai-chat", "vllm")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     from batchlab.workloads import ARRIVALS
     p = argparse.ArgumentParser(prog="python -m batchlab.loadgen", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", default=None, help="model id (default: the first of /v1/models)")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--endpoint", default="completions", help="completions or chat")
-    p.add_argument("--prompts", default=None, help="a JSONL file of {\"prompt\": ...} or {\"messages\": ...} lines")
-    p.add_argument("--tokenizer", default="course",
-                   help="counts prompt tokens: 'course' (the course's model) or a tokenizer folder or hub name")
-    p.add_argument("--text", action="store_true", help="send corpus prompts as text, not token ids")
-    p.add_argument("--num-requests", type=int, default=32)
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=16)
-    p.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="open loop: the arrival process")
-    p.add_argument("--rate", type=float, default=2.0, help="open loop: requests per second")
-    p.add_argument("--rates", default=None, help="a sweep: comma-separated rates, one load each (e.g. 1,2,4)")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma: shape (1 = Poisson, < 1 burstier)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workload", default=None, help="replay a workload file's requests and arrival times")
-    p.add_argument("--concurrency", type=int, default=None, help="closed loop with this many users")
-    p.add_argument("--max-concurrency", type=int, default=None,
-                   help="open loop: at most this many requests in flight (later ones wait to be sent)")
-    p.add_argument("--warmup", type=int, default=0, help="requests sent first and left out of the results")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--sampling-seed", type=int, default=None, help="the requests' seed field")
-    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="exactly max_tokens per request (--no-ignore-eos: stop at the end of sequence)")
-    p.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+    g = p.add_argument_group("server")
+    g.add_argument("--base-url", "--url", dest="base_url", default=None,
+                   help="the server, e.g. http://127.0.0.1:8000 (default: http://HOST:PORT)")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--backend", default="openai", help=f"one of {list(BACKENDS)} (openai-chat: the chat endpoint)")
+    g.add_argument("--endpoint", default=None,
+                   help="/v1/completions or /v1/chat/completions (default: by --backend)")
+    g.add_argument("--header", nargs="*", default=None, metavar="KEY=VALUE", help="HTTP headers for every request")
+    g.add_argument("--model", default=None, help="model id (default: the first of /v1/models)")
+    g.add_argument("--api-key", default=None, help="default: $OPENAI_API_KEY, as vLLM's client reads it")
+    g.add_argument("--tokenizer", default="course",
+                   help="counts tokens: 'course' (the course's model) or a tokenizer folder or hub name")
+    g.add_argument("--label", default=None, help="the result's label and file-name prefix (default: --backend)")
+    d = p.add_argument_group("dataset (vLLM's)")
+    d.add_argument("--dataset-name", default=None, help="random (the default), sharegpt or prefix_repetition")
+    d.add_argument("--dataset-path", default=None, help="--dataset-name sharegpt: a ShareGPT-style JSON file")
+    d.add_argument("--num-prompts", "--num-requests", dest="num_prompts", type=int, default=32)
+    d.add_argument("--input-len", "--prompt-len", dest="input_len", type=int, default=None,
+                   help="sets --random-input-len")
+    d.add_argument("--output-len", type=int, default=None, help="sets every dataset's output length")
+    d.add_argument("--random-input-len", type=int, default=64)
+    d.add_argument("--random-output-len", type=int, default=16)
+    d.add_argument("--random-range-ratio", default="0.0",
+                   help='lengths drawn from [len * (1 - r), len * (1 + r)]; or {"input": r1, "output": r2}')
+    d.add_argument("--random-prefix-len", type=int, default=0, help="tokens shared by every random prompt")
+    d.add_argument("--sharegpt-output-len", type=int, default=None, help="default: each answer's length")
+    d.add_argument("--prefix-repetition-prefix-len", type=int, default=256)
+    d.add_argument("--prefix-repetition-suffix-len", type=int, default=256)
+    d.add_argument("--prefix-repetition-num-prefixes", type=int, default=10)
+    d.add_argument("--prefix-repetition-output-len", type=int, default=128)
+    d.add_argument("--disable-shuffle", action="store_true")
+    d.add_argument("--no-oversample", action="store_true")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--prompts", default=None, help="the course's: a JSONL file of {\"prompt\": ...} or "
+                                                   "{\"messages\": ...} lines")
+    d.add_argument("--workload", default=None, help="the course's: replay a workload file's requests and arrivals")
+    d.add_argument("--text", action="store_true", help="send token-id prompts as text")
+    t = p.add_argument_group("traffic")
+    t.add_argument("--request-rate", "--rate", dest="request_rate", type=float, default=math.inf,
+                   help="requests per second (inf: all at once)")
+    t.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 = Poisson, < 1 burstier, inf fixed")
+    t.add_argument("--ramp-up-strategy", default=None, help="linear or exponential, from --ramp-up-start-rps "
+                                                            "to --ramp-up-end-rps")
+    t.add_argument("--ramp-up-start-rps", type=float, default=None)
+    t.add_argument("--ramp-up-end-rps", type=float, default=None)
+    t.add_argument("--max-concurrency", type=int, default=None,
+                   help="at most this many requests in flight (later ones wait to be sent)")
+    t.add_argument("--num-warmups", "--warmup", dest="num_warmups", type=int, default=0,
+                   help="requests sent first and left out of the results")
+    t.add_argument("--arrival", choices=ARRIVALS, default=None,
+                   help="old form: poisson (--burstiness 1), gamma, fixed (--burstiness inf), at_once (rate inf)")
+    t.add_argument("--concurrency", type=int, default=None, help="the course's: a closed loop with this many users")
+    t.add_argument("--rates", default=None, help="the course's: a sweep, one load per rate (e.g. 1,2,4)")
+    s = p.add_argument_group("sampling")
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--top-p", type=float, default=None)
+    s.add_argument("--top-k", type=int, default=None)
+    s.add_argument("--min-p", type=float, default=None)
+    s.add_argument("--sampling-seed", type=int, default=None, help="the requests' seed field")
+    s.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                   help="send ignore_eos (default: with --dataset-name random and --workload, as vLLM does)")
+    s.add_argument("--continuous-usage-stats", action="store_true",
+                   help="ask for usage in every chunk (vLLM's and batchlab's extension)")
+    s.add_argument("--extra-body", default=None, help="a JSON object merged into every request body")
+    r = p.add_argument_group("results")
+    r.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                   help="of ttft, tpot, itl, e2el, client_queue_time, e2el_including_client_queue")
+    r.add_argument("--metric-percentiles", default="99", help="e.g. 50,90,99")
+    r.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
                    help="SLOs in milliseconds, vLLM's form: ttft:500 tpot:50 e2el:4000")
-    p.add_argument("--slo-target", type=float, default=0.9,
+    r.add_argument("--slo-target", type=float, default=0.9,
                    help="--rates: the share of requests that must meet the SLO (DistServe's goodput)")
-    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds before one request gives up")
-    p.add_argument("--max-duration", type=float, default=600.0, help="seconds before a load is cut off")
-    p.add_argument("--out", default=None, help="a folder for summary.json and requests.csv (--rates: a folder per "
-                                                 "rate, and sweep.csv)")
-    p.add_argument("--save-trace", default=None, help="write the client-side trace (batchlab JSON) here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--save-result", action="store_true", help="write vllm bench serve's result JSON")
+    r.add_argument("--save-detailed", action="store_true", help="with per-request lists (ttfts, itls, ...)")
+    r.add_argument("--result-dir", default=None)
+    r.add_argument("--result-filename", default=None,
+                   help="default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json")
+    r.add_argument("--out", default=None, help="old form of --save-result --result-dir DIR")
+    r.add_argument("--save-trace", default=None, help="write the client-side trace (batchlab JSON) here")
+    r.add_argument("--disable-tqdm", "--no-progress", dest="disable_tqdm", action="store_true")
+    r.add_argument("--request-timeout", type=float, default=300.0, help="seconds before one request gives up")
+    r.add_argument("--max-duration", type=float, default=600.0, help="seconds before a load is cut off")
     return p.parse_args(argv)
 
 
@@ -80,112 +149,209 @@ def _tokenizer(name: str):
                          f"({type(e).__name__})") from None
 
 
+def parse_headers(items: list[str] | None) -> dict[str, str]:
+    """``--header KEY=VALUE ...`` as a dict (vLLM's form)."""
+    headers = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            fail("header", item, "KEY=VALUE", "e.g. --header x-team=course")
+        headers[key.strip()] = value.strip()
+    return headers
+
+
+def parse_extra_body(text: str | None) -> dict:
+    """``--extra-body '{"top_k": 20}'``: a JSON object."""
+    if text is None:
+        return {}
+    try:
+        body = json.loads(text)
+    except ValueError as e:
+        fail("extra-body", text, 'a JSON object, e.g. \'{"top_k": 20}\'', f"not JSON: {e}")
+    if not isinstance(body, dict):
+        fail("extra-body", text, 'a JSON object, e.g. \'{"top_k": 20}\'', f"a JSON {type(body).__name__}")
+    return body
+
+
+def apply_old_forms(args: argparse.Namespace) -> None:
+    """The old flags in vLLM's terms: ``--out DIR``, ``--arrival``; and ``--output-len`` / ``--input-len``
+    onto each dataset's own length flags, as vLLM maps them."""
+    if args.out is not None:
+        if args.result_dir is not None and args.result_dir != args.out:
+            fail("out", args.out, f"left out with --result-dir={args.result_dir!r}", "--out DIR is "
+                 "--save-result --result-dir DIR")
+        args.save_result, args.result_dir = True, args.out
+    if args.arrival == "at_once":
+        if args.request_rate != math.inf:
+            fail("arrival", "at_once", "left out with --request-rate", "at_once is --request-rate inf")
+    elif args.arrival == "fixed":
+        args.burstiness = math.inf
+    elif args.arrival == "poisson" and args.burstiness != 1.0:
+        fail("burstiness", args.burstiness, "1 with --arrival poisson", "give --arrival gamma, or leave it out")
+    if args.input_len is not None:
+        args.random_input_len = args.input_len
+    if args.output_len is not None:
+        args.random_output_len = args.sharegpt_output_len = args.prefix_repetition_output_len = args.output_len
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every option's value, before anything is sent (ValueError: ``name=value; must ...``)."""
-    from batchlab.loadgen import ENDPOINTS
-    if args.endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint={args.endpoint!r}; must be one of {list(ENDPOINTS)}")
-    for name in ("num_requests", "prompt_len", "output_len"):
-        check_int(name.replace("_", "-"), getattr(args, name))
+    from batchlab.loadgen.schedule import Schedule
+    from batchlab.loadgen.vllm_result import parse_metric_percentiles, parse_percentile_metrics
+    apply_old_forms(args)
+    if args.backend not in BACKENDS:
+        fail("backend", args.backend, f"one of {list(BACKENDS)}")
+    if args.endpoint is not None and args.endpoint not in ENDPOINT_PATHS:
+        fail("endpoint", args.endpoint, f"one of {list(ENDPOINT_PATHS)}")
+    check_int("num-prompts", args.num_prompts)
     check_int("concurrency", args.concurrency, allow_none=True)
     check_int("max-concurrency", args.max_concurrency, allow_none=True)
-    check_int("warmup", args.warmup, 0)
-    check_number("rate", args.rate, 0, strict=True)
+    check_int("num-warmups", args.num_warmups, 0)
+    check_int("port", args.port)
     check_number("request-timeout", args.request_timeout, 0, strict=True)
     check_number("max-duration", args.max_duration, 0, strict=True)
     if not 0 < args.slo_target <= 1:
-        raise ValueError(f"slo-target={args.slo_target!r}; must be a share of requests in (0, 1], e.g. 0.9")
-    if args.concurrency is not None and (args.rates or args.max_concurrency):
-        raise ValueError(f"concurrency={args.concurrency}; must not be combined with --rates or --max-concurrency "
-                         "(a closed loop has no rate: use --max-concurrency with a rate instead)")
-    if args.prompts and args.workload:
-        raise ValueError(f"prompts={args.prompts!r}; must not be combined with --workload (pick one source)")
+        fail("slo-target", args.slo_target, "a share of requests in (0, 1], e.g. 0.9")
+    Schedule(args.request_rate, args.burstiness, args.ramp_up_strategy, args.ramp_up_start_rps, args.ramp_up_end_rps)
+    if args.concurrency is not None and (args.rates or args.max_concurrency or args.ramp_up_strategy):
+        fail("concurrency", args.concurrency, "left out with --rates, --ramp-up-strategy or --max-concurrency",
+             "a closed loop has no rate: use --max-concurrency with a rate instead")
+    if args.rates and args.ramp_up_strategy:
+        fail("rates", args.rates, "left out with --ramp-up-strategy", "a sweep runs each rate steadily")
+    sources = [name for name in ("prompts", "workload", "dataset_name") if getattr(args, name) is not None]
+    if len(sources) > 1:
+        fail(sources[0].replace("_", "-"), getattr(args, sources[0]),
+             f"left out with --{sources[1].replace('_', '-')} (pick one source of prompts)")
+    if args.workload and (args.rates or args.ramp_up_strategy):
+        fail("workload", args.workload, "left out with --rates and --ramp-up-strategy",
+             "a workload file has its own arrival times")
+    parse_headers(args.header)
+    parse_extra_body(args.extra_body)
+    parse_percentile_metrics(args.percentile_metrics)
+    parse_metric_percentiles(args.metric_percentiles)
+    if (args.result_dir or args.result_filename or args.save_detailed) and not args.save_result:
+        fail("save-result", False, "given with --result-dir, --result-filename or --save-detailed",
+             "as vLLM's: --save-result writes the file")
+    dataset_config(args)
+
+
+def dataset_config(args: argparse.Namespace):
+    from batchlab.loadgen.datasets import DatasetConfig
+    return DatasetConfig(args.dataset_name or "random", args.dataset_path, args.random_input_len,
+                         args.random_output_len, args.random_range_ratio, args.random_prefix_len,
+                         args.sharegpt_output_len, args.prefix_repetition_prefix_len,
+                         args.prefix_repetition_suffix_len, args.prefix_repetition_num_prefixes,
+                         args.prefix_repetition_output_len, args.disable_shuffle, args.no_oversample)
+
+
+def endpoint_of(args: argparse.Namespace) -> str:
+    if args.endpoint is not None:
+        return ENDPOINT_PATHS[args.endpoint]
+    return "chat" if args.backend == "openai-chat" else "completions"
+
+
+def schedule_for(args: argparse.Namespace, rate: float | None):
+    from batchlab.loadgen.schedule import Schedule
+    if rate is None:
+        return Schedule(args.request_rate, args.burstiness, args.ramp_up_strategy, args.ramp_up_start_rps,
+                        args.ramp_up_end_rps)
+    return Schedule(rate, args.burstiness)
 
 
 def make_requests_for(args: argparse.Namespace, tok):
-    """rate -> the load's requests (the same prompts at every rate; arrivals follow the rate)."""
-    from batchlab.loadgen import plan_requests, replay_requests
-    from batchlab.loadgen.prompts import as_text, read_prompts, with_arrivals
-    closed = args.concurrency is not None
-    arrival = "at_once" if closed else args.arrival
-    burst = args.burstiness if arrival == "gamma" else 1.0
-    if args.prompts:
-        prompts = read_prompts(args.prompts, args.output_len, tok)
-        return lambda rate: with_arrivals(prompts, args.num_requests, arrival, None if closed else rate, burst,
-                                          args.seed)
+    """rate (None: the command line's own schedule) -> the load's requests: the same prompts at
+    every rate, sent at vLLM's planned times."""
+    from dataclasses import replace
+
+    from batchlab.loadgen import replay_requests
+    from batchlab.loadgen.prompts import as_text, read_prompts
+    text = args.text or endpoint_of(args) == "chat"
     if args.workload:
-        if args.rates:
-            raise ValueError(f"workload={args.workload!r}; must not be combined with --rates (a workload file "
-                             "has its own arrival times)")
         reqs = replay_requests(args.workload, tok)
-        return lambda rate: as_text(reqs, tok) if args.text or args.endpoint == "chat" else reqs
+        return lambda rate: as_text(reqs, tok) if text else reqs
+    if args.prompts:
+        source = read_prompts(args.prompts, args.output_len or args.random_output_len, tok)
+        base = [replace(source[i % len(source)], request_id=f"r{i:04d}") for i in range(args.num_prompts)]
+    else:
+        base = dataset_config(args).sample(args.num_prompts, tok, args.seed)
+    if text:
+        base = as_text(base, tok)
 
-    def corpus(rate):
-        reqs = plan_requests(args.num_requests, args.prompt_len, args.output_len, tok, arrival,
-                             None if closed else rate, burst, args.seed)
-        return as_text(reqs, tok) if args.text or args.endpoint == "chat" else reqs
-    return corpus
+    def at(rate: float | None):
+        if args.concurrency is not None:
+            return base
+        times = schedule_for(args, rate).send_times(len(base), args.seed)
+        return [replace(r, arrival_time=float(t)) for r, t in zip(base, times)]
+    return at
 
 
-def _print_result(result, slo) -> None:
+def ignore_eos_for(args: argparse.Namespace) -> bool:
+    """vLLM's rule: asked for, or the random dataset (and a workload file, like vLLM's timed traces)."""
+    if args.ignore_eos is not None:
+        return args.ignore_eos
+    return bool(args.workload) or (args.prompts is None and (args.dataset_name or "random") == "random")
+
+
+def _print_result(result, bench: dict, metrics: list[str], percentiles: list[float]) -> None:
+    from batchlab.loadgen.vllm_result import format_result
     print(result.summary())
-    with pd.option_context("display.width", 140, "display.float_format", "{:.4f}".format):
-        try:
-            print(result.table())
-        except ValueError as e:
-            print(f"no latency table: {e}")
-    if slo is not None:
-        try:
-            print(f"goodput (vLLM's: requests meeting {slo} per second): {result.goodput(slo):.3f} req/s")
-        except ValueError as e:
-            print(f"no goodput: {e}")
+    print(format_result(bench, metrics, percentiles))
 
 
-def save_result(result, out: Path, slo) -> None:
-    """``summary.json`` (outcomes, rates, the latency table, goodput) and ``requests.csv`` (one row
-    per request) in the folder ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    summary = {"url": result.url, "model": result.model, "mode": result.mode, "target_rate": result.target_rate,
-               "max_concurrency": result.max_concurrency, "concurrency": result.concurrency,
-               "wall_seconds": result.wall_seconds, "outcomes": result.status_counts(), "cut": result.cut,
-               "warmup": {"num_requests": len(result.warmup), "num_ok": sum(r.ok for r in result.warmup)},
-               "rate_report": result.rate_report()}
-    try:
-        table = result.table()
-        summary["latency_s"] = json.loads(table.to_json(orient="index"))
-        summary["throughput"] = {k: float(v) for k, v in table.attrs["throughput"].items()}
-        if slo is not None:
-            summary["slo_s"] = {k: v for k, v in vars(slo).items() if v is not None}
-            summary["goodput"] = result.goodput(slo)
-    except ValueError as e:
-        summary["latency_s"] = None
-        summary["no_latency_because"] = str(e)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    result.requests_df().to_csv(out / "requests.csv", index=False)
+def save_result(result, bench: dict, path: Path) -> None:
+    """vLLM's result JSON at ``path``, and one row per request beside it (``<name>.requests.csv``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(bench, default=float))
+    result.requests_df().to_csv(path.with_suffix(".requests.csv"), index=False)
+    print(f"saved {path} and {path.with_suffix('.requests.csv')}")
+
+
+def result_path(args: argparse.Namespace, schedule, model: str, rate: float | None) -> Path:
+    from batchlab.loadgen.vllm_result import result_filename
+    label = args.label or args.backend
+    name = result_filename(label, schedule, args.max_concurrency, model, datetime.now().strftime("%Y%m%d-%H%M%S"))
+    if args.result_filename:
+        name = args.result_filename if rate is None else f"{Path(args.result_filename).stem}-{rate:g}qps.json"
+    return Path(args.result_dir or ".") / name
 
 
 def run(args: argparse.Namespace) -> int:
     from batchlab.loadgen import run_load
     from batchlab.loadgen.sweep import parse_goodput, parse_rates, rate_sweep
+    from batchlab.loadgen.vllm_result import parse_metric_percentiles, parse_percentile_metrics, result_json
     check_args(args)
     rates = parse_rates(args.rates) if args.rates else None
     slo = parse_goodput(args.goodput) if args.goodput else None
+    metrics, percentiles = parse_percentile_metrics(args.percentile_metrics), \
+        parse_metric_percentiles(args.metric_percentiles)
     tok = _tokenizer(args.tokenizer)
     make_requests = make_requests_for(args, tok)
     closed = args.concurrency is not None
-    extra = {k: v for k, v in (("top_p", args.top_p), ("seed", args.sampling_seed)) if v is not None}
-    load_kwargs = dict(model=args.model, api_key=args.api_key, endpoint=args.endpoint, temperature=args.temperature,
-                       ignore_eos=args.ignore_eos, request_timeout=args.request_timeout,
-                       max_duration=args.max_duration, extra_body=extra, warmup=args.warmup,
-                       progress=not args.no_progress, tokenizer=tok)
-    out = Path(args.out) if args.out else None
+    extra = {k: v for k, v in (("top_p", args.top_p), ("top_k", args.top_k), ("min_p", args.min_p),
+                               ("seed", args.sampling_seed)) if v is not None}
+    extra.update(parse_extra_body(args.extra_body))
+    url = args.base_url or f"http://{args.host}:{args.port}"
+    load_kwargs = dict(model=args.model, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"), endpoint=endpoint_of(args),
+                       temperature=args.temperature, ignore_eos=ignore_eos_for(args),
+                       request_timeout=args.request_timeout, max_duration=args.max_duration, extra_body=extra,
+                       warmup=args.num_warmups, progress=not args.disable_tqdm, tokenizer=tok,
+                       headers=parse_headers(args.header), continuous_usage_stats=args.continuous_usage_stats)
+
+    def report(result, rate: float | None) -> None:
+        schedule = schedule_for(args, rate)
+        bench = result_json(result, num_prompts=args.num_prompts, schedule=schedule, percentile_metrics=metrics,
+                            percentiles=percentiles, slo=slo, backend=args.backend, label=args.label,
+                            tokenizer_id=getattr(tok, "name_or_path", None) or args.tokenizer,
+                            detailed=args.save_detailed)
+        _print_result(result, bench, metrics, percentiles)
+        if args.save_result:
+            save_result(result, bench, result_path(args, schedule, result.model, rate))
+
     if rates:
         def each(rate, result):
             print(f"\n--- rate {rate:g}/s")
-            _print_result(result, slo)
-            if out is not None:
-                save_result(result, out / f"rate_{rate:g}", slo)
-        sweep, best = rate_sweep(args.url, make_requests, rates, slo, args.slo_target, on_result=each,
+            report(result, rate)
+        sweep, best = rate_sweep(url, make_requests, rates, slo, args.slo_target, on_result=each,
                                  max_concurrency=args.max_concurrency, **load_kwargs)
         columns = [c for c in ("rate", "achieved_rate", "num_finished", "request_throughput", "ttft_p50",
                                "ttft_p99", "tpot_p50", "goodput", "slo_attainment", "cut") if c in sweep]
@@ -199,16 +365,13 @@ def run(args: argparse.Namespace) -> int:
                 answer = f"{best:.3f} req/s"
             print(f"DistServe's goodput: the highest rate at which {args.slo_target:.0%} of requests met {slo}: "
                   f"{answer}")
-        if out is not None:
-            sweep.to_csv(out / "sweep.csv", index=False)
+        if args.save_result:
+            sweep.to_csv(Path(args.result_dir or ".") / "sweep.csv", index=False)
         return 0 if all(o == {"ok": n} for o, n in zip(sweep["outcomes"], sweep["num_requests"])) else 1
-    result = run_load(args.url, make_requests(args.rate), mode="closed" if closed else "open",
-                      concurrency=args.concurrency, target_rate=None if closed else args.rate,
-                      max_concurrency=args.max_concurrency, **load_kwargs)
-    _print_result(result, slo)
-    if out is not None:
-        save_result(result, out, slo)
-        print(f"saved {out / 'summary.json'} and {out / 'requests.csv'}")
+    open_rate = None if closed or args.request_rate == math.inf else args.request_rate
+    result = run_load(url, make_requests(None), mode="closed" if closed else "open", concurrency=args.concurrency,
+                      target_rate=open_rate, max_concurrency=args.max_concurrency, **load_kwargs)
+    report(result, None)
     if args.save_trace:
         from batchlab.analysis.trace_io import save_trace
         print("trace saved to", save_trace(result.trace, args.save_trace))

@@ -14,10 +14,12 @@ Two ways to load a server:
 Every request is streamed (``"stream": true``) to ``/v1/completions`` or, with
 ``endpoint="chat"``, ``/v1/chat/completions``, asking for usage in every chunk
 (``stream_options.continuous_usage_stats``, which vLLM and batchlab support) so that the tokens
-in each chunk are counted exactly; a server that ignores it is counted one token per non-empty
-chunk, and the last chunk gets whatever the final usage (or, without one, the ``tokenizer``)
-adds. Greedy with ``ignore_eos`` by default, so every request makes exactly its ``max_tokens``
-(as serving benchmarks do); ``sampling`` adds any other request fields.
+in each chunk are counted exactly; without it (``continuous_usage_stats=False``, the command
+line's default, as ``vllm bench serve`` sends) or from a server that ignores it, a chunk with text
+counts one token, and the last chunk gets whatever the final usage (or, without one, the
+``tokenizer``) adds. Greedy with ``ignore_eos`` by default here (the command line sends it only
+when asked, as vLLM's does), so every request makes exactly its ``max_tokens`` (as serving
+benchmarks do); ``extra_body`` adds any other request fields.
 
 ``warmup`` requests (copies of the first ones) are sent before the load and left out of its
 results; ``LoadResult.warmup`` keeps them. A load generator that falls behind its plan measures
@@ -221,9 +223,9 @@ class _Clock:
         return time.perf_counter() - self.t0
 
 
-def _body(lr: LoadRequest, endpoint: str, model: str, sampling: dict) -> dict:
-    body = {"model": model, "max_tokens": lr.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **sampling,
+def _body(lr: LoadRequest, endpoint: str, model: str, sampling: dict, continuous_usage_stats: bool = True) -> dict:
+    options = {"include_usage": True, **({"continuous_usage_stats": True} if continuous_usage_stats else {})}
+    body = {"model": model, "max_tokens": lr.max_tokens, "stream": True, "stream_options": options, **sampling,
             **(lr.extra_body or {})}
     if endpoint == "chat":
         if lr.messages is not None:
@@ -348,25 +350,31 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
                          temperature: float = 0.0, ignore_eos: bool = True, request_timeout: float = 300.0,
                          max_duration: float = 600.0, target_rate: float | None = None,
                          extra_body: dict | None = None, max_concurrency: int | None = None, warmup: int = 0,
-                         progress: bool = False, tokenizer=None) -> LoadResult:
+                         progress: bool = False, tokenizer=None, headers: dict[str, str] | None = None,
+                         continuous_usage_stats: bool = True) -> LoadResult:
     """Run one load (see the module docstring); ``run_load`` is the same from synchronous code.
 
     ``extra_body``: more request fields (``top_p``, ``seed``, ``stop``...). ``tokenizer``: counts
     output tokens when the server reports no usage. ``progress``: a tqdm bar over the requests.
+    ``ignore_eos=False`` and ``continuous_usage_stats=False`` leave those fields out of the body
+    (a strict OpenAI server refuses fields it does not know); ``headers``: more HTTP headers.
     """
     _check_load(mode, endpoint, concurrency, max_concurrency, requests, max_duration, request_timeout, warmup)
+    if headers is not None and not (isinstance(headers, dict)
+                                    and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+        raise ValueError(f"headers={headers!r}; must be a dict of str to str, or None")
     url = url.rstrip("/")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
     in_flight = concurrency if mode == "closed" else (max_concurrency or len(requests))
     limits = httpx.Limits(max_connections=max(in_flight, warmup, 1), max_keepalive_connections=64)
     path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
-    sampling = {"temperature": temperature, "ignore_eos": ignore_eos, **(extra_body or {})}
+    sampling = {"temperature": temperature, **({"ignore_eos": True} if ignore_eos else {}), **(extra_body or {})}
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(request_timeout)) as client:
         listed = await check_server(client, url)
         model = model or listed
         ordered = sorted(requests, key=lambda q: q.arrival_time) if mode == "open" else list(requests)
-        bodies = [_body(lr, endpoint, model, sampling) for lr in ordered]   # bad prompts fail before any send
+        bodies = [_body(lr, endpoint, model, sampling, continuous_usage_stats) for lr in ordered]   # bad prompts fail before any send
         warm = await _warm_up(client, path, bodies, warmup, tokenizer)
         clock = _Clock()
         records = [ClientRecord(lr.request_id, lr.prompt_len if lr.prompt_len > 0 else

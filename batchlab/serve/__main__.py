@@ -18,6 +18,7 @@ import argparse
 import sys
 
 from batchlab.schedulers import SCHEDULERS
+from batchlab.serve.metrics import ADMISSION_REASON, VLLM_ADMISSION_FLAG
 from batchlab.serve.runner import DEFAULT_MODEL_NAME, RELEASES, ServerConfig
 
 
@@ -46,7 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="paged: share the KV blocks of prompts' common prefixes")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                    help="the KV cache's size in bytes (default: --max-num-seqs sequences of --max-model-len)")
-    p.add_argument("--max-waiting", type=int, default=256, help="waiting requests before new ones get 429")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="waiting requests (not yet running) before new ones get 429, counted in /metrics as "
+                        f"vllm:admission_rejections{{reason=\"{ADMISSION_REASON}\"}}; batchlab's own rule: vLLM's "
+                        f"{VLLM_ADMISSION_FLAG} caps waiting + running and answers 503")
     p.add_argument("--trace-window", type=int, default=10_000,
                    help="ended requests the engine's trace keeps (older ones are forgotten; /metrics counts all)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")

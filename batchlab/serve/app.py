@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -41,10 +42,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from batchlab.serve.detok import Detokenizer
 from batchlab.serve.memory import TRIM_INTERVAL_S, release_free_memory
 from batchlab.serve.metrics import CONTENT_TYPE
-from batchlab.serve.protocol import (APIError, GenerationRequest, chunk_body, parse_detokenize, parse_generation,
-                                     parse_json, parse_tokenize, response_body, sse, usage)
+from batchlab.serve.protocol import (APIError, GenerationRequest, chat_logprobs, chunk_body, completion_logprobs,
+                                     parse_detokenize, parse_generation, parse_json, parse_tokenize, response_body,
+                                     sse, usage)
 from batchlab.serve.runner import EngineRunner, Handle
 
+LOG = logging.getLogger("batchlab.serve")
 KEEPALIVE_S = 1.0     # an SSE comment line after this long without an event (detects gone clients)
 MAX_REQUEST_ID_CHARS = 256
 
@@ -52,7 +55,7 @@ MAX_REQUEST_ID_CHARS = 256
 def _permission(created: int) -> dict:
     """vLLM's ``ModelPermission`` card (clients that read ``permission`` find its fields)."""
     return {"id": f"modelperm-{created}", "object": "model_permission", "created": created,
-            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": False,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
             "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
             "group": None, "is_blocking": False}
 
@@ -130,6 +133,8 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
+        # every refused request leaves a line in the log (at the default level, warning)
+        LOG.warning("%s %s refused %d: %s", request.method, request.url.path, e.status, e.message)
         return _error(e)
 
     @app.get("/health")
@@ -221,8 +226,10 @@ class _Output:
         gen = handle.gen
         self.runner, self.handle = runner, handle
         self.detok = Detokenizer(runner.tokenizer, gen.stop, gen.include_stop, gen.skip_special_tokens,
-                                 gen.stop_token_ids)
+                                 gen.stop_token_ids, gen.sampling.min_tokens)
         self.echo = gen.echo_text or ""           # sent before the first piece of the answer
+        self.logprobs_sent = 0                    # output tokens whose log-probabilities went out
+        self.text_offset = 0                      # completions' text_offset of the next one
 
     def take(self, tokens: list[int]) -> str:
         """The text of newly arrived tokens (stop strings cut; the request ended on a match)."""
@@ -241,6 +248,22 @@ class _Output:
     @property
     def num_tokens(self) -> int:
         return self.detok.num_used if self.detok.stopped else self.detok.num_tokens
+
+    def logprobs(self) -> dict | None:
+        """The log-probabilities of the tokens used since the last call, in the response's form
+        (None when the request did not ask). The engine stores a token's before announcing it."""
+        gen = self.handle.gen
+        num_top = gen.sampling.logprobs
+        if num_top is None:
+            return None
+        entries = self.handle.req.output_logprobs[self.logprobs_sent:self.num_tokens]
+        self.logprobs_sent += len(entries)
+        decode = self.runner.tokenizer.decode
+        if gen.kind == "chat":
+            return chat_logprobs(entries, num_top, lambda t: decode([t]))
+        out = completion_logprobs(entries, num_top, lambda t: decode([t]), self.text_offset)
+        self.text_offset += sum(len(t) for t in out["tokens"])
+        return out
 
     def _with_echo(self, text: str) -> str:
         if self.echo:
@@ -296,7 +319,7 @@ async def _stream(runner: EngineRunner, handle: Handle) -> AsyncIterator[bytes]:
                 return
             text = out.take(tokens)
             if last[0] != "end":
-                chunk = chunk_body(gen, rid, text, first=first)
+                chunk = chunk_body(gen, rid, text, first=first, logprobs=out.logprobs())
                 first = False
                 if gen.continuous_usage:
                     chunk["usage"] = usage(len(gen.prompt_ids), out.num_tokens)
@@ -305,7 +328,7 @@ async def _stream(runner: EngineRunner, handle: Handle) -> AsyncIterator[bytes]:
             ended = True
             _, timings, whole_tokens = last
             more, finish = out.finish(timings, whole_tokens)
-            chunk = chunk_body(gen, rid, text + more, finish, first=first)
+            chunk = chunk_body(gen, rid, text + more, finish, first=first, logprobs=out.logprobs())
             chunk["batchlab"] = timings
             if gen.continuous_usage:
                 chunk["usage"] = usage(len(gen.prompt_ids), out.num_tokens)
@@ -349,9 +372,12 @@ async def _whole(runner: EngineRunner, handle: Handle, request: Request) -> JSON
             _, timings, tokens = event
             more, finish = out.finish(timings, tokens)
             if finish == "abort":                # e.g. the server is shutting down
+                LOG.warning("request %s ended after %d tokens: %s", handle.request_id, out.num_tokens,
+                            timings["finish_detail"])
                 return _error(APIError(503, f"the request was ended after {out.num_tokens} tokens: "
                                             f"{timings['finish_detail']}", None, "service_unavailable"))
-            body = response_body(gen, _response_id(handle), "".join(parts) + more, finish, out.num_tokens, timings)
+            body = response_body(gen, _response_id(handle), "".join(parts) + more, finish, out.num_tokens, timings,
+                                 out.logprobs())
             return JSONResponse(body)
     finally:
         watcher.cancel()

@@ -8,7 +8,9 @@ Stop strings. The text handed out must never contain a stop string, not even its
 characters when the rest arrives later. So the last ``len(longest stop) - 1`` characters are held
 back until the next token shows they cannot begin a stop string; a match can then only start
 in the held-back text, which is all that is searched (constant work per token). On a match the
-text is cut before it (or after it, with ``include_stop``) and ``stopped`` is set.
+text is cut before it (or after it, with ``include_stop``) and ``stopped`` is set. With
+``min_tokens``, stop strings count only once the output has more tokens than that, and a match
+must end in the text of a later token (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ class Detokenizer:
     """One response's text, delta by delta (``add`` per token, ``flush`` at the end)."""
 
     def __init__(self, tokenizer, stop: list[str] | None = None, include_stop: bool = False,
-                 skip_special_tokens: bool = True, stop_token_ids: tuple[int, ...] = ()) -> None:
+                 skip_special_tokens: bool = True, stop_token_ids: tuple[int, ...] = (),
+                 min_tokens: int = 0) -> None:
         self.backend = tokenizer.backend_tokenizer          # the fast tokenizer's Rust core
         self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.skip_special_tokens = skip_special_tokens
@@ -28,6 +31,7 @@ class Detokenizer:
         self.include_stop = include_stop
         self.stop_token_ids = frozenset(stop_token_ids)    # never shown (vLLM drops them too)
         self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.min_tokens = min_tokens
         self.pending = ""          # decoded, not handed out yet (at most ``hold`` chars + one token)
         self.undecoded: list[int] = []   # tokens of a character not complete yet
         self.num_tokens = 0        # tokens added (those after a stop string included)
@@ -48,8 +52,10 @@ class Detokenizer:
             return ""
         self.undecoded.clear()
         self.pending += piece
-        if self.stop:
-            hits = [(i, s) for s in self.stop if (i := self.pending.find(s)) >= 0]
+        if self.stop and self.num_tokens > self.min_tokens:
+            # a match ends in the new piece (the text before it was searched, or is too early)
+            new_from = len(self.pending) - len(piece)
+            hits = [(i, s) for s in self.stop if (i := self.pending.find(s, max(0, new_from - len(s) + 1))) >= 0]
             if hits:
                 i, s = min(hits)
                 self.stopped = True

@@ -6,6 +6,7 @@ through the functions here, so a change inside the engine is answered by a chang
 - ``end_state(req)``: how a request ended (the API's finish reason and the engine's words);
 - ``read_engine_stats(scheduler, kv)``: the queue and KV-cache numbers ``/metrics`` shows;
 - ``new_preemptions(scheduler, seen)``: preemptions logged since the last look;
+- ``new_steps(engine, last)``: engine steps run since the last one looked at;
 - ``run_online_bounded(engine, inbox, listener, window)``: ``Engine.run_online`` whose run
   forgets its oldest ended requests (``TraceWindow``), so a server that runs for weeks does not
   keep every request it ever served.
@@ -71,6 +72,17 @@ def new_preemptions(scheduler, seen: int) -> list:
     num_computed_tokens, num_output_tokens)."""
     log = scheduler.preemptions
     return list(log[seen:]) if len(log) > seen else []
+
+
+def new_steps(engine, last) -> list:
+    """The engine's steps after ``last`` (a ``StepRecord`` from an earlier call, or None): walks
+    back from the newest, so a call costs the new steps. If the trace window dropped ``last``, every
+    step kept is newer than it (the window drops the oldest steps), and all are returned."""
+    steps = engine.steps
+    i = len(steps)
+    while i > 0 and steps[i - 1] is not last:
+        i -= 1
+    return steps[i:]
 
 
 # --- a bounded memory for a long-running server ---------------------------------------------------

@@ -1,17 +1,27 @@
 """``GET /metrics``: the server's numbers in Prometheus' text format, with vLLM's names.
 
-Names, meanings, labels (``model_name``, ``engine``) and histogram buckets follow vLLM 0.32's
-``PrometheusStatLogger`` in ``vllm/v1/metrics/loggers.py``, with the bucket bounds of
-``vllm/v1/metrics/buckets.py``, so a dashboard or a scraper written for vLLM reads batchlab's
-server unchanged (``batchlab.loadgen.prom`` reads either into a DataFrame).
+Names, meanings, types, labels (``model_name``, ``engine``), help texts and histogram buckets
+follow vLLM 0.32's ``PrometheusStatLogger`` in ``vllm/v1/metrics/loggers.py``, with the bucket
+bounds of ``vllm/v1/metrics/buckets.py``, so a dashboard or a scraper written for vLLM reads
+batchlab's server unchanged (``batchlab.loadgen.prom`` reads either into a DataFrame;
+``tests/test_vllm_dashboards.py`` checks every series vLLM 0.32's own Grafana and Perses
+dashboards query).
 
 When each number moves (the engine's thread calls these between steps; a scrape reads the rest):
 
+- every engine step: ``vllm:iteration_tokens_total``, the tokens the step fed the model (prompt
+  chunks, cached prefixes excluded, + one per decoding request: what ``--max-num-batched-tokens``
+  caps). vLLM observes its output batches instead: a prompt's computed tokens all at once, in the
+  step its first token comes out, plus the tokens generated; so with chunked prefill vLLM's
+  observations are lumpier, and its sum is one token per request higher (a request's last token
+  is generated, never fed back).
 - every token: ``vllm:generation_tokens``; a request's first token: ``vllm:prompt_tokens`` (its
-  prompt), ``vllm:prefix_cache_queries`` (with prefix caching: the tokens looked up) and, when
-  the token is visible at once (a streaming policy), ``vllm:time_to_first_token_seconds`` from
-  the request's arrival; every later token: ``vllm:inter_token_latency_seconds``, the gap to the
-  token before. A policy that hands responses back whole observes TTFT at the release and ITL
+  prompt), ``vllm:prompt_tokens_by_source`` (``local_cache_hit``: found in the prefix cache at
+  its first admission; ``local_compute``: the rest), ``vllm:prompt_tokens_cached`` (those cached
+  tokens), ``vllm:prefix_cache_queries`` (with prefix caching: the tokens looked up)
+  and, when the token is visible at once (a streaming policy), ``vllm:time_to_first_token_seconds``
+  from the request's arrival; every later token: ``vllm:inter_token_latency_seconds``, the gap to
+  the token before. A policy that hands responses back whole observes TTFT at the release and ITL
   gaps of 0 (what its clients see, as ``batchlab.analysis.metrics`` counts them).
 - a preemption: ``vllm:num_preemptions``; with prefix caching the re-admission looks up prompt +
   output so far, counted in ``vllm:prefix_cache_queries`` (as vLLM does).
@@ -19,13 +29,31 @@ When each number moves (the engine's thread calls these between steps; a scrape 
   (arrival → last visible token), ``vllm:request_queue_time_seconds`` (arrival → first step),
   ``_prefill_time`` (first step → first token), ``_decode_time`` (first → last token),
   ``_inference_time`` (first step → last token), ``vllm:request_time_per_output_token_seconds``
-  (decode time / (n - 1), 0 for one token, as vLLM), and the token-count histograms. Aborted
-  requests count in ``request_success{finished_reason="abort"}`` only.
-- at scrape time, read from the engine: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
-  ``vllm:kv_cache_usage_perc`` (1.0 = full), ``vllm:prefix_cache_hits`` (counted by the KV
-  cache at admission; queries are counted at the first token, so mid-prefill a scrape can see
-  a request's hits before its queries).
-- requests refused with 429 (``--max-waiting``): ``vllm:admission_rejections{reason="max_num_queued_reqs"}``.
+  (decode time / (n - 1), 0 for one token, as vLLM), and the token-count histograms
+  (``vllm:request_max_num_generation_tokens`` is the request's output length: vLLM's largest over
+  a request's ``n`` samples, and batchlab's requests have one). Aborted requests count in
+  ``request_success{finished_reason="abort"}`` only; when the engine thread fails, every request
+  in flight counts once in ``finished_reason="error"``.
+- at scrape time, read from the engine: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``
+  (and ``vllm:num_requests_waiting_by_reason{reason="capacity"}``, the same number),
+  ``vllm:kv_cache_usage_perc`` (1.0 = full), ``vllm:prefix_cache_hits`` and
+  ``vllm:prompt_tokens_cached_by_source{source="device"}`` (counted by the KV cache at every
+  admission, re-admissions after a preemption included; queries are counted at the first token,
+  so mid-prefill a scrape can see a request's hits before its queries).
+- requests refused with 429 because ``--max-waiting`` requests are already waiting:
+  ``vllm:admission_rejections{reason="max_waiting"}``. The family is vLLM's; the reason is
+  batchlab's own: vLLM's ``--max-num-queued-reqs`` caps waiting + running requests and answers
+  503, a different rule (vLLM's reasons ``max_num_queued_reqs`` / ``max_num_queued_tokens`` are
+  not shown, since batchlab has neither limit).
+
+Series that are always the same for batchlab, shown because vLLM 0.32 shows them (its later
+dashboards query them, a success rate divides by every finish reason), and true as they stand:
+``vllm:engine_sleep_state`` is awake 1, weights_offloaded 0, discard_all 0 (batchlab has no
+sleep mode); ``request_success{finished_reason="repetition"}`` stays 0 (no
+repetition detection); ``num_requests_waiting_by_reason{reason="deferred"}``,
+``prompt_tokens_by_source{source="external_kv_transfer"}`` and the ``host``, ``disk``, ``p2p``
+and ``external_unspecified`` sources of ``prompt_tokens_cached_by_source`` stay 0 (no LoRA, no
+KV transfer or offloading: nothing is ever deferred, every cached token is on the device).
 
 Counters are cumulative over the server's life, whatever the trace window forgets.
 """
@@ -49,6 +77,17 @@ TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 
                                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+# vLLM 0.32's label values (FinishReason in vllm/v1/engine/__init__.py; loggers.py; stats.py;
+# cache_hit_source.py), every one shown from the start as vLLM does
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+WAITING_REASONS = ("capacity", "deferred")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+ADMISSION_REASON = "max_waiting"           # batchlab's own rule (see the module docstring)
+VLLM_ADMISSION_FLAG = "--max-num-queued-reqs"   # vLLM's, a different rule: waiting + running, 503
 
 
 # (attribute, vLLM's name, its help text, buckets; None: the token-count buckets up to max_model_len)
@@ -71,7 +110,23 @@ HISTOGRAMS = (
     ("prompt_hist", "vllm:request_prompt_tokens", "Number of prefill tokens processed.", None),
     ("generation_hist", "vllm:request_generation_tokens", "Number of generation tokens processed.", None),
     ("max_tokens_hist", "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", None),
+    ("max_generation_hist", "vllm:request_max_num_generation_tokens",
+     "Histogram of maximum number of requested generation tokens.", None),
+    ("iteration", "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+     ITERATION_TOKENS_BUCKETS),
 )
+
+# vLLM's help texts of the families made at scrape time, with labels
+
+WAITING_REASON_DOC = ("Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+                      "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, "
+                      "blocked status). Sum of all reasons equals vllm:num_requests_waiting.")
+SLEEP_STATE_DOC = ("Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+                   "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.")
+CACHED_BY_SOURCE_DOC = ("Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host "
+                        "(offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+                        "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+                        "vllm:external_prefix_cache_hits.")
 
 
 def request_tokens_buckets(max_model_len: int) -> list[int]:
@@ -102,10 +157,27 @@ class _EngineCollector(Collector):
             family = GaugeMetricFamily(name, doc, labels=names)
             family.add_metric(values, value)
             yield family
+        # every waiting request waits for capacity: batchlab defers none (no LoRA, no KV transfer)
+        yield self._labelled(GaugeMetricFamily, "vllm:num_requests_waiting_by_reason", WAITING_REASON_DOC,
+                             "reason", dict(zip(WAITING_REASONS, (s.num_waiting, 0))))
+        # batchlab has no sleep mode: always awake (see the module docstring)
+        yield self._labelled(GaugeMetricFamily, "vllm:engine_sleep_state", SLEEP_STATE_DOC, "sleep_state",
+                             dict(zip(SLEEP_STATES, (1, 0, 0))))
         hits = CounterMetricFamily("vllm:prefix_cache_hits",
                                    "Prefix cache hits, in terms of number of cached tokens.", labels=names)
         hits.add_metric(values, s.prefix_cache_hit_tokens)
         yield hits
+        # every prefix-cache hit is served from the device's own KV blocks
+        yield self._labelled(CounterMetricFamily, "vllm:prompt_tokens_cached_by_source", CACHED_BY_SOURCE_DOC,
+                             "source", {src: s.prefix_cache_hit_tokens if src == "device" else 0
+                                        for src in CACHE_HIT_SOURCES})
+
+    def _labelled(self, kind, name: str, doc: str, label: str, by_value: dict):
+        family = kind(name, doc, labels=list(self.labels) + [label])
+        for key, value in by_value.items():
+            family.add_metric(list(self.labels.values()) + [key], value)
+        return family
+
 
 
 class ServerMetrics:
@@ -122,6 +194,8 @@ class ServerMetrics:
     prompt_hist: Histogram
     generation_hist: Histogram
     max_tokens_hist: Histogram
+    max_generation_hist: Histogram
+    iteration: Histogram
 
     def __init__(self, model_name: str, max_model_len: int, read_stats: Callable[[], EngineStats]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -140,24 +214,37 @@ class ServerMetrics:
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prefix cache queries, in terms of number of queried tokens.")
+        by_source = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                            names + ["source"], registry=self.registry)
+        self.prompt_by_source = {src: by_source.labels(**labels, source=src) for src in PROMPT_TOKEN_SOURCES}
+        self.prompt_cached = counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           names + ["finished_reason"], registry=self.registry)
-        self.success = {r: success.labels(**labels, finished_reason=r) for r in ("stop", "length", "abort")}
+        self.success = {r: success.labels(**labels, finished_reason=r) for r in FINISH_REASONS}
         self.rejections = Counter("vllm:admission_rejections",
                                   "Number of admission attempts rejected by a queue limit, by reason.",
                                   ["model_name", "reason"], registry=self.registry).labels(
-            model_name=model_name, reason="max_num_queued_reqs")
+            model_name=model_name, reason=ADMISSION_REASON)
         for attr, name, doc, buckets in HISTOGRAMS:
             setattr(self, attr, histogram(name, doc, token_buckets if buckets is None else buckets))
         self.registry.register(_EngineCollector(read_stats, labels))
 
     # --- the engine's thread ------------------------------------------------------------------------
+    def step(self, num_tokens: int) -> None:
+        """An engine step that computed ``num_tokens`` tokens."""
+        self.iteration.observe(num_tokens)
+
     def token(self, prompt_len: int, arrival: float, t: float, previous: float | None, visible: bool,
-              prefix_caching: bool) -> None:
-        """A token computed at ``t`` (``previous``: the request's token before, None for its first)."""
+              prefix_caching: bool, cached: int = 0) -> None:
+        """A token computed at ``t`` (``previous``: the request's token before, None for its first;
+        ``cached``: the prompt tokens its first admission found in the prefix cache)."""
         self.generation_tokens.inc()
         if previous is None:
             self.prompt_tokens.inc(prompt_len)
+            cached = min(cached, prompt_len)
+            self.prompt_by_source["local_compute"].inc(prompt_len - cached)
+            self.prompt_by_source["local_cache_hit"].inc(cached)
+            self.prompt_cached.inc(cached)
             if prefix_caching:
                 self.prefix_queries.inc(prompt_len)
             if visible:
@@ -192,7 +279,12 @@ class ServerMetrics:
         self.tpot.observe(decode / (n - 1) if n > 1 else 0.0)
         self.prompt_hist.observe(prompt_len)
         self.generation_hist.observe(n)
+        self.max_generation_hist.observe(n)            # the largest of the request's n = 1 samples
         self.max_tokens_hist.observe(max_tokens)
+
+    def failed(self, num_requests: int) -> None:
+        """The engine thread failed with ``num_requests`` requests in flight: each ends in error."""
+        self.success["error"].inc(num_requests)
 
     # --- the event loop -----------------------------------------------------------------------------
     def refused(self) -> None:

@@ -11,6 +11,7 @@ the real router are started with the same pieces (``ServerProcess``, ``wait_heal
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -57,6 +58,7 @@ def serve(config: ServerConfig, host: str = HOST, port: int = 8000, api_key: str
     from batchlab.model import load_model
     from batchlab.serve.memory import bound_shape_caches
     bound_shape_caches()
+    _log_to_stderr(log_level)
     if config.simulate is None:
         lm = lm if lm is not None else load_model(threads=threads)
     runner = EngineRunner(config, lm)
@@ -64,6 +66,16 @@ def serve(config: ServerConfig, host: str = HOST, port: int = 8000, api_key: str
     on = lm.name if runner.device is None else f"a simulated device ({runner.device.spec}; placeholder tokens)"
     print(f"batchlab.serve: {runner.scheduler!r} on {on}, http://{host}:{port}", flush=True)
     server.run()
+
+
+def _log_to_stderr(level: str) -> None:
+    """The server's own lines (refused requests, ignored fields) beside uvicorn's, at its level."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
+    log = logging.getLogger("batchlab")
+    log.addHandler(handler)
+    log.setLevel(level.upper())
+    log.propagate = False
 
 
 class ServerThread:

@@ -7,16 +7,19 @@ says what is allowed, as an OpenAI-style error body::
 
 Implemented fields (as vLLM's OpenAI server takes them): ``model``, ``prompt`` (a string or a
 list of token ids; completions) or ``messages`` (chat), ``max_tokens`` (chat also
-``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stop_token_ids``,
-``include_stop_str_in_output``, ``skip_special_tokens``, ``ignore_eos``, ``n`` (1 only),
-``stream``, ``stream_options`` (``include_usage``, ``continuous_usage_stats``), ``user``;
-completions also ``echo``; chat also ``add_generation_prompt``.
+``max_completion_tokens``), ``min_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``, ``seed``,
+``stop``, ``stop_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
+``ignore_eos``, ``n`` (1 only), ``stream``, ``stream_options`` (``include_usage``,
+``continuous_usage_stats``), ``user``; completions also ``echo`` and ``logprobs`` (an integer:
+how many top tokens); chat also ``add_generation_prompt``, ``logprobs`` (true/false) and
+``top_logprobs``. Log-probabilities are the model's raw ones, as vLLM returns by default.
 
-Fields batchlab does not implement are refused with a 400 naming the field, never silently
-ignored, except when they hold their do-nothing value (``"logprobs": null``,
-``"repetition_penalty": 1.0``, ``"top_k": -1``, ...; benchmark clients send those). ``logprobs``
-is among them: the engine returns sampled token ids, not the model's log-probabilities, so
-answering it would need the engine core to hand back logits.
+A field vLLM knows but batchlab's engine cannot do (``n`` > 1, beam search, ``best_of``,
+structured output, tools, ``prompt_logprobs``, ...) is refused with a 400 naming the field and
+why, unless it holds its do-nothing value (``"best_of": 1``, ``"tools": []``; clients send
+those). A field nobody knows is ignored with a logged warning, as vLLM's ``OpenAIBaseModel``
+does, so a client or router that adds a defaulted field of its own still gets answers.
 
 ``model`` may be the served name or the model's ``root`` (its folder, as ``/v1/models`` lists it:
 ``vllm bench serve`` names the model by it). ``/tokenize`` and ``/detokenize`` bodies are
@@ -27,32 +30,39 @@ checked here too (vLLM's: ``prompt`` or
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
+
+from batchlab.requests import SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16      # OpenAI's and vLLM's default for /v1/completions
 MAX_STOP_STRINGS = 4
 CHAT_ROLES = ("system", "user", "assistant")
 
-COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stop_token_ids",
-                 "include_stop_str_in_output", "skip_special_tokens", "ignore_eos", "n", "stream",
-                 "stream_options", "user")
+COMMON_FIELDS = ("model", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p",
+                 "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "stop",
+                 "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "ignore_eos", "n",
+                 "stream", "stream_options", "user")
 IMPLEMENTED_FIELDS = {
-    "completion": COMMON_FIELDS + ("prompt", "echo"),
-    "chat": COMMON_FIELDS + ("messages", "max_completion_tokens", "add_generation_prompt"),
+    "completion": COMMON_FIELDS + ("prompt", "echo", "logprobs"),
+    "chat": COMMON_FIELDS + ("messages", "max_completion_tokens", "add_generation_prompt", "logprobs",
+                             "top_logprobs"),
 }
-# Not implemented, but accepted at the value that asks for nothing (what clients send by default).
+MAX_LOGPROBS = 20                        # vLLM's default --max-logprobs
+# Known to vLLM, not done by batchlab's engine: accepted at the value that asks for nothing
+# (what clients send by default), refused otherwise.
 DO_NOTHING_VALUES = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "prompt_logprobs": (None,),
-    "top_k": (None, -1, 0), "min_p": (None, 0), "min_tokens": (None, 0),
-    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
-    "logit_bias": (None, {}), "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (None, False),
+    "prompt_logprobs": (None,), "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (None, False),
     "length_penalty": (None, 1), "response_format": (None, {"type": "text"}), "tools": (None, []),
     "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "priority": (None, 0),
     "truncate_prompt_tokens": (None,), "echo": (None, False), "continue_final_message": (None, False),
     "chat_template": (None,), "chat_template_kwargs": (None, {}), "documents": (None,),
     "add_special_tokens": (None,), "store": (None, False), "metadata": (None, {}),
+    "bad_words": (None, []), "allowed_token_ids": (None, []), "guided_json": (None,), "guided_regex": (None,),
+    "guided_choice": (None,), "guided_grammar": (None,), "structured_outputs": (None,),
+    "return_tokens_as_token_ids": (None, False), "spaces_between_special_tokens": (None, True),
     # vllm-router re-serializes each request with its own defaults of these SGLang fields (the
     # reasoning ones ask for nothing here: the course's model writes no separate reasoning).
     "no_stop_trim": (None, False), "return_hidden_states": (None, False),
@@ -60,11 +70,17 @@ DO_NOTHING_VALUES = {
     "include_reasoning": (None, True, False),
 }
 WHY_NOT = {
-    "logprobs": "the engine returns sampled token ids, not the model's log-probabilities",
-    "top_logprobs": "the engine returns sampled token ids, not the model's log-probabilities",
-    "prompt_logprobs": "the engine returns sampled token ids, not the model's log-probabilities",
+    "prompt_logprobs": "the engine keeps the logits of sampled positions only, not of the prompt's",
     "response_format": "there is no structured (JSON) decoding; only {\"type\": \"text\"}",
+    "best_of": "the engine makes one sequence per request",
+    "use_beam_search": "the engine makes one sequence per request",
+    "priority": "the schedulers serve in arrival order, without priorities",
+    "tools": "the server parses no tool calls out of the model's text",
+    "tool_choice": "the server parses no tool calls out of the model's text",
+    **{name: "there is no structured decoding (no grammar masks the logits)"
+       for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")},
 }
+IGNORED_LOG = logging.getLogger("batchlab.serve")
 
 
 class APIError(Exception):
@@ -92,9 +108,7 @@ class GenerationRequest:
     kind: str                        # "completion" or "chat"
     prompt_ids: list[int]
     max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
+    sampling: SamplingParams         # temperature, top_p, top_k, penalties, min_tokens, logprobs, ...
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     stream: bool = False
@@ -132,18 +146,23 @@ def _optional(body: dict, name: str, default):
     return default if value is None else value
 
 
-def check_fields(body: dict, implemented: tuple[str, ...]) -> None:
-    """400 for a field this server does not implement (unless it holds its do-nothing value)."""
+def check_fields(body: dict, implemented: tuple[str, ...]) -> list[str]:
+    """400 for a field vLLM knows that this server cannot do (unless it holds its do-nothing
+    value); the names of fields nobody knows, which are ignored (logged, as vLLM logs them)."""
+    ignored = []
     for name, value in body.items():
         if name in implemented:
             continue
         if name not in DO_NOTHING_VALUES:
-            raise bad(name, f"{name}={_short(value)}; this server does not know the field {name!r}: it "
-                            f"accepts {sorted(set(implemented) | set(DO_NOTHING_VALUES))}")
+            ignored.append(name)
+            continue
         allowed = DO_NOTHING_VALUES[name]
         if not any(_same(value, a) for a in allowed):
             why = WHY_NOT.get(name, f"batchlab does not implement {name}")
             raise bad(name, f"{name}={_short(value)}; must be one of {list(allowed)} ({why})")
+    if ignored:
+        IGNORED_LOG.warning("The following fields were present in the request but ignored: %s", sorted(ignored))
+    return ignored
 
 
 def _same(value: object, allowed: object) -> bool:
@@ -194,15 +213,7 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
                              f"{max_tokens} in the completion): {max_field}={max_tokens}; ask for at most "
                              f"{max_model_len - len(prompt_ids)}")
 
-    temperature = _optional(body, "temperature", 1.0)
-    if not _is_number(temperature) or not 0 <= temperature <= 2:
-        raise bad("temperature", f"temperature={temperature!r}; must be a number in [0, 2] (0 = greedy)")
-    top_p = _optional(body, "top_p", 1.0)
-    if not _is_number(top_p) or not 0 < top_p <= 1:
-        raise bad("top_p", f"top_p={top_p!r}; must be a number in (0, 1]")
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise bad("seed", f"seed={seed!r}; must be an integer or null")
+    sampling = _sampling(body, kind, max_tokens, len(tokenizer))
     n = _optional(body, "n", 1)
     if n != 1 or not _is_int(n):
         raise bad("n", f"n={n!r}; this server makes one choice per request: n must be 1")
@@ -236,13 +247,82 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
         raise bad(f"stream_options.{name}", f"stream_options.{name}: not supported; allowed: "
                                             "include_usage, continuous_usage_stats")
     echo_text = None
+    if flags["echo"] and sampling.logprobs is not None:
+        raise bad("echo", "echo=true with logprobs needs the prompt's log-probabilities (prompt_logprobs), which "
+                          "the engine does not keep; send one of them")
     if flags["echo"]:
         prompt = body["prompt"]
         echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
-    return GenerationRequest(kind, prompt_ids, max_tokens, float(temperature), float(top_p), seed, stop,
+    return GenerationRequest(kind, prompt_ids, max_tokens, sampling, stop,
                              flags["ignore_eos"], flags["stream"], bool(options.get("include_usage")),
                              bool(options.get("continuous_usage_stats")), served_model, tuple(stop_token_ids),
                              flags["include_stop_str_in_output"], flags["skip_special_tokens"], echo_text)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, *, open_low: bool = False,
+            hint: str = "") -> float:
+    value = _optional(body, name, default)
+    if not _is_number(value) or not (low < value if open_low else low <= value) or value > high:
+        allowed = (f"a number {'>' if open_low else '>='} {low:g}" if high == math.inf
+                   else f"a number in {'(' if open_low else '['}{low:g}, {high:g}]")
+        raise bad(name, f"{name}={value!r}; must be {allowed}" + (f" ({hint})" if hint else ""))
+    return float(value)
+
+
+def _sampling(body: dict, kind: str, max_tokens: int, vocab: int) -> SamplingParams:
+    """The sampling fields, with vLLM's ranges and defaults."""
+    temperature = _number(body, "temperature", 1.0, 0, 2, hint="0 = greedy")
+    top_p = _number(body, "top_p", 1.0, 0, 1, open_low=True)
+    min_p = _number(body, "min_p", 0.0, 0, 1)
+    presence, frequency = (_number(body, name, 0.0, -2, 2, hint="0 = off")
+                           for name in ("presence_penalty", "frequency_penalty"))
+    repetition = _number(body, "repetition_penalty", 1.0, 0, math.inf, open_low=True, hint="1 = off")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise bad("seed", f"seed={seed!r}; must be an integer or null")
+    top_k = _optional(body, "top_k", 0)
+    if not _is_int(top_k) or top_k < -1:
+        raise bad("top_k", f"top_k={top_k!r}; must be an integer >= 1, or 0 or -1 (every token)")
+    min_tokens = _optional(body, "min_tokens", 0)
+    if not _is_int(min_tokens) or not 0 <= min_tokens <= max_tokens:
+        raise bad("min_tokens", f"min_tokens={min_tokens!r}; must be an integer in [0, max_tokens={max_tokens}]")
+    bias = _optional(body, "logit_bias", {})
+    pairs = []
+    if not isinstance(bias, dict):
+        raise bad("logit_bias", f"logit_bias={_short(bias)}; must be an object of token id -> bias")
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if not 0 <= token < vocab or not _is_number(value):
+            raise bad("logit_bias", f"logit_bias[{key!r}]={_short(value)}; keys must be token ids in [0, {vocab}) "
+                                    "and values numbers (clamped to [-100, 100])")
+        pairs.append((token, max(-100.0, min(100.0, float(value)))))
+    return SamplingParams(temperature, top_p, seed, max(top_k, 0), min_p, presence, frequency, repetition,
+                          min_tokens, tuple(pairs), _logprobs(body, kind))
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many top tokens' log-probabilities to return per output token (None: none asked).
+    Completions: ``logprobs`` is that number; chat: ``logprobs`` true, and ``top_logprobs``."""
+    if kind == "completion":
+        n = body.get("logprobs")
+        if n is None:
+            return None
+        if not _is_int(n) or not 0 <= n <= MAX_LOGPROBS:
+            raise bad("logprobs", f"logprobs={n!r}; must be null or an integer in [0, {MAX_LOGPROBS}] (how many "
+                                  "most likely tokens to return per token)")
+        return n
+    on = _optional(body, "logprobs", False)
+    if not isinstance(on, bool):
+        raise bad("logprobs", f"logprobs={on!r}; must be true or false (top_logprobs says how many)")
+    top = body.get("top_logprobs")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_LOGPROBS):
+        raise bad("top_logprobs", f"top_logprobs={top!r}; must be null or an integer in [0, {MAX_LOGPROBS}]")
+    if top and not on:
+        raise bad("top_logprobs", f"top_logprobs={top}; needs logprobs=true")
+    return (top or 0) if on else None
 
 
 def _completion_prompt(body: dict, tokenizer) -> list[int]:
@@ -336,14 +416,52 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def _logprob(value: float) -> float:
+    return max(value, -9999.0)          # -inf as the finite number OpenAI's API uses (vLLM's clamp)
+
+
+def _entries(lp) -> list[tuple[int, float]]:
+    """vLLM's order for one position: the sampled token first, then the most likely ones (once each)."""
+    out = {lp.token_id: lp.logprob}
+    for token, value in lp.top:
+        out.setdefault(token, value)
+    return list(out.items())
+
+
+def completion_logprobs(logprobs: list, num_top: int, decode, text_offset: int = 0) -> dict:
+    """A completions choice's ``logprobs`` (``tokens``, ``token_logprobs``, ``top_logprobs``,
+    ``text_offset``) for ``logprobs`` (``TokenLogprobs`` per token), as vLLM builds it: each
+    ``top_logprobs`` holds the sampled token and the ``num_top`` most likely (so up to
+    ``num_top + 1`` entries). ``decode``: token id -> its text."""
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in logprobs:
+        token = decode(lp.token_id)
+        tokens.append(token)
+        values.append(_logprob(lp.logprob))
+        tops.append({decode(t): _logprob(v) for t, v in _entries(lp)[:num_top + 1]})
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
+
+
+def chat_logprobs(logprobs: list, num_top: int, decode) -> dict:
+    """A chat choice's ``logprobs`` (``content``: token, logprob, bytes, ``top_logprobs``), as vLLM
+    builds it: ``top_logprobs`` lists the first ``num_top`` of (sampled, most likely, ...)."""
+    def item(token_id: int, value: float) -> dict:
+        token = decode(token_id)
+        return {"token": token, "logprob": _logprob(value), "bytes": list(token.encode("utf-8", errors="replace"))}
+    return {"content": [{**item(lp.token_id, lp.logprob),
+                         "top_logprobs": [item(t, v) for t, v in _entries(lp)[:num_top]]} for lp in logprobs]}
+
+
 def response_body(gen: GenerationRequest, request_id: str, text: str, finish_reason: str | None,
-                  num_tokens: int, timings: dict) -> dict:
+                  num_tokens: int, timings: dict, logprobs: dict | None = None) -> dict:
     """A whole (non-streamed) response; ``timings`` goes in the ``batchlab`` extension field."""
     if gen.kind == "completion":
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                   "finish_reason": finish_reason}
         obj = "chat.completion"
     return {"id": request_id, "object": obj, "created": int(time.time()), "model": gen.model,
@@ -351,15 +469,15 @@ def response_body(gen: GenerationRequest, request_id: str, text: str, finish_rea
 
 
 def chunk_body(gen: GenerationRequest, request_id: str, text: str | None, finish_reason: str | None = None,
-               first: bool = False) -> dict:
+               first: bool = False, logprobs: dict | None = None) -> dict:
     """One streamed chunk with ``text`` (None: no choice, e.g. the usage-only chunk)."""
     if gen.kind == "completion":
-        choices = [] if text is None else [{"index": 0, "text": text, "logprobs": None,
+        choices = [] if text is None else [{"index": 0, "text": text, "logprobs": logprobs,
                                             "finish_reason": finish_reason}]
         obj = "text_completion"
     else:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
-        choices = [] if text is None else [{"index": 0, "delta": delta, "logprobs": None,
+        choices = [] if text is None else [{"index": 0, "delta": delta, "logprobs": logprobs,
                                             "finish_reason": finish_reason}]
         obj = "chat.completion.chunk"
     return {"id": request_id, "object": obj, "created": int(time.time()), "model": gen.model,

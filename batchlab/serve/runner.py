@@ -12,7 +12,7 @@ Admission control happens here, before the inbox: a request is refused with 429 
 503 once the server is shutting down. Refused requests never reach the engine; every accepted
 request ends with an "end" event (finished, or aborted with the reason).
 
-The bridge also feeds ``/metrics`` (``metrics.ServerMetrics``) as tokens and ends happen, and a
+The bridge also feeds ``/metrics`` (``metrics.ServerMetrics``) as steps, tokens and ends happen, and a
 ``TraceWindow`` keeps the engine's trace to the last ``trace_window`` ended requests, so the
 server's memory stays bounded however long it runs. What the runner reads from the engine's
 insides goes through ``engine_view``.
@@ -30,10 +30,11 @@ from batchlab.backends import ModelBackend
 from batchlab.checks import check_bool, check_int
 from batchlab.engine import Engine
 from batchlab.online import EngineInbox, EngineListener
-from batchlab.requests import Request, RequestStatus, SamplingParams
+from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
-from batchlab.serve.engine_view import TraceWindow, end_state, new_preemptions, read_engine_stats, run_online_bounded
+from batchlab.serve.engine_view import (TraceWindow, end_state, new_preemptions, new_steps, read_engine_stats,
+                                       run_online_bounded)
 from batchlab.serve.metrics import ServerMetrics
 from batchlab.serve.protocol import APIError, GenerationRequest
 from batchlab.serve.simulated import SimulatedDevice, placeholder_token_id
@@ -159,6 +160,22 @@ class _Bridge(EngineListener):
     def __init__(self, runner: "EngineRunner") -> None:
         self.runner = runner
         self.preemptions_seen = 0
+        self.last_step = None                  # the last engine step fed to the metrics
+        self.cached: dict[str, int] = {}       # request id -> prompt tokens its first admission found cached
+
+    def _count_steps(self) -> None:
+        """Each engine step once (``vllm:iteration_tokens_total``), and each request's cached
+        prompt tokens from its first chunk (which starts past them), until the request ends."""
+        steps = new_steps(self.runner.engine, self.last_step)
+        if not steps:
+            return
+        cached, metrics = self.cached, self.runner.metrics
+        for step in steps:
+            metrics.step(step.num_tokens)
+            for c in step.chunks:
+                if c.request_id not in cached:
+                    cached[c.request_id] = c.start
+        self.last_step = steps[-1]
 
     def _count_preemptions(self) -> None:
         runner = self.runner
@@ -180,8 +197,9 @@ class _Bridge(EngineListener):
     def on_token(self, req: Request, token: int, t: float) -> None:
         runner = self.runner
         times = req.token_times
+        self._count_steps()
         runner.metrics.token(req.prompt_len, req.arrival_time, t, times[-2] if len(times) > 1 else None,
-                             runner.streams, runner.config.enable_prefix_caching)
+                             runner.streams, runner.config.enable_prefix_caching, self.cached.get(req.request_id, 0))
         self._count_preemptions()
         if runner.streams:
             self._post(req.request_id, ("token", token))
@@ -189,6 +207,8 @@ class _Bridge(EngineListener):
     def on_end(self, req: Request, t: float) -> None:
         runner = self.runner
         self._count_preemptions()
+        self._count_steps()
+        self.cached.pop(req.request_id, None)
         handle = runner.handles.pop(req.request_id, None)
         if handle is not None:
             tokens = None if runner.streams else list(req.output_ids)
@@ -254,6 +274,8 @@ class EngineRunner:
             self.accepting = False
             for rid in list(self.handles):
                 handle = self.handles.pop(rid, None)
+                if handle is not None:
+                    self.metrics.failed(1)          # request_success{finished_reason="error"}
                 if handle is not None and self.loop is not None:
                     try:
                         self.loop.call_soon_threadsafe(handle.events.put_nowait, ("error", self.error))
@@ -295,12 +317,15 @@ class EngineRunner:
             raise APIError(429, f"{self.config.max_waiting} requests are already waiting for admission "
                                 f"(--max-waiting {self.config.max_waiting}); retry later", None,
                            "rate_limit_exceeded", headers={"Retry-After": "1"})
+        if self.config.simulate and gen.sampling.logprobs is not None:
+            raise APIError(400, "logprobs: a simulated server draws placeholder tokens, not the model's, so it has "
+                                "no log-probabilities; ask a server that runs the model", "logprobs")
         eos = () if gen.ignore_eos or self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,)
         stop_ids = tuple(dict.fromkeys(eos + tuple(gen.stop_token_ids)))
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
         req = Request(rid, gen.prompt_ids, gen.max_tokens, 0.0,
-                      SamplingParams(gen.temperature, gen.top_p, gen.seed), stop_token_ids=stop_ids)
+                      gen.sampling, stop_token_ids=stop_ids)
         reason = self.scheduler.why_unschedulable(req)
         if reason is not None:
             raise APIError(400, f"this server can never run this request: {reason}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ WORKLOAD_FORMAT = "batchlab-workload"
 WORKLOAD_VERSION = 1
 _REQUIRED_KEYS = ("request_id", "arrival_time", "prompt_len", "max_new_tokens")
 _OPTIONAL_KEYS = ("prompt_ids", "sampling", "stop_token_ids")
-_SAMPLING_KEYS = ("temperature", "top_p", "seed")
+_SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
 
 
 def save_workload(requests: Iterable[Request], path: str | Path, *, meta: Mapping | None = None,
@@ -45,14 +46,23 @@ def save_workload(requests: Iterable[Request], path: str | Path, *, meta: Mappin
         if include_prompt_ids and req.prompt_ids is not None:
             row["prompt_ids"] = req.prompt_ids
         if req.sampling != SamplingParams():
-            row["sampling"] = {"temperature": req.sampling.temperature, "top_p": req.sampling.top_p,
-                               "seed": req.sampling.seed}
+            default = SamplingParams()   # temperature, top_p and seed always; the rest when set
+            row["sampling"] = {k: v for k in _SAMPLING_KEYS if (v := getattr(req.sampling, k)) != getattr(default, k)
+                               or k in ("temperature", "top_p", "seed")}
         if req.stop_token_ids:
             row["stop_token_ids"] = list(req.stop_token_ids)
         lines.append(json.dumps(row))
     path = Path(path)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def _sampling(given: dict) -> SamplingParams:
+    """A file's sampling object (JSON has lists where ``logit_bias`` holds tuples)."""
+    bias = given.get("logit_bias")
+    if isinstance(bias, list):
+        given = {**given, "logit_bias": tuple(tuple(p) if isinstance(p, list) else p for p in bias)}
+    return SamplingParams(**given)
 
 
 def read_workload_header(path: str | Path) -> dict:
@@ -136,7 +146,7 @@ def load_workload(path: str | Path, tokenizer: Any = None,
                 ids = _make_prompt(source, request_id, row["prompt_len"])
             if not isinstance(stops, list) or not all(is_int(t) and t >= 0 for t in stops):
                 fail("stop_token_ids", stops, "a list of ints >= 0")
-            req = Request(request_id, ids, row["max_new_tokens"], arrival, SamplingParams(**given),
+            req = Request(request_id, ids, row["max_new_tokens"], arrival, _sampling(given),
                           prompt_len=row["prompt_len"], stop_token_ids=tuple(stops))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None

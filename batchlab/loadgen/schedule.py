@@ -1,0 +1,95 @@
+"""When each request is sent, as ``vllm bench serve`` plans it (vLLM 0.32's ``get_request``).
+
+- ``request_rate`` = inf: every request at t = 0.
+- Otherwise the gaps are gamma draws of shape ``burstiness`` and mean ``1 / rate`` (burstiness 1
+  is a Poisson process, < 1 burstier, inf a fixed rate), summed from the first gap (so the first
+  request waits one gap too), and then **rescaled so that the last send lands at exactly
+  N / rate**: the sum of N random gaps misses N / rate by a few percent, and vLLM closes that gap
+  so that throughput does not depend on the seed. With 16 requests at rate 2, the last is sent
+  at 8.0 s whatever the draw.
+- A ramp-up (``linear`` or ``exponential`` from ``ramp_up_start_rps`` to ``ramp_up_end_rps``):
+  request i's gap is drawn at the rate reached at progress i / (N - 1); no rescaling (the rate
+  changes along the way, so there is no single N / rate to land on).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchlab.checks import check_int, fail, is_number
+
+RAMP_UP_STRATEGIES = ("linear", "exponential")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """vLLM's arrival options: ``request_rate`` (req/s, inf = all at once), ``burstiness`` (gamma
+    shape, inf = fixed gaps) and an optional ramp-up (then ``request_rate`` must stay inf)."""
+
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    ramp_up_strategy: str | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (is_number(self.request_rate) and self.request_rate > 0 or self.request_rate == math.inf):
+            fail("request-rate", self.request_rate, "a positive number of requests per second, or inf")
+        if not (is_number(self.burstiness) and self.burstiness > 0 or self.burstiness == math.inf):
+            fail("burstiness", self.burstiness, "a positive number (1 = Poisson, < 1 burstier), or inf")
+        if self.ramp_up_strategy is None:
+            for name in ("ramp_up_start_rps", "ramp_up_end_rps"):
+                if getattr(self, name) is not None:
+                    fail(name.replace("_", "-"), getattr(self, name), "unset without --ramp-up-strategy",
+                         f"give --ramp-up-strategy {' or '.join(RAMP_UP_STRATEGIES)} too")
+            return
+        if self.ramp_up_strategy not in RAMP_UP_STRATEGIES:
+            fail("ramp-up-strategy", self.ramp_up_strategy, f"one of {list(RAMP_UP_STRATEGIES)}")
+        if self.request_rate != math.inf:
+            fail("request-rate", self.request_rate, "unset (inf) with --ramp-up-strategy",
+                 "the ramp-up's start and end rates set the rate")
+        start, end = self.ramp_up_start_rps, self.ramp_up_end_rps
+        for name, value in (("ramp-up-start-rps", start), ("ramp-up-end-rps", end)):
+            if not (is_number(value) and value > 0):
+                fail(name, value, "a positive number of requests per second",
+                     "--ramp-up-strategy needs both --ramp-up-start-rps and --ramp-up-end-rps")
+        if start > end:
+            fail("ramp-up-start-rps", start, f"<= ramp-up-end-rps={end}", "a ramp-up goes up")
+
+    @property
+    def label(self) -> str:
+        """How vLLM names this schedule in its result file: ``2.0qps``, ``infqps``, ``ramp-up-linear-1qps-4qps``."""
+        if self.ramp_up_strategy:
+            return f"ramp-up-{self.ramp_up_strategy}-{self.ramp_up_start_rps:g}qps-{self.ramp_up_end_rps:g}qps"
+        return f"{self.request_rate}qps"
+
+    def rate_at(self, i: int, n: int) -> float:
+        """The rate request ``i`` of ``n`` is drawn at (vLLM's ``_get_current_request_rate``)."""
+        if self.ramp_up_strategy is None:
+            return self.request_rate
+        progress = i / max(n - 1, 1)
+        start, end = float(self.ramp_up_start_rps), float(self.ramp_up_end_rps)
+        if self.ramp_up_strategy == "linear":
+            return start + (end - start) * progress
+        return start * (end / start) ** progress
+
+    def send_times(self, n: int, seed: int = 0) -> np.ndarray:
+        """``n`` send times in seconds after the load starts (sorted; see the module docstring)."""
+        check_int("n", n)
+        rng = np.random.default_rng(seed)
+        gaps = np.empty(n)
+        for i in range(n):
+            rate = self.rate_at(i, n)
+            if rate == math.inf:
+                gaps[i] = 0.0
+            elif self.burstiness == math.inf:
+                gaps[i] = 1.0 / rate
+            else:
+                gaps[i] = rng.gamma(shape=self.burstiness, scale=1.0 / (rate * self.burstiness))
+        times = np.cumsum(gaps)
+        if self.ramp_up_strategy is None and times[-1] != 0:
+            times *= (n / self.request_rate) / times[-1]      # the last send at exactly N / rate
+        return times
