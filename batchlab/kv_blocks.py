@@ -89,6 +89,8 @@ class BlockPool:
     hash), which is evicted only when the block is taken for something else.
     """
 
+    stores_values: bool = False        # counts blocks; the model's paged cache says True
+
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching

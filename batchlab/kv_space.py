@@ -45,6 +45,7 @@ class KVSpace(Protocol):
     max_seq_len: int | None          # the longest sequence allowed (None: the whole cache)
     block_size: int | None           # tokens per block of a paged space (None: a reserving one)
     num_hit_tokens: int              # prompt tokens served from a prefix cache, over the run
+    stores_values: bool              # True: a model's cache (keys, values); False: counts only
 
     @property
     def capacity_tokens(self) -> int: ...
@@ -98,6 +99,7 @@ class ReservingKVSpace:
     max_seq_len: int | None = None
     block_size: int | None = None      # not paged
     num_hit_tokens: int = 0            # nothing is shared
+    stores_values: bool = False        # counts tokens; a model's cache says True
 
     def __init__(self) -> None:
         self._reserved: dict[str, int] = {}    # the tokens each sequence may use (its max_tokens)

@@ -144,7 +144,11 @@ class Request:
     Inputs: ``request_id``, ``prompt_ids`` (or only ``prompt_len`` for simulated requests),
     ``max_new_tokens``, ``arrival_time`` (seconds on the workload's timeline), ``sampling``, and
     ``stop_token_ids`` (empty by default, so every request makes exactly ``max_new_tokens``
-    tokens, as serving benchmarks do with ``ignore_eos``).
+    tokens, as serving benchmarks do with ``ignore_eos``). ``kv_transfer_tokens``: prompt tokens
+    whose keys and values arrive with the request, computed elsewhere (a disaggregated prefill
+    worker's; vLLM's KV connectors report them as external computed tokens). At most
+    ``prompt_len - 1``: the last prompt token is computed here, and its logits sample the first
+    token, as vLLM's decode worker does.
 
     State, written by the engine only: ``status``, ``num_computed_tokens``, ``output_ids``,
     ``token_times`` (when each output token was computed), ``output_logprobs`` (one
@@ -160,6 +164,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompt_len: int = -1
     stop_token_ids: tuple[int, ...] = ()
+    kv_transfer_tokens: int = 0
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -199,6 +204,10 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: stop_token_ids={stops!r}; must be a "
                              "list of token ids (ints)")
         self.stop_token_ids = tuple(int(t) for t in stops)
+        if not is_int(self.kv_transfer_tokens) or not 0 <= self.kv_transfer_tokens < self.prompt_len:
+            raise ValueError(f"request {self.request_id!r}: kv_transfer_tokens={self.kv_transfer_tokens!r}; must be "
+                             f"an int in [0, prompt_len - 1 = {self.prompt_len - 1}] (the last prompt token is "
+                             "computed where the request decodes)")
 
     # --- sizes -------------------------------------------------------------------------------
     @property
@@ -235,8 +244,11 @@ class Request:
         return seq[start:start + num]
 
     # --- state changes (engine only) -----------------------------------------------------------
-    def fresh_copy(self) -> "Request":
-        """A new request with the same inputs and no run state."""
-        return Request(self.request_id, None if self.prompt_ids is None else list(self.prompt_ids),
-                       self.max_new_tokens, self.arrival_time, self.sampling,
-                       self.prompt_len, self.stop_token_ids)
+    def fresh_copy(self, **inputs) -> "Request":
+        """A new request with the same inputs, except the ``inputs`` given (``max_new_tokens=1``,
+        ...), and no run state."""
+        same = {"request_id": self.request_id, "max_new_tokens": self.max_new_tokens,
+                "prompt_ids": None if self.prompt_ids is None else list(self.prompt_ids),
+                "arrival_time": self.arrival_time, "sampling": self.sampling, "prompt_len": self.prompt_len,
+                "stop_token_ids": self.stop_token_ids, "kv_transfer_tokens": self.kv_transfer_tokens}
+        return Request(**{**same, **inputs})

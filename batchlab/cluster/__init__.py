@@ -21,6 +21,7 @@ and this folder simulates them over many ``Engine``s, so their effects can be me
 - ``driver``           the event loop: arrivals routed at their time, replicas advanced in step
 - ``results``          ``ClusterResult``: per-replica traces, a merged trace, the routing table
 - ``cluster``          ``Cluster`` and ``ClusterConfig``: the one call to run it all
+- ``disaggregated``    prefill and decode pools, the KV handed over a link (``DisaggregatedCluster``)
 - ``sweep``            pure, seeded runs over a grid of settings, in process or on Ray
 - ``loopback``         the real router (``vllm-router``) on 127.0.0.1 in front of N batchlab servers
                        on simulated devices
@@ -32,10 +33,13 @@ the server too: the real router's experiments start servers and load them from o
 """
 
 from batchlab.cluster.cluster import Cluster, ClusterConfig
+from batchlab.cluster.disaggregated import (KV_LINKS, DisaggregatedCluster, DisaggregatedConfig, DisaggregatedResult,
+                                            KVLink)
 from batchlab.cluster.policies import ROUTING_POLICIES, make_router
 from batchlab.cluster.replica import ReplicaSpec
 from batchlab.cluster.results import ClusterResult
 from batchlab.cluster.router import ReplicaReports, RouteRequest, Routed, Router
 
-__all__ = ["ROUTING_POLICIES", "Cluster", "ClusterConfig", "ClusterResult", "ReplicaReports", "ReplicaSpec",
-           "RouteRequest", "Routed", "Router", "make_router"]
+__all__ = ["KV_LINKS", "ROUTING_POLICIES", "Cluster", "ClusterConfig", "ClusterResult", "DisaggregatedCluster",
+           "DisaggregatedConfig", "DisaggregatedResult", "KVLink", "ReplicaReports", "ReplicaSpec", "RouteRequest",
+           "Routed", "Router", "make_router"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from batchlab.cluster.reports import LiveReports, stored_blocks
 from batchlab.cluster.replica import Replica
@@ -37,13 +37,18 @@ END, FIRST_TOKEN = 0, 1
 
 
 class RouterFeed(EngineListener):
-    """Queues each request's end on a replica, with its time, for the router to read in order."""
+    """Queues each request's end on a replica, with its time, for the router to read in order;
+    ``also(replica, req, t)``, if given, hears each end as it happens (a disaggregated cluster
+    hands a finished prefill on)."""
 
-    def __init__(self, replica: int, queue: list, counter: itertools.count) -> None:
-        self.replica, self.queue, self.counter = replica, queue, counter
+    def __init__(self, replica: int, queue: list, counter: itertools.count,
+                 also: Callable[[int, Request, float], None] | None = None) -> None:
+        self.replica, self.queue, self.counter, self.also = replica, queue, counter, also
 
     def on_end(self, req: Request, t: float) -> None:
         heapq.heappush(self.queue, (t, next(self.counter), END, self.replica, req.request_id))
+        if self.also is not None:
+            self.also(self.replica, req, t)
 
 
 class RouterFeedWithFirstTokens(RouterFeed):
@@ -72,7 +77,8 @@ class ClusterRun:
     """One run of replicas and a router over a workload (fresh requests, sorted by arrival)."""
 
     def __init__(self, replicas: Sequence[Replica], router: Router, workload: Sequence[Request],
-                 session_of: Mapping[str, str], kills: Sequence[tuple[float, int]]) -> None:
+                 session_of: Mapping[str, str], kills: Sequence[tuple[float, int]],
+                 on_end: Callable[[int, Request, float], None] | None = None) -> None:
         self.replicas, self.router, self.workload = list(replicas), router, workload
         self.session_of, self.kills = session_of, sorted(kills)
         self.live = list(self.replicas)
@@ -83,7 +89,7 @@ class ClusterRun:
         feed = RouterFeedWithFirstTokens if router.needs_first_tokens else RouterFeed
         counter = itertools.count()
         for rep in self.replicas:
-            rep.start(feed(rep.index, self.notices, counter))
+            rep.start(feed(rep.index, self.notices, counter, on_end))
 
     def run(self) -> None:
         """Every event in time order, then every replica to its end."""
@@ -118,9 +124,10 @@ class ClusterRun:
             else:
                 router.first_token(request_id, replica, when)
 
-    def route(self, req: Request) -> None:
-        """``req`` arrives: bring everyone up to now, let the router choose, hand it over."""
-        t = req.arrival_time
+    def route(self, req: Request, at: float | None = None) -> None:
+        """``req`` arrives (at ``at``, by default its arrival time): bring everyone up to now, let
+        the router choose, hand it over."""
+        t = req.arrival_time if at is None else at
         for rep in self.live:
             if rep.time < t:
                 rep.advance_to(t)

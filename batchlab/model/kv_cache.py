@@ -53,6 +53,8 @@ def check_cache_shape(num_layers: int, num_kv_heads: int, head_dim: int, dtype: 
 class KVCache(ReservingKVSpace):
     """A slot-per-sequence KV cache that implements the schedulers' ``KVSpace`` contract."""
 
+    stores_values = True
+
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int,
                  max_seq_len: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
         check_cache_shape(num_layers, num_kv_heads, head_dim, dtype)

@@ -38,6 +38,8 @@ class PagedKVCache(BlockManager):
     """A pool of ``num_blocks`` blocks of ``block_size`` tokens for every layer, with the
     ``BlockManager``'s accounting (growth on demand, prefix caching, reference counts)."""
 
+    stores_values = True
+
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, max_seq_len: int | None = None,
                  dtype: torch.dtype = torch.float32, device: str = "cpu",

@@ -59,6 +59,7 @@ class Scheduler(ABC):
     """
 
     streams_tokens: bool = True
+    takes_transferred_kv: bool = False   # admits a request whose prompt KV was computed elsewhere
     config: Any = None           # the policy's settings (a dataclass), if it has any
 
     def __init__(self) -> None:
@@ -83,6 +84,12 @@ class Scheduler(ABC):
                     f"max_new_tokens {req.max_new_tokens}); the cache holds at most "
                     f"{self.kv.capacity_tokens} and one sequence at most "
                     f"{self.kv.max_seq_len or self.kv.capacity_tokens}")
+        if req.kv_transfer_tokens and not self.takes_transferred_kv:
+            return (f"its KV arrives from elsewhere (kv_transfer_tokens={req.kv_transfer_tokens}), and "
+                    f"{type(self).__name__} computes every prompt itself (ContinuousBatcher takes transferred KV)")
+        if req.kv_transfer_tokens and self.kv is not None and self.kv.stores_values:
+            return (f"its KV arrives from elsewhere (kv_transfer_tokens={req.kv_transfer_tokens}), and the "
+                    "model's cache cannot receive keys and values from another process (the simulator can)")
         return None
 
     def remove_waiting(self, req: Request) -> bool:

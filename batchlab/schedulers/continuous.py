@@ -23,6 +23,10 @@ request needs a block and none is free the most recently admitted running reques
 **preempted** (vLLM v1's rule): its blocks are freed, it goes back to the front of the waiting
 queue, and when it is admitted again its prompt and the tokens it already generated are computed
 again (its output so far is kept). Each preemption is recorded in ``preemptions``.
+
+Prompt KV transferred to a request (``kv_transfer_tokens``: a disaggregated prefill worker's)
+counts as computed when the request is first admitted, as a cached prefix does
+(``ready_tokens``); a preempted request lost it, and computes its prompt again.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers.base import Scheduler, split_ended
 from batchlab.trace import PreemptionRecord
+
+
+def ready_tokens(kv, req: Request) -> int:
+    """Tokens a waiting ``req`` need not compute: a prefix cached in ``kv``, or the prompt KV
+    transferred to it (on its first admission only)."""
+    cached = kv.cached_prefix_tokens(req.prompt_ids, req.num_known_tokens - 1)
+    return max(cached, req.kv_transfer_tokens) if req.first_scheduled_time is None else cached
 
 
 @dataclass(frozen=True)
@@ -90,8 +101,7 @@ class ContinuousBatcher(Scheduler):
        step: later, smaller requests do not jump ahead of it. This keeps service in arrival order
        and guarantees the head is admitted as soon as room appears, at the cost of some idle room.
     5. **Leaving.** A request leaves after the step that produced its last token: its response is
-       released then (tokens stream as they are computed) and its KV space is freed, so a waiting
-       request can use it at the very next step.
+       released then (tokens stream as computed) and its KV space is freed for the next step.
     6. **Growth and preemption.** Each planned chunk first grows its request's KV room. When that
        fails (a paged space out of blocks), the most recently admitted running request that is
        not yet planned in this step is preempted (possibly the request itself): blocks freed,
@@ -101,6 +111,8 @@ class ContinuousBatcher(Scheduler):
 
     A request is never planned twice in one step, and a decode is always exactly one token.
     """
+
+    takes_transferred_kv = True
 
     def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  chunked_prefill: bool = True, long_prefill_token_threshold: int | None = None) -> None:
@@ -191,9 +203,9 @@ class ContinuousBatcher(Scheduler):
             if num_tokens == 0:
                 break
             waiting.popleft()
-            cached = self.kv.cached_prefix_tokens(req.prompt_ids, req.num_known_tokens - 1)
-            start = self.kv.admit(req.request_id, cached + num_tokens, req.max_total_tokens, req.prompt_ids)
-            req.num_computed_tokens = start      # a cached prefix is not computed again
+            ready = ready_tokens(self.kv, req)      # a cached prefix, or transferred KV, is not computed again
+            start = max(self.kv.admit(req.request_id, ready + num_tokens, req.max_total_tokens, req.prompt_ids), ready)
+            req.num_computed_tokens = start
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             step.add(ScheduledChunk(req.request_id, start, num_tokens,
@@ -206,7 +218,7 @@ class ContinuousBatcher(Scheduler):
         if budget <= 0:
             return 0
         config, kv = self.config, self.kv
-        cached = kv.cached_prefix_tokens(req.prompt_ids, req.num_known_tokens - 1)
+        cached = ready_tokens(kv, req)
         rest = req.num_known_tokens - cached
         if not config.chunked_prefill:
             num_tokens = rest if rest <= budget else 0

@@ -1,0 +1,252 @@
+"""Prefill here, decode there: a disaggregated cluster on one virtual clock.
+
+Two pools of replicas, each behind its own router. Prefill workers compute prompts; decode
+workers generate the tokens; the prompt's KV goes from one to the other over a link, so a decode
+step never meets a prefill. The flow is vLLM's disaggregated serving as ``vllm-router
+--vllm-pd-disaggregation`` drives it:
+
+1. The prefill router sends the request to a prefill worker with ``max_tokens=1``: the worker
+   computes the prompt (and samples one token, which nobody reads).
+2. When that step ends, the prompt's KV (``prompt_len`` tokens x the model's KV bytes per token)
+   goes to a decode worker: ``KVLink.transfer_time`` (a fixed latency plus bytes over the
+   bandwidth). A prefill worker sends one transfer at a time over its link, in the order its
+   prefills end.
+3. When the KV has arrived, the decode router picks a decode worker, which admits the request
+   with that KV (``Request.kv_transfer_tokens = prompt_len - 1``): it computes the last prompt
+   token, samples the first token from it and decodes on. This is what vLLM's decode worker does
+   once its KV connector has loaded the blocks (it recomputes the last prompt token).
+
+TTFT is measured from the client's arrival to the decode worker's first token (what a client of
+the router sees): the prefill's queue and compute, the transfer, and one decode step.
+
+Stated simplifications: the transfer holds no memory on either side (vLLM's decode worker
+allocates blocks before it pulls the KV into them, and the prefill worker keeps its blocks until
+they are read); a link's bandwidth is its nominal one, per direction; transfers from different
+prefill workers never share a link.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pandas as pd
+
+from batchlab.backends.roofline import device_preset, model_shape
+from batchlab.checks import check_int, check_number, fail
+from batchlab.cluster.driver import ClusterRun
+from batchlab.cluster.policies import check_policy, make_router
+from batchlab.cluster.replica import Replica, ReplicaSpec
+from batchlab.cluster.results import ClusterResult, build_result
+from batchlab.cluster.router import Router
+from batchlab.contract import EngineError, fresh_workload
+from batchlab.loop import gc_paused
+from batchlab.requests import Request, RequestStatus
+from batchlab.trace import Trace
+
+
+@dataclass(frozen=True)
+class KVLink:
+    """A link the KV crosses: ``bandwidth`` in bytes/s (one direction), ``latency_s`` per transfer."""
+
+    name: str
+    bandwidth: float
+    latency_s: float
+    source: str
+
+    def __post_init__(self) -> None:
+        check_number("bandwidth", self.bandwidth, strict=True, hint="bytes per second")
+        check_number("latency_s", self.latency_s, hint="seconds per transfer")
+
+    def transfer_time(self, num_bytes: float) -> float:
+        return self.latency_s + num_bytes / self.bandwidth
+
+
+# Nominal per-direction bandwidths from the standards and datasheets named. The latency (20 us)
+# is an assumed per-transfer software cost of an RDMA transfer library (NIXL, UCX, Mooncake's
+# transfer engine), not a measured figure: at these sizes (megabytes) bandwidth dominates.
+_LATENCY = 20e-6
+KV_LINKS: dict[str, KVLink] = {link.name: link for link in (
+    KVLink("nvlink4", 450e9, _LATENCY, "NVIDIA H100 SXM datasheet: NVLink 900 GB/s, both directions together"),
+    KVLink("pcie5-x16", 63e9, _LATENCY, "PCI-SIG PCIe 5.0: 32 GT/s x 16 lanes, 128b/130b coding"),
+    KVLink("infiniband-ndr", 50e9, _LATENCY, "InfiniBand NDR (NVIDIA ConnectX-7): 400 Gb/s per port"),
+    KVLink("ethernet-100g", 12.5e9, _LATENCY, "IEEE 802.3 100 Gb/s Ethernet"),
+    KVLink("ethernet-25g", 3.125e9, _LATENCY, "IEEE 802.3 25 Gb/s Ethernet"),
+)}
+
+
+def kv_link(link: str | KVLink) -> KVLink:
+    """A ``KVLink``, or one of ``KV_LINKS`` by name."""
+    if isinstance(link, KVLink):
+        return link
+    if link not in KV_LINKS:
+        fail("link", link, f"one of {list(KV_LINKS)} or a KVLink")
+    return KV_LINKS[link]
+
+
+@dataclass(frozen=True)
+class DisaggregatedConfig:
+    """How many prefill and decode workers (any P:D ratio), the link between them, each pool's
+    routing policy (one of ``ROUTING_POLICIES``) and the routers' seed."""
+
+    num_prefill: int
+    num_decode: int
+    link: str | KVLink = "infiniband-ndr"
+    prefill_policy: str = "least_outstanding"
+    decode_policy: str = "least_outstanding"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("num_prefill", self.num_prefill, hint="a disaggregated cluster needs a prefill worker")
+        check_int("num_decode", self.num_decode, hint="a disaggregated cluster needs a decode worker")
+        kv_link(self.link)
+        check_policy(self.prefill_policy)
+        check_policy(self.decode_policy)
+        check_int("seed", self.seed, minimum=0)
+
+
+@dataclass
+class DisaggregatedResult:
+    """``prefill`` and ``decode``: each pool's ``ClusterResult`` (its requests are the prefill
+    copies, ``max_tokens=1``, and the decode copies). ``merged``: one record per request of the
+    workload, as the client saw it (the decode worker's record; the prefill worker's for a
+    request that never reached decode). ``transfers``: one row per KV hand-off."""
+
+    prefill: ClusterResult
+    decode: ClusterResult
+    merged: Trace
+    transfers: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+    def requests_df(self) -> pd.DataFrame:
+        """The merged trace's requests with their hand-off columns (NaN where the KV never left)."""
+        return self.merged.requests_df().merge(self.transfers, on="request_id", how="left")
+
+
+class DisaggregatedCluster:
+    """Prefill workers built from ``prefill`` and decode workers from ``decode`` (``ReplicaSpec``s;
+    ``decode`` defaults to ``prefill``), the KV crossing ``config.link`` at
+    ``kv_bytes_per_token`` bytes per prompt token."""
+
+    def __init__(self, config: DisaggregatedConfig, prefill: ReplicaSpec, kv_bytes_per_token: float,
+                 decode: ReplicaSpec | None = None) -> None:
+        if not isinstance(config, DisaggregatedConfig):
+            raise ValueError(f"config={config!r}; must be a DisaggregatedConfig")
+        for name, spec in (("prefill", prefill), ("decode", decode if decode is not None else prefill)):
+            if not isinstance(spec, ReplicaSpec):
+                raise ValueError(f"{name}={spec!r}; must be a ReplicaSpec")
+        check_number("kv_bytes_per_token", kv_bytes_per_token, strict=True)
+        self.config, self.link = config, kv_link(config.link)
+        self.prefill_spec, self.decode_spec = prefill, decode if decode is not None else prefill
+        self.kv_bytes_per_token = float(kv_bytes_per_token)
+
+    @classmethod
+    def for_device(cls, model: str, device: str, config: DisaggregatedConfig,
+                   **replica_kwargs: Any) -> "DisaggregatedCluster":
+        """Both pools on ``device`` (a GPU preset) serving ``model`` (``ReplicaSpec.for_device``),
+        the KV priced at the model's bytes per token in the device's dtype."""
+        spec = ReplicaSpec.for_device(model, device, **replica_kwargs)
+        return cls(config, spec, model_shape(model).kv_bytes_per_token(device_preset(device).dtype_bytes))
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"DisaggregatedCluster({c.num_prefill}P:{c.num_decode}D, link={self.link.name!r})"
+
+    def run(self, requests: Sequence[Request], session_of: Mapping[str, str] | None = None) -> DisaggregatedResult:
+        """Serve ``requests`` (sorted by arrival, unique ids; not modified) to the end."""
+        workload = fresh_workload(requests)
+        c = self.config
+        pools = [([Replica(i, spec.build(i)) for i in range(n)], make_router(policy, n, seed, {}))
+                 for n, policy, spec, seed in ((c.num_prefill, c.prefill_policy, self.prefill_spec, c.seed),
+                                               (c.num_decode, c.decode_policy, self.decode_spec, c.seed + 1))]
+        run = _DisaggregatedRun(*pools, dict(session_of or {}), self.link, self.kv_bytes_per_token)
+        wall_start = time.perf_counter()
+        with gc_paused():
+            run.run(workload)
+            meta = {"num_prefill": c.num_prefill, "num_decode": c.num_decode, "link": self.link.name,
+                    "prefill_policy": c.prefill_policy, "decode_policy": c.decode_policy, "seed": c.seed}
+            result = run.result(workload, meta)
+        result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = time.perf_counter() - wall_start
+        return result
+
+
+class _DisaggregatedRun:
+    """The two pools' event loop (see the module docstring). Before a request arrives at time t
+    the prefill pool is brought up to t, so every prefill that ended before t is known and its
+    hand-off (at its end plus the transfer, so also before t if it is early) is in the queue;
+    the hand-offs up to t are then routed to the decode pool in time order."""
+
+    def __init__(self, prefill: tuple[list[Replica], Router], decode: tuple[list[Replica], Router],
+                 session_of: dict[str, str], link: KVLink, kv_bytes_per_token: float) -> None:
+        # Each pool is a cluster run whose workload is what was sent to it so far.
+        self.prefill = ClusterRun(*prefill, [], session_of, [], on_end=self._prefilled)
+        self.decode = ClusterRun(*decode, [], session_of, [])
+        self.link, self.kv_bytes_per_token = link, kv_bytes_per_token
+        self.originals: dict[str, Request] = {}
+        self.handoffs: list[tuple[float, int, str]] = []           # (KV arrived, order, request id)
+        self.order = itertools.count()
+        self.link_free = [0.0] * len(prefill[0])                 # each prefill worker's link
+        self.rows: list[tuple] = []
+
+    def run(self, workload: Sequence[Request]) -> None:
+        for req in workload:
+            self.originals[req.request_id] = req
+            for rep in self.prefill.live:
+                if rep.time < req.arrival_time:
+                    rep.advance_to(req.arrival_time)
+            self.hand_over_until(req.arrival_time)
+            prefill = req.fresh_copy(max_new_tokens=1, sampling=replace(req.sampling, min_tokens=0))
+            self.prefill.workload.append(prefill)
+            self.prefill.route(prefill)
+        for rep in self.prefill.live:
+            rep.drain()
+        self.prefill.hear_until(math.inf)
+        self.hand_over_until(math.inf)
+        for rep in self.decode.live:
+            rep.drain()
+        self.decode.hear_until(math.inf)
+
+    def _prefilled(self, replica: int, req: Request, t: float) -> None:
+        """A prefill ended at ``t``: its KV starts across the link when the link is free."""
+        if req.status is not RequestStatus.FINISHED:
+            return                                   # rejected or aborted: its record is the last word
+        num_bytes = req.prompt_len * self.kv_bytes_per_token
+        start = max(t, self.link_free[replica])
+        arrived = self.link_free[replica] = start + self.link.transfer_time(num_bytes)
+        heapq.heappush(self.handoffs, (arrived, next(self.order), req.request_id))
+        self.rows.append((req.request_id, replica, t, start, arrived, num_bytes))
+
+    def hand_over_until(self, t: float) -> None:
+        """Route every request whose KV arrived by ``t`` to the decode pool, in arrival order."""
+        while self.handoffs and self.handoffs[0][0] <= t:
+            arrived, _, request_id = heapq.heappop(self.handoffs)
+            original = self.originals[request_id]
+            decode = original.fresh_copy(kv_transfer_tokens=original.prompt_len - 1)
+            self.decode.workload.append(decode)
+            self.decode.route(decode, at=arrived)
+
+    def result(self, workload: Sequence[Request], meta: dict) -> DisaggregatedResult:
+        prefill = build_result(self.prefill, {**meta, "pool": "prefill"})
+        decode = build_result(self.decode, {**meta, "pool": "decode"})
+        decoded = {r.request_id for r in decode.merged.requests}
+        records = list(decode.merged.requests) + [r for r in prefill.merged.requests if r.request_id not in decoded]
+        records.sort(key=lambda r: (r.arrival_time, r.request_id))
+        if [r.request_id for r in records] != sorted((q.request_id for q in workload),
+                                                     key=lambda rid: (self.originals[rid].arrival_time, rid)):
+            raise EngineError(f"the disaggregated cluster ended with {len(records)} records for {len(workload)} "
+                              "requests: some were lost or counted twice")
+        merged_meta = {**meta, "num_requests": len(records),
+                       "num_rejected": sum(r.status is RequestStatus.REJECTED for r in records)}
+        transfers = pd.DataFrame(self.rows, columns=["request_id", "prefill_replica", "prefill_end", "transfer_start",
+                                                     "kv_arrived", "kv_bytes"])
+        transfers["transfer_s"] = transfers["kv_arrived"] - transfers["transfer_start"]
+        return DisaggregatedResult(prefill, decode, Trace(requests=records, steps=[], meta=merged_meta), transfers,
+                                   merged_meta)
+
+
+__all__ = ["KV_LINKS", "DisaggregatedCluster", "DisaggregatedConfig", "DisaggregatedResult", "KVLink", "kv_link"]
