@@ -22,6 +22,7 @@ and this folder simulates them over many ``Engine``s, so their effects can be me
 - ``results``          ``ClusterResult``: per-replica traces, a merged trace, the routing table
 - ``cluster``          ``Cluster`` and ``ClusterConfig``: the one call to run it all
 - ``disaggregated``    prefill and decode pools, the KV handed over a link (``DisaggregatedCluster``)
+- ``pd_goodput``       the same GPUs colocated or split: DistServe's goodput of each layout
 - ``sweep``            pure, seeded runs over a grid of settings, in process or on Ray
 - ``loopback``         the real router (``vllm-router``) on 127.0.0.1 in front of N batchlab servers
                        on simulated devices
