@@ -192,6 +192,8 @@ class Request:
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(
                 f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens!r}; must be an int >= 1")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ValueError(f"request {self.request_id!r}: sampling={self.sampling!r}; must be a SamplingParams")
         if self.sampling.min_tokens > self.max_new_tokens:
             raise ValueError(f"request {self.request_id!r}: min_tokens={self.sampling.min_tokens}; must be at most "
                              f"max_new_tokens={self.max_new_tokens}")

@@ -43,7 +43,7 @@ def simulate_load(cost_model: StepTimeModel, requests: list[LoadRequest], max_nu
         if not isinstance(r, LoadRequest) or not isinstance(r.prompt, list):
             raise ValueError(f"request {getattr(r, 'request_id', r)!r}: simulate_load needs LoadRequests with "
                              "token-id prompts (plan_requests makes them)")
-        reqs.append(Request(r.request_id, list(r.prompt), r.max_tokens, r.arrival_time, len(r.prompt)))
+        reqs.append(Request(r.request_id, list(r.prompt), r.max_tokens, r.arrival_time))
     backend = SimBackend(cost_model, kv_capacity_tokens=kv_capacity_tokens, block_size=block_size,
                          enable_prefix_caching=prefix_caching)
     scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
