@@ -186,3 +186,49 @@ def test_layouts_split_the_gpus_every_way_and_bad_ones_are_named():
     with pytest.raises(ValueError, match="layout='3P1D'"):
         attainment_table(MODEL, GPU, 2, [1.0], {"ttft": 1.0}, num_requests=10, prompt_len=64, output_len=8,
                          layout_names=["3P1D"])
+
+
+# --- faults: nothing is lost ----------------------------------------------------------------------
+def test_a_prefill_worker_that_dies_mid_transfer_loses_that_kv_and_says_so():
+    """Two prefill workers over slow Ethernet (a 2,000-token prompt's KV takes 84 ms); worker 0 dies
+    while sending. What it had not delivered ends aborted with the reason; what arrives later goes
+    to worker 1; everything else finishes."""
+    cluster = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(2, 1, link="ethernet-25g",
+                                                                              prefill_policy="round_robin"))
+    reqs = [Request(f"r{i}", None, 16, 0.02 * i, prompt_len=2000) for i in range(20)]
+    cluster.kill("prefill", 0, at=0.2)
+    result = cluster.run(reqs)
+    by_id = {r.request_id: r for r in result.merged.requests}
+    assert set(by_id) == {q.request_id for q in reqs}
+    aborted = [r for r in by_id.values() if r.status is RequestStatus.ABORTED]
+    in_flight = [r for r in aborted if "never received" in r.finish_detail]     # measured: 3 of them
+    assert len(in_flight) >= 2
+    assert all(r.finish_detail.startswith("prefill worker 0 died at t=0.2 s before its KV reached") for r in in_flight)
+    sent = result.transfers.set_index("request_id")
+    assert all(sent.loc[r.request_id, "kv_arrived"] > 0.2 and sent.loc[r.request_id, "prefill_replica"] == 0
+               for r in in_flight)
+    assert all("replica 0 died at t=0.2 s" in r.finish_detail for r in aborted if r not in in_flight)  # mid-prefill
+    assert all(r.status is RequestStatus.FINISHED and len(r.token_times) == 16
+               for r in by_id.values() if r.status is not RequestStatus.ABORTED)
+    after = [by_id[q.request_id] for q in reqs if q.arrival_time >= 0.2]
+    assert len(after) == 10 and all(r.status is RequestStatus.FINISHED for r in after)
+
+
+def test_a_decode_worker_that_dies_aborts_its_streams_and_the_other_takes_the_rest():
+    cluster = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(1, 2))
+    reqs = [Request(f"r{i}", None, 200, 0.05 * i, prompt_len=1000) for i in range(20)]
+    cluster.kill("decode", 0, at=0.5)
+    records = cluster.run(reqs).merged.requests
+    aborted = [r for r in records if r.status is RequestStatus.ABORTED]
+    assert aborted and all("replica 0 died at t=0.5 s" in r.finish_detail for r in aborted)
+    assert all(r.status is RequestStatus.FINISHED for r in records if r.arrival_time > 0.5)
+    assert len(records) == len(reqs)
+
+
+@pytest.mark.parametrize("args, message", [(("router", 0, 1.0), "pool='router'"),
+                                           (("decode", 2, 1.0), r"replica=2; must be an int in 0..1"),
+                                           (("prefill", 0, -1.0), "at=-1")])
+def test_bad_kills_are_named(args, message):
+    cluster = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(1, 2))
+    with pytest.raises(ValueError, match=message):
+        cluster.kill(*args)

@@ -19,6 +19,11 @@ step never meets a prefill. The flow is vLLM's disaggregated serving as ``vllm-r
 TTFT is measured from the client's arrival to the decode worker's first token (what a client of
 the router sees): the prefill's queue and compute, the transfer, and one decode step.
 
+A worker may die (``kill``): as in ``Cluster``, it finishes the step it is running, aborts its
+other requests with the reason, and its pool's router stops using it. A prefill worker that dies
+also loses the KV it had not finished sending: those requests end aborted, the reason saying
+that their decode worker never received the KV (as a decode worker's KV-transfer timeout would).
+
 Stated simplifications: the transfer holds no memory on either side (vLLM's decode worker
 allocates blocks before it pulls the KV into them, and the prefill worker keeps its blocks until
 they are read); a link's bandwidth is its nominal one, per direction; transfers from different
@@ -38,7 +43,7 @@ from typing import Any
 import pandas as pd
 
 from batchlab.backends.roofline import device_preset, model_shape
-from batchlab.checks import check_int, check_number, fail
+from batchlab.checks import check_int, check_number, fail, is_int
 from batchlab.cluster.driver import ClusterRun
 from batchlab.cluster.policies import check_policy, make_router
 from batchlab.cluster.replica import Replica, ReplicaSpec
@@ -46,8 +51,8 @@ from batchlab.cluster.results import ClusterResult, build_result
 from batchlab.cluster.router import Router
 from batchlab.contract import EngineError, fresh_workload
 from batchlab.loop import gc_paused
-from batchlab.requests import Request, RequestStatus
-from batchlab.trace import Trace
+from batchlab.requests import FinishReason, Request, RequestStatus
+from batchlab.trace import RequestRecord, Trace
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,18 @@ class DisaggregatedCluster:
         self.config, self.link = config, kv_link(config.link)
         self.prefill_spec, self.decode_spec = prefill, decode if decode is not None else prefill
         self.kv_bytes_per_token = float(kv_bytes_per_token)
+        self.kills: list[tuple[float, str, int]] = []
+
+    def kill(self, pool: str, replica: int, at: float) -> None:
+        """Worker ``replica`` of ``pool`` (``"prefill"`` or ``"decode"``) dies at time ``at`` in
+        every later run (see the module docstring)."""
+        if pool not in ("prefill", "decode"):
+            fail("pool", pool, "'prefill' or 'decode'")
+        size = self.config.num_prefill if pool == "prefill" else self.config.num_decode
+        if not is_int(replica) or not 0 <= replica < size:
+            fail("replica", replica, f"an int in 0..{size - 1} (the {pool} pool has {size})")
+        check_number("at", at, hint="seconds on the run's clock")
+        self.kills.append((float(at), pool, int(replica)))
 
     @classmethod
     def for_device(cls, model: str, device: str, config: DisaggregatedConfig,
@@ -155,7 +172,7 @@ class DisaggregatedCluster:
 
     def __repr__(self) -> str:
         c = self.config
-        return f"DisaggregatedCluster({c.num_prefill}P:{c.num_decode}D, link={self.link.name!r})"
+        return f"DisaggregatedCluster({c.num_prefill}P:{c.num_decode}D, link={self.link.name!r}, kills={self.kills})"
 
     def run(self, requests: Sequence[Request], session_of: Mapping[str, str] | None = None) -> DisaggregatedResult:
         """Serve ``requests`` (sorted by arrival, unique ids; not modified) to the end."""
@@ -167,9 +184,10 @@ class DisaggregatedCluster:
         run = _DisaggregatedRun(*pools, dict(session_of or {}), self.link, self.kv_bytes_per_token)
         wall_start = time.perf_counter()
         with gc_paused():
-            run.run(workload)
+            run.run(workload, self.kills)
             meta = {"num_prefill": c.num_prefill, "num_decode": c.num_decode, "link": self.link.name,
-                    "prefill_policy": c.prefill_policy, "decode_policy": c.decode_policy, "seed": c.seed}
+                    "prefill_policy": c.prefill_policy, "decode_policy": c.decode_policy, "seed": c.seed,
+                    "kills": list(self.kills)}
             result = run.result(workload, meta)
         result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = time.perf_counter() - wall_start
         return result
@@ -188,18 +206,26 @@ class _DisaggregatedRun:
         self.decode = ClusterRun(*decode, [], session_of, [])
         self.link, self.kv_bytes_per_token = link, kv_bytes_per_token
         self.originals: dict[str, Request] = {}
-        self.handoffs: list[tuple[float, int, str]] = []           # (KV arrived, order, request id)
+        self.handoffs: list[tuple[float, int, str, int]] = []      # (KV arrived, order, request id, sender)
+        self.lost: list[RequestRecord] = []                         # their KV died with its sender
         self.order = itertools.count()
         self.link_free = [0.0] * len(prefill[0])                 # each prefill worker's link
         self.rows: list[tuple] = []
 
-    def run(self, workload: Sequence[Request]) -> None:
-        for req in workload:
-            self.originals[req.request_id] = req
+    def run(self, workload: Sequence[Request], kills: Sequence[tuple[float, str, int]]) -> None:
+        """Arrivals and deaths in time order (a death first at a tie), then every worker to its end."""
+        events = sorted([(t, 0, pool, i) for t, pool, i in kills]
+                        + [(req.arrival_time, 1, k, req) for k, req in enumerate(workload)], key=lambda e: e[:2])
+        for t, kind, what, who in events:
             for rep in self.prefill.live:
-                if rep.time < req.arrival_time:
-                    rep.advance_to(req.arrival_time)
-            self.hand_over_until(req.arrival_time)
+                if rep.time < t:
+                    rep.advance_to(t)
+            self.hand_over_until(t)
+            if kind == 0:
+                self.kill(what, who, t)
+                continue
+            req = who
+            self.originals[req.request_id] = req
             prefill = req.fresh_copy(max_new_tokens=1, sampling=replace(req.sampling, min_tokens=0))
             self.prefill.workload.append(prefill)
             self.prefill.route(prefill)
@@ -218,30 +244,56 @@ class _DisaggregatedRun:
         num_bytes = req.prompt_len * self.kv_bytes_per_token
         start = max(t, self.link_free[replica])
         arrived = self.link_free[replica] = start + self.link.transfer_time(num_bytes)
-        heapq.heappush(self.handoffs, (arrived, next(self.order), req.request_id))
+        heapq.heappush(self.handoffs, (arrived, next(self.order), req.request_id, replica))
         self.rows.append((req.request_id, replica, t, start, arrived, num_bytes))
 
     def hand_over_until(self, t: float) -> None:
         """Route every request whose KV arrived by ``t`` to the decode pool, in arrival order."""
         while self.handoffs and self.handoffs[0][0] <= t:
-            arrived, _, request_id = heapq.heappop(self.handoffs)
+            arrived, _, request_id, _ = heapq.heappop(self.handoffs)
             original = self.originals[request_id]
             decode = original.fresh_copy(kv_transfer_tokens=original.prompt_len - 1)
             self.decode.workload.append(decode)
             self.decode.route(decode, at=arrived)
 
+    def kill(self, pool: str, replica: int, t: float) -> None:
+        """Worker ``replica`` of ``pool`` dies at ``t``; a prefill worker's unsent KV dies with it."""
+        run = self.prefill if pool == "prefill" else self.decode
+        if pool == "decode":
+            for rep in run.live:
+                if rep.time < t:
+                    rep.advance_to(t)
+        run.kill(t, replica)
+        if pool == "decode":
+            return
+        kept = []
+        for handoff in self.handoffs:
+            arrived, _, request_id, sender = handoff
+            if sender != replica:
+                kept.append(handoff)
+                continue
+            req = self.originals[request_id]
+            why = (f"prefill worker {replica} died at t={t:.6g} s before its KV reached a decode worker (due at "
+                   f"t={arrived:.6g} s); the decode worker never received it")
+            self.lost.append(RequestRecord(request_id, req.arrival_time, req.prompt_len, req.max_new_tokens,
+                                           RequestStatus.ABORTED, FinishReason.ABORT, None, [], t, True, [], why))
+        self.handoffs = kept
+        heapq.heapify(self.handoffs)
+
     def result(self, workload: Sequence[Request], meta: dict) -> DisaggregatedResult:
         prefill = build_result(self.prefill, {**meta, "pool": "prefill"})
         decode = build_result(self.decode, {**meta, "pool": "decode"})
-        decoded = {r.request_id for r in decode.merged.requests}
-        records = list(decode.merged.requests) + [r for r in prefill.merged.requests if r.request_id not in decoded]
+        later = {r.request_id for r in decode.merged.requests} | {r.request_id for r in self.lost}
+        records = (list(decode.merged.requests) + self.lost
+                   + [r for r in prefill.merged.requests if r.request_id not in later])
         records.sort(key=lambda r: (r.arrival_time, r.request_id))
         if [r.request_id for r in records] != sorted((q.request_id for q in workload),
                                                      key=lambda rid: (self.originals[rid].arrival_time, rid)):
             raise EngineError(f"the disaggregated cluster ended with {len(records)} records for {len(workload)} "
                               "requests: some were lost or counted twice")
         merged_meta = {**meta, "num_requests": len(records),
-                       "num_rejected": sum(r.status is RequestStatus.REJECTED for r in records)}
+                       "num_rejected": sum(r.status is RequestStatus.REJECTED for r in records),
+                       "num_aborted": sum(r.status is RequestStatus.ABORTED for r in records)}
         transfers = pd.DataFrame(self.rows, columns=["request_id", "prefill_replica", "prefill_end", "transfer_start",
                                                      "kv_arrived", "kv_bytes"])
         transfers["transfer_s"] = transfers["kv_arrived"] - transfers["transfer_start"]
