@@ -232,3 +232,25 @@ def test_bad_kills_are_named(args, message):
     cluster = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(1, 2))
     with pytest.raises(ValueError, match=message):
         cluster.kill(*args)
+
+
+# --- through the predictor: vLLM's engine model on each side --------------------------------------
+def test_the_predictor_splits_a_vllm_deployment_and_the_stall_goes():
+    """``predict_disaggregated``: vLLM V1's step model (measured kernels, CUDA graphs, async
+    scheduling) on both pools. Measured: ITL p99 72.9 ms on two replicas, 9.6 ms split 1P1D."""
+    from batchlab.predict import Deployment, TrafficSpec, predict, predict_disaggregated
+    traffic = TrafficSpec(300, 8.0, input_len=3000, output_len=256, seed=0).generate()
+    colocated = predict(Deployment(MODEL, GPU, data_parallel_size=2), traffic)
+    split = predict_disaggregated(Deployment(MODEL, GPU), Deployment(MODEL, GPU), 1, 1, traffic)
+    assert split.trace.meta["num_requests"] == 300 and split.setup["gpu"].startswith("1 x H100 prefill")
+    itl_p99 = [np.percentile(p.values("itl"), 99) for p in (colocated, split)]
+    assert itl_p99[1] < 0.5 * itl_p99[0], itl_p99
+
+
+def test_the_predictor_refuses_a_split_it_cannot_serve():
+    from batchlab.predict import Deployment, TrafficSpec, predict_disaggregated
+    traffic = TrafficSpec(4, 1.0, input_len=100, output_len=8).generate()
+    with pytest.raises(ValueError, match="prefill.data_parallel_size=2"):
+        predict_disaggregated(Deployment(MODEL, GPU, data_parallel_size=2), Deployment(MODEL, GPU), 1, 1, traffic)
+    with pytest.raises(ValueError, match="decode='Llama-2-7B'"):
+        predict_disaggregated(Deployment(MODEL, GPU), Deployment("Llama-2-7B", GPU), 1, 1, traffic)

@@ -36,7 +36,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +50,7 @@ from batchlab.cluster.replica import Replica, ReplicaSpec
 from batchlab.cluster.results import ClusterResult, build_result
 from batchlab.cluster.router import Router
 from batchlab.contract import EngineError, fresh_workload
+from batchlab.engine import Engine
 from batchlab.loop import gc_paused
 from batchlab.requests import FinishReason, Request, RequestStatus
 from batchlab.trace import RequestRecord, Trace
@@ -134,20 +135,24 @@ class DisaggregatedResult:
 
 
 class DisaggregatedCluster:
-    """Prefill workers built from ``prefill`` and decode workers from ``decode`` (``ReplicaSpec``s;
-    ``decode`` defaults to ``prefill``), the KV crossing ``config.link`` at
-    ``kv_bytes_per_token`` bytes per prompt token."""
+    """Prefill workers built from ``prefill`` and decode workers from ``decode`` (each a
+    ``ReplicaSpec``, or a function ``index -> Engine`` on the virtual clock whose policy takes
+    transferred KV, such as a predicted vLLM deployment's ``Deployment.engine``; ``decode``
+    defaults to ``prefill``), the KV crossing ``config.link`` at ``kv_bytes_per_token`` bytes per
+    prompt token."""
 
-    def __init__(self, config: DisaggregatedConfig, prefill: ReplicaSpec, kv_bytes_per_token: float,
-                 decode: ReplicaSpec | None = None) -> None:
+    def __init__(self, config: DisaggregatedConfig, prefill: ReplicaSpec | Callable[[int], Engine],
+                 kv_bytes_per_token: float, decode: ReplicaSpec | Callable[[int], Engine] | None = None) -> None:
         if not isinstance(config, DisaggregatedConfig):
             raise ValueError(f"config={config!r}; must be a DisaggregatedConfig")
-        for name, spec in (("prefill", prefill), ("decode", decode if decode is not None else prefill)):
-            if not isinstance(spec, ReplicaSpec):
-                raise ValueError(f"{name}={spec!r}; must be a ReplicaSpec")
+        decode = prefill if decode is None else decode
+        for name, spec in (("prefill", prefill), ("decode", decode)):
+            if not isinstance(spec, ReplicaSpec) and not callable(spec):
+                raise ValueError(f"{name}={spec!r}; must be a ReplicaSpec or a function index -> Engine")
         check_number("kv_bytes_per_token", kv_bytes_per_token, strict=True)
         self.config, self.link = config, kv_link(config.link)
-        self.prefill_spec, self.decode_spec = prefill, decode if decode is not None else prefill
+        self.build = {pool: spec.build if isinstance(spec, ReplicaSpec) else spec
+                      for pool, spec in (("prefill", prefill), ("decode", decode))}
         self.kv_bytes_per_token = float(kv_bytes_per_token)
         self.kills: list[tuple[float, str, int]] = []
 
@@ -178,9 +183,9 @@ class DisaggregatedCluster:
         """Serve ``requests`` (sorted by arrival, unique ids; not modified) to the end."""
         workload = fresh_workload(requests)
         c = self.config
-        pools = [([Replica(i, spec.build(i)) for i in range(n)], make_router(policy, n, seed, {}))
-                 for n, policy, spec, seed in ((c.num_prefill, c.prefill_policy, self.prefill_spec, c.seed),
-                                               (c.num_decode, c.decode_policy, self.decode_spec, c.seed + 1))]
+        pools = [([Replica(i, self._engine(pool, i)) for i in range(n)], make_router(policy, n, seed, {}))
+                 for pool, n, policy, seed in (("prefill", c.num_prefill, c.prefill_policy, c.seed),
+                                               ("decode", c.num_decode, c.decode_policy, c.seed + 1))]
         run = _DisaggregatedRun(*pools, dict(session_of or {}), self.link, self.kv_bytes_per_token)
         wall_start = time.perf_counter()
         with gc_paused():
@@ -191,6 +196,16 @@ class DisaggregatedCluster:
             result = run.result(workload, meta)
         result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = time.perf_counter() - wall_start
         return result
+
+
+    def _engine(self, pool: str, index: int) -> Engine:
+        engine = self.build[pool](index)
+        if not isinstance(engine, Engine):
+            raise ValueError(f"the {pool} pool's engine {index} is {engine!r}, not an Engine")
+        if pool == "decode" and not engine.scheduler.takes_transferred_kv:
+            raise ValueError(f"the decode pool's {engine.scheduler!r} cannot admit a request whose KV was computed "
+                             "elsewhere; use continuous batching (ContinuousBatcher)")
+        return engine
 
 
 class _DisaggregatedRun:

@@ -12,7 +12,8 @@ The pieces, in the order a prediction uses them:
                     per step and how async scheduling hides it
 - ``traffic``       generated traffic (``vllm bench serve``'s random dataset) or a logged trace
 - ``deployment``    the whole setup, checked, and ``predict``: the simulator serves the traffic
-                    on one replica or many behind a router (``batchlab.cluster``)
+                    on one replica or many behind a router (``batchlab.cluster``);
+                    ``predict_disaggregated``: prefill and decode on separate pools
 - ``report``        percentiles, throughput, KV use, preemptions, the saturation verdict, and
                     ``vllm bench serve``'s result keys
 - ``__main__``      the command line
@@ -20,9 +21,10 @@ The pieces, in the order a prediction uses them:
 ``vllm_v1.json`` holds every constant of the engine around the kernels, each with its source.
 """
 
-from batchlab.predict.deployment import Deployment, predict
+from batchlab.predict.deployment import Deployment, predict, predict_disaggregated
 from batchlab.predict.engine_flags import EngineFlags
 from batchlab.predict.report import Prediction
 from batchlab.predict.traffic import Traffic, TrafficSpec, read_trace
 
-__all__ = ["Deployment", "EngineFlags", "Prediction", "Traffic", "TrafficSpec", "predict", "read_trace"]
+__all__ = ["Deployment", "EngineFlags", "Prediction", "Traffic", "TrafficSpec", "predict", "predict_disaggregated",
+           "read_trace"]

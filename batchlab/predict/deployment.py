@@ -19,8 +19,8 @@ from batchlab.backends.collectives import all_reduce_model
 from batchlab.backends.device_presets import DevicePreset, load_device_presets
 from batchlab.backends.grounded_step import GroundedStep
 from batchlab.backends.kernels import KernelModel
-from batchlab.checks import check_choice, check_instance, check_int
-from batchlab.cluster import Cluster, ClusterConfig
+from batchlab.checks import check_choice, check_instance, check_int, fail
+from batchlab.cluster import Cluster, ClusterConfig, DisaggregatedCluster, DisaggregatedConfig
 from batchlab.cluster.policies import ROUTING_POLICIES
 from batchlab.engine import Engine
 from batchlab.predict.async_scheduling import AsyncScheduledBatcher
@@ -145,3 +145,29 @@ def predict(deployment: Deployment, traffic: Traffic, percentiles: tuple[float, 
 
 
 __all__ = ["Deployment", "predict"]
+
+
+def predict_disaggregated(prefill: Deployment, decode: Deployment, num_prefill: int, num_decode: int,
+                          traffic: Traffic, link: str = "infiniband-ndr",
+                          percentiles: tuple[float, ...] = (50, 90, 99)) -> Prediction:
+    """Serve ``traffic`` with ``num_prefill`` copies of ``prefill`` computing prompts and
+    ``num_decode`` copies of ``decode`` generating tokens, each prompt's KV crossing ``link``
+    (``batchlab.cluster.disaggregated``); each side keeps its own TP degree and flags, and
+    both serve one model. ``data_parallel_size`` is the pool sizes' job here: keep it 1."""
+    for name, d in (("prefill", prefill), ("decode", decode)):
+        check_instance(name, d, Deployment, "a Deployment")
+        if d.data_parallel_size != 1:
+            fail(f"{name}.data_parallel_size", d.data_parallel_size, "1",
+                 "the pools' sizes are num_prefill and num_decode")
+    check_instance("traffic", traffic, Traffic, "a Traffic (TrafficSpec(...).generate() or read_trace(path))")
+    if prefill.shape.name != decode.shape.name:
+        fail("decode", decode.shape.name, f"the prefill side's model, {prefill.shape.name}",
+             "the decode workers read the KV the prefill workers computed")
+    config = DisaggregatedConfig(num_prefill, num_decode, link, prefill.routing, decode.routing)
+    kv_bytes = prefill.shape.kv_bytes_per_token(prefill.resolved_flags.dtype_bytes)
+    wall = time.perf_counter()
+    trace = DisaggregatedCluster(config, prefill.engine, kv_bytes, decode.engine).run(traffic.requests()).merged
+    setup = {"model": prefill.shape.name, "gpu": f"{num_prefill} x {prefill.gpu} prefill (TP "
+             f"{prefill.tensor_parallel_size}) + {num_decode} x {decode.gpu} decode (TP "
+             f"{decode.tensor_parallel_size}) over {link}", "traffic": traffic.source}
+    return Prediction(trace, setup, decode.memory.kv_tokens * num_decode, time.perf_counter() - wall, percentiles)
