@@ -117,7 +117,6 @@ HISTOGRAMS = (
 )
 
 # vLLM's help texts of the families made at scrape time, with labels
-
 WAITING_REASON_DOC = ("Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
                       "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, "
                       "blocked status). Sum of all reasons equals vllm:num_requests_waiting.")
@@ -177,7 +176,6 @@ class _EngineCollector(Collector):
         for key, value in by_value.items():
             family.add_metric(list(self.labels.values()) + [key], value)
         return family
-
 
 
 class ServerMetrics:
