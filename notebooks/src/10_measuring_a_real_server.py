@@ -324,32 +324,36 @@ plt.show()
 # `/tokenize`, and streams them one at a time; then the course's client sends prompts of the same
 # lengths the same way. Both time a request from just before it is sent: vLLM's TTFT ends at the
 # first chunk, its ITL is the gap between chunks; the course's client counts tokens (here each
-# chunk carries one, so the two definitions meet).
+# chunk carries one, so the two definitions meet). The two take turns three times: a median over
+# six requests moves by a tenth or more from one run to the next on a shared CPU, and a moment of
+# other work hits one run of one client, not the median of three pairs.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-bench = None
+pairs = []
 if VLLM_READY:
     # Warm the server first (not measured), so that neither client meets the first steps'
     # one-time costs (the CPU kernels' per-shape set-up): the client that ran first would.
     run_load(server.url, plan_requests(6, 32, OUTPUT_LEN, tok, arrival="at_once", seed=2),
              max_concurrency=1, max_duration=120)
-    bench = vllm_bench_serve(server.url, [
-        "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
-        "--random-input-len", "32", "--random-output-len", str(OUTPUT_LEN), "--num-prompts", "6",
-        "--max-concurrency", "1", "--ignore-eos", "--temperature", "0", "--disable-tqdm"])
-    print(bench["stdout"][bench["stdout"].index("====="):])
-    ours = run_load(server.url, plan_requests(6, 32, OUTPUT_LEN, tok, arrival="at_once", seed=3),
-                    max_concurrency=1, warmup=1, max_duration=120).table()
-    clients = pd.DataFrame({"vllm bench serve": [bench["median_ttft_ms"], bench["median_itl_ms"]],
-                            "batchlab.loadgen": [ours.loc["ttft", "p50"] * 1e3, ours.loc["itl", "p50"] * 1e3]},
-                           index=["TTFT p50 (ms)", "ITL p50 (ms)"])
-    display(clients.round(1))
+    for seed in (0, 1, 2):
+        bench = vllm_bench_serve(server.url, [
+            "--backend", "openai", "--endpoint", "/v1/completions", "--dataset-name", "random",
+            "--random-input-len", "32", "--random-output-len", str(OUTPUT_LEN), "--num-prompts", "6",
+            "--max-concurrency", "1", "--ignore-eos", "--temperature", "0", "--disable-tqdm", "--seed", str(seed)])
+        ours = run_load(server.url, plan_requests(6, 32, OUTPUT_LEN, tok, arrival="at_once", seed=3 + seed),
+                        max_concurrency=1, warmup=1, max_duration=120).table()
+        pairs.append(pd.DataFrame({"vllm bench serve": [bench["median_ttft_ms"], bench["median_itl_ms"]],
+                                   "batchlab.loadgen": [ours.loc["ttft", "p50"] * 1e3, ours.loc["itl", "p50"] * 1e3]},
+                                  index=["TTFT p50 (ms)", "ITL p50 (ms)"]))
+    print(bench["stdout"][bench["stdout"].index("====="):])          # the last of vLLM's reports
+    display(pd.concat(pairs, keys=["pair 1", "pair 2", "pair 3"]).round(1))
 
 # %%
-if bench is not None:
-    ratio = clients["batchlab.loadgen"] / clients["vllm bench serve"]
-    expect("the two clients' TTFT and ITL medians, ours / vLLM's", ratio, above=0.75, below=1.33)
+if pairs:
+    ratios = pd.concat([p["batchlab.loadgen"] / p["vllm bench serve"] for p in pairs], axis=1)
+    expect("the two clients' TTFT and ITL medians, ours / vLLM's, the median of three pairs",
+           ratios.median(axis=1), above=0.75, below=1.33)
 
 # %% [markdown]
 # ## The same load against vLLM
