@@ -287,18 +287,23 @@ loops = pd.DataFrame(rows).T
 loops.round(3)
 
 # %% [markdown]
-# At about the same average rate, the closed loop's requests hardly waited at the server: each
-# user sends only when its slot has just been freed, so the wait is at most the step in progress
-# (no longer than the longest gap between two steps, which the engine's token times show). The
-# bursty open loop made requests queue for slots, and its tail TTFT is much longer. A
-# closed-loop benchmark cannot show this: its load adapts to the server.
+# At about the same average rate, the closed loop's requests hardly waited at the server: after
+# its first request, each user sends only when its slot has just been freed, so the wait is at
+# most the step in progress (no longer than the longest gap between two steps, which the engine's
+# token times show). The users' first requests are the exception: they start together, and the
+# ones that arrive just after the first has started wait for its prompt's step, which no stream's
+# gaps include. The bursty open loop made requests queue for slots, and its tail TTFT is much
+# longer. A closed-loop benchmark cannot show this: its load adapts to the server.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 longest_step = metrics.itl_values(closed.server_trace()).max()
-print(f"longest gap between the engine's steps in the closed loop: {longest_step:.3f} s")
-expect("closed loop: longest queue wait / longest gap between steps",
-       loops.loc["closed loop, 4 users", "queue_max"] / longest_step, below=1.1)
+closed_queue = metrics.per_request_metrics(closed.server_trace()).sort_values("arrival_time")["queue_time"]
+print(f"longest gap between the engine's steps in the closed loop: {longest_step:.3f} s; longest queue wait "
+      f"of the users' first requests {closed_queue.iloc[:SLOTS].max():.3f} s, of the rest "
+      f"{closed_queue.iloc[SLOTS:].max():.3f} s")
+expect("closed loop, after each user's first request: longest queue wait / longest gap between steps",
+       closed_queue.iloc[SLOTS:].max() / longest_step, below=1.1)
 expect("longest queue wait, bursty open loop / closed loop",
        loops.loc["open loop, bursty", "queue_max"] / loops.loc["closed loop, 4 users", "queue_max"], above=2)
 expect("TTFT p90, bursty open loop / closed loop",
