@@ -36,7 +36,9 @@ Rules the engine keeps:
 - **Plans are checked.** A chunk must start where its request's computed tokens end, stay within
   its known tokens, and sample exactly when it reaches the last known token.
 - When a request ends the engine calls ``backend.release(request_id)``, so the backend can forget
-  what it kept for it (a sampler's generator, say).
+  what it kept for it (a sampler's generator, say). A finished request that asked to
+  ``export_kv`` (a disaggregated prefill worker's) first gets a copy of its prompt's keys and
+  values (``exported_kv``), before the scheduler frees its KV space.
 
 The clocks are described in ``clock.py``: ``"virtual"`` (time moves by each step's reported
 duration and skips idle gaps) or ``"wall"`` (real time; requests arrive in real time).
@@ -64,14 +66,14 @@ __all__ = ["Engine", "EngineError", "Idle"]
 
 def _mark_ended(req: Request, reason: FinishReason, detail: str | None) -> None:
     req.status, req.finish_reason, req.finish_detail = reason.status, reason, detail
+    req.remote_kv = None                 # transferred KV it never used, or used already: not kept
 
 
 class Engine:
     """Serve workloads with ``scheduler`` (the policy) on ``backend`` (the model or the simulator).
 
-    ``clock``: ``"virtual"`` (default) or ``"wall"``; see ``clock.py``.
-    ``fast_decode_runs``: let the serving loop use the simulator's fast path
-    (``fast_path.py``) where it applies; the trace is the same either way.
+    ``clock``: ``"virtual"`` (default) or ``"wall"`` (``clock.py``). ``fast_decode_runs``: let the
+    loop use the simulator's fast path (``fast_path.py``) where it applies; same trace either way.
     """
 
     def __init__(self, scheduler: Scheduler, backend: Backend, clock: str | Clock = "virtual",
@@ -164,7 +166,7 @@ class Engine:
             if c.start != req.num_computed_tokens or computed > known or c.samples != (computed == known):
                 check_chunk(c, req)
             if req.first_scheduled_time is None:
-                req.first_scheduled_time = start
+                req.first_scheduled_time, req.remote_kv = start, None   # (transferred KV: in the cache now)
             req.num_computed_tokens = computed
             if not c.samples:
                 continue
@@ -200,10 +202,11 @@ class Engine:
     # --- how requests end ----------------------------------------------------------------------------
     def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None:
         """The one place a request ends. A finished one (length, stop) still sits in its batch, and
-        its response goes out when the scheduler releases it (``release``); a rejected or aborted
-        one is answered now. An aborted running request leaves the scheduler (and frees its KV)
-        at the next ``scheduler.remove_ended()``."""
+        its response goes out when the scheduler releases it; a rejected or aborted one is answered
+        now (a running one frees its KV at the next ``scheduler.remove_ended()``)."""
         _mark_ended(req, reason, detail)
+        if req.export_kv and reason in (FinishReason.LENGTH, FinishReason.STOP):   # for a decode worker
+            req.exported_kv = self.backend.read_kv(req.request_id, req.prompt_len)
         self.backend.release(req.request_id)
         if reason in (FinishReason.REJECTED, FinishReason.ABORT):
             self.release_times[req.request_id] = t

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchlab.checks import check_fraction, check_int, check_number, fail, is_int, is_number
 
@@ -148,13 +149,18 @@ class Request:
     whose keys and values arrive with the request, computed elsewhere (a disaggregated prefill
     worker's; vLLM's KV connectors report them as external computed tokens). At most
     ``prompt_len - 1``: the last prompt token is computed here, and its logits sample the first
-    token, as vLLM's decode worker does.
+    token, as vLLM's decode worker does. ``remote_kv``: those keys and values themselves, for a
+    cache that stores values (the real model's): a tensor (num_layers, >= kv_transfer_tokens, 2,
+    num_kv_heads, head_dim), written into the cache by the request's first step and then dropped;
+    None in the simulator, which counts tokens only. ``export_kv``: keep the prompt's keys and
+    values when the request finishes (a disaggregated prefill worker's request): the engine copies
+    them into ``exported_kv`` before the request's KV space is freed.
 
     State, written by the engine only: ``status``, ``num_computed_tokens``, ``output_ids``,
     ``token_times`` (when each output token was computed), ``output_logprobs`` (one
     ``TokenLogprobs`` per output token, when ``sampling.logprobs`` asks), ``first_scheduled_time``,
     ``finish_reason`` (a ``FinishReason``) and ``finish_detail`` (why, in words, when it was
-    aborted or rejected).
+    aborted or rejected), ``exported_kv`` (see ``export_kv``).
     """
 
     request_id: str
@@ -165,6 +171,8 @@ class Request:
     prompt_len: int = -1
     stop_token_ids: tuple[int, ...] = ()
     kv_transfer_tokens: int = 0
+    remote_kv: Any = field(default=None, repr=False)
+    export_kv: bool = False
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -174,6 +182,7 @@ class Request:
     first_scheduled_time: float | None = None
     finish_reason: FinishReason | None = None
     finish_detail: str | None = None
+    exported_kv: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -210,6 +219,14 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: kv_transfer_tokens={self.kv_transfer_tokens!r}; must be "
                              f"an int in [0, prompt_len - 1 = {self.prompt_len - 1}] (the last prompt token is "
                              "computed where the request decodes)")
+        if not isinstance(self.export_kv, bool):
+            raise ValueError(f"request {self.request_id!r}: export_kv={self.export_kv!r}; must be True or False")
+        shape = getattr(self.remote_kv, "shape", None)
+        if self.remote_kv is not None and (shape is None or len(shape) != 5 or not self.kv_transfer_tokens
+                                           or shape[1] < self.kv_transfer_tokens):
+            raise ValueError(f"request {self.request_id!r}: remote_kv of shape {shape}; must be a tensor (num_layers, "
+                             f">= kv_transfer_tokens = {self.kv_transfer_tokens} (at least 1), 2, num_kv_heads, "
+                             "head_dim), or None")
 
     # --- sizes -------------------------------------------------------------------------------
     @property
@@ -252,5 +269,6 @@ class Request:
         same = {"request_id": self.request_id, "max_new_tokens": self.max_new_tokens,
                 "prompt_ids": None if self.prompt_ids is None else list(self.prompt_ids),
                 "arrival_time": self.arrival_time, "sampling": self.sampling, "prompt_len": self.prompt_len,
-                "stop_token_ids": self.stop_token_ids, "kv_transfer_tokens": self.kv_transfer_tokens}
+                "stop_token_ids": self.stop_token_ids, "kv_transfer_tokens": self.kv_transfer_tokens,
+                "remote_kv": self.remote_kv, "export_kv": self.export_kv}
         return Request(**{**same, **inputs})

@@ -156,7 +156,7 @@ def test_policies_and_caches_that_cannot_take_transferred_kv_reject_it_with_the_
     assert "StaticBatcher computes every prompt itself" in static.why_unschedulable(req)
     continuous = ContinuousBatcher(8, 512)
     continuous.bind(KVCache(num_layers=1, num_kv_heads=1, head_dim=8, num_slots=2, max_seq_len=512))
-    assert "cannot receive keys and values" in continuous.why_unschedulable(req)
+    assert "without the keys and values themselves (remote_kv)" in continuous.why_unschedulable(req)
 
 
 # --- where it pays: DistServe's goodput of the same GPUs, colocated or split ---------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchlab.kv_space import KVSpace
 from batchlab.plan import StepPlan
@@ -27,6 +28,15 @@ class StepResult:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
+@dataclass
+class KVCopy:
+    """A sequence's prompt KV copied out of a cache: ``kv`` (layers, tokens, 2, KV heads, head dim),
+    None where the cache stores no values; ``block_ids``: the blocks (or slot) it lay in."""
+
+    kv: Any
+    block_ids: list[int]
+
+
 class Backend(ABC):
     """Runs step plans. ``kv`` is the KV space schedulers admit against."""
 
@@ -38,6 +48,13 @@ class Backend(ABC):
 
     def release(self, request_id: str) -> None:
         """``request_id`` has ended (finished or rejected): forget anything kept for it."""
+
+    def read_kv(self, request_id: str, num_tokens: int) -> "KVCopy":
+        """A copy of the keys and values of the sequence's first ``num_tokens`` tokens (a
+        disaggregated prefill worker hands them to a decode worker); its ``kv`` is None where the
+        cache counts tokens only (the simulator's)."""
+        table = getattr(self.kv, "block_table", None)
+        return KVCopy(None, list(table(request_id)) if table else [])
 
     def reset(self) -> None:
         """A run is about to start on this backend."""

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 
 
-from batchlab.backends.base import Backend, StepResult
+from batchlab.backends.base import Backend, KVCopy, StepResult
 from batchlab.checks import check_bool, check_int
 from batchlab.kv_blocks import check_block_size
 from batchlab.model import LoadedModel, load_model
@@ -89,12 +89,17 @@ class ModelBackend(Backend):
     def release(self, request_id: str) -> None:
         self.sampler.forget(request_id)     # its generator, if it sampled with one
 
+    def read_kv(self, request_id: str, num_tokens: int) -> KVCopy:
+        return KVCopy(self.kv.read_tokens(request_id, num_tokens), list(self.kv.block_table(request_id)))
+
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         if plan.is_empty:
             raise ValueError("ModelBackend.run got an empty plan; the engine runs only plans with work")
         chunks, sampled = [], []
         for c in plan.chunks:
             req = requests[c.request_id]
+            if req.remote_kv is not None and req.first_scheduled_time is None:   # KV computed elsewhere
+                self.kv.write_tokens(c.request_id, req.remote_kv[:, :req.kv_transfer_tokens])
             chunks.append(self.kv.seq_chunk(c.request_id, c.start, req.token_ids(c.start, c.num_tokens), c.samples))
             if c.samples:
                 sampled.append(req)

@@ -217,10 +217,33 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", router_arg
         raise ValueError(f"worker_urls={worker_urls!r}; must name at least one replica")
     for url in worker_urls:
         check_replica(url)
+    return _launch_router(["--policy", policy, "--worker-urls", *worker_urls], router_args, timeout, binary)
+
+
+def start_pd_router(prefill_urls: list[str], decode_urls: list[str], prefill_policy: str = "round_robin",
+                    decode_policy: str = "round_robin", router_args: tuple[str, ...] = (),
+                    timeout: float = 120.0, binary: str | None = None) -> RouterProcess:
+    """Start ``vllm-router --vllm-pd-disaggregation`` in front of prefill and decode workers (servers
+    started with ``--kv-transfer-config``; each checked first) and wait until it is ready."""
+    check_choice("prefill_policy", prefill_policy, VLLM_ROUTER_POLICIES)
+    check_choice("decode_policy", decode_policy, VLLM_ROUTER_POLICIES)
+    for name, urls in (("prefill_urls", prefill_urls), ("decode_urls", decode_urls)):
+        if not urls:
+            raise ValueError(f"{name}={urls!r}; must name at least one worker (a pool cannot be empty)")
+        for url in urls:
+            check_replica(url)
+    pools = [a for url in prefill_urls for a in ("--prefill", url)] + [a for url in decode_urls for a in ("--decode", url)]
+    return _launch_router(["--vllm-pd-disaggregation", *pools, "--prefill-policy", prefill_policy,
+                           "--decode-policy", decode_policy], router_args, timeout, binary)
+
+
+def _launch_router(workers: list[str], router_args: tuple[str, ...], timeout: float,
+                   binary: str | None) -> RouterProcess:
+    """Start the router with ``workers`` (its worker and policy flags) on a free port, and wait."""
     binary = binary or router_binary()
     port = free_port()
     log_path = tempfile.NamedTemporaryFile(prefix="vllm-router-", suffix=".log", delete=False).name
-    cmd = [binary, "--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
+    cmd = [binary, "--host", HOST, "--port", str(port), *workers,
            "--worker-startup-timeout-secs", str(int(timeout)), "--log-level", "warning"]
     metrics_url = None
     if "--prometheus-port" not in router_args:        # a port of its own, so routers never collide
@@ -264,4 +287,4 @@ def check_replica(url: str, timeout: float = 5.0) -> None:
 
 
 __all__ = ["LoopbackCluster", "LoopbackConfig", "VLLM_ROUTER_POLICIES", "RouterProcess", "check_replica", "router_binary",
-           "start_router", "wait_router"]
+           "start_pd_router", "start_router", "wait_router"]

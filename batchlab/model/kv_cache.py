@@ -162,6 +162,20 @@ class KVCache(ReservingKVSpace):
     def attention(self, q: torch.Tensor, kv_new: torch.Tensor, layer: int, lay: "SlotStepLayout") -> torch.Tensor:
         return slot_attention(q, kv_new, self.kv[layer], lay)
 
+    # --- a disaggregated hand-off: a sequence's keys and values, out and in ----------------------
+    def read_tokens(self, request_id: str, num_tokens: int) -> torch.Tensor:
+        """A copy of the sequence's first ``num_tokens`` positions: (layers, num_tokens, 2, KV, hd)."""
+        slot = self.slot_of(request_id)
+        self._apply_moves()                                   # a moved sequence's past is where it went
+        return self.kv[:, :, slot, :, :num_tokens].permute(0, 3, 1, 2, 4).contiguous()
+
+    def write_tokens(self, request_id: str, kv: torch.Tensor) -> None:
+        """Write ``kv`` (layers, n, 2, KV, hd), computed elsewhere, into positions ``0..n-1`` of the slot."""
+        slot, n = self.slot_of(request_id), kv.shape[1]
+        self._apply_moves()
+        self.kv[:, :, slot, :, :n] = kv.permute(0, 2, 3, 1, 4)
+        self._written[slot] = max(self._written[slot], n)
+
     def slot_of(self, request_id: str) -> int:
         try:
             return self._slot_of[request_id]

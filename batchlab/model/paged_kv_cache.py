@@ -84,6 +84,22 @@ class PagedKVCache(BlockManager):
     def attention(self, q: torch.Tensor, kv_new: torch.Tensor, layer: int, lay: "PagedStepLayout") -> torch.Tensor:
         return paged_attention(q, kv_new, self.kv[layer], lay)
 
+    # --- a disaggregated hand-off: a sequence's keys and values, out and in ----------------------
+    def token_rows(self, request_id: str, num_tokens: int) -> torch.Tensor:
+        """The pool rows of the sequence's first ``num_tokens`` positions (its slot mapping)."""
+        pos = torch.arange(num_tokens)
+        table = torch.tensor(self.block_table(request_id), dtype=torch.long)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def read_tokens(self, request_id: str, num_tokens: int) -> torch.Tensor:
+        """A copy of the sequence's first ``num_tokens`` positions: (layers, num_tokens, 2, KV, hd)."""
+        return self.kv[:, self.token_rows(request_id, num_tokens)]
+
+    def write_tokens(self, request_id: str, kv: torch.Tensor) -> None:
+        """Write ``kv`` (layers, n, 2, KV, hd), computed elsewhere, into the sequence's first n
+        positions. (Blocks it shares as a prefix hit hold the same tokens' keys and values.)"""
+        self.kv[:, self.token_rows(request_id, kv.shape[1])] = kv
+
     def __repr__(self) -> str:
         return (f"PagedKVCache({self.num_blocks} blocks x {self.block_size} tokens, "
                 f"{self.bytes_per_token:,} B/token, {self.total_bytes / 2**20:,.0f} MiB, "

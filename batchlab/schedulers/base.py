@@ -87,9 +87,9 @@ class Scheduler(ABC):
         if req.kv_transfer_tokens and not self.takes_transferred_kv:
             return (f"its KV arrives from elsewhere (kv_transfer_tokens={req.kv_transfer_tokens}), and "
                     f"{type(self).__name__} computes every prompt itself (ContinuousBatcher takes transferred KV)")
-        if req.kv_transfer_tokens and self.kv is not None and self.kv.stores_values:
-            return (f"its KV arrives from elsewhere (kv_transfer_tokens={req.kv_transfer_tokens}), and the "
-                    "model's cache cannot receive keys and values from another process (the simulator can)")
+        if req.kv_transfer_tokens and req.remote_kv is None and self.kv is not None and self.kv.stores_values:
+            return (f"its KV arrives from elsewhere (kv_transfer_tokens={req.kv_transfer_tokens}) without the keys "
+                    "and values themselves (remote_kv), and the model's cache needs them")
         return None
 
     def remove_waiting(self, req: Request) -> bool:

@@ -7,6 +7,8 @@
     python -m batchlab.serve --paged --enable-prefix-caching --block-size 16   # vLLM-style KV blocks
     python -m batchlab.serve --simulate H100 --paged --enable-prefix-caching   # no model: steps take a
                                      # Llama-3-8B-on-H100 step's predicted time; answers are placeholders
+    python -m batchlab.serve --paged --kv-transfer-config '{"kv_connector": "HTTPKVConnector", "kv_role": "kv_both"}'
+                                     # a prefill or decode worker behind vllm-router --vllm-pd-disaggregation
 
 SIGTERM or SIGINT (Ctrl-C): admission stops, requests in flight end with finish_reason "abort"
 and the reason "server shutting down" in the timings field, then the process exits.
@@ -58,6 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="simulated device: no model weights; each step lasts the time a cost model predicts and "
                         "the generated tokens are placeholders (' x'). SPEC: a GPU preset (H100: Llama-3-8B on "
                         "it), MODEL@DEVICE (Llama-2-7B@A100), or a saved cost model's .json path")
+    p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                   help="disaggregated serving (behind vllm-router --vllm-pd-disaggregation): play the prefill or "
+                        "decode part, moving the KV over HTTP; vLLM's JSON, e.g. "
+                        "'{\"kv_connector\": \"HTTPKVConnector\", \"kv_role\": \"kv_both\"}' (needs --paged)")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
 
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             max_waiting=args.max_waiting, model_name=args.model_name, paged=args.paged,
             block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes, trace_window=args.trace_window,
-            simulate=args.simulate)
+            simulate=args.simulate, kv_transfer_config=args.kv_transfer_config)
     except ValueError as e:
         print(f"batchlab.serve: {e}", file=sys.stderr)
         return 2

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -45,6 +46,7 @@ from batchlab.serve.metrics import CONTENT_TYPE
 from batchlab.serve.protocol import (APIError, GenerationRequest, chat_logprobs, chunk_body, completion_logprobs,
                                      parse_detokenize, parse_generation, parse_json, parse_tokenize, response_body,
                                      sse, usage)
+from batchlab.serve.kv_transfer import META_HEADER, Export, Received, TransferAsk
 from batchlab.serve.runner import EngineRunner, Handle
 
 LOG = logging.getLogger("batchlab.serve")
@@ -126,6 +128,8 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
             trimmer.cancel()
             runner.shutdown("server stopped")
             await loop.run_in_executor(None, runner.join)
+            if runner.connector is not None:
+                await runner.connector.close()
 
     app = FastAPI(title="batchlab", lifespan=lifespan)
     app.state.runner = runner
@@ -195,13 +199,24 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
     async def stats():
         return runner.stats()
 
+    @app.get("/batchlab/kv/{request_id}")
+    async def kv_export(request_id: str):
+        # disaggregated serving: a decode worker pulls a finished prefill's KV (read once)
+        export = None if runner.connector is None else runner.connector.exports.take(request_id)
+        if not isinstance(export, Export):
+            raise APIError(404, export or "this server keeps no KV for others (no --kv-transfer-config)", None,
+                           "not_found_error")
+        return Response(export.data, media_type="application/octet-stream",
+                        headers={META_HEADER: json.dumps(export.meta)})
+
     async def generate(request: Request, kind: str):
         received = time.time()
         x_request_id = client_request_id(request)
         body = parse_json(await request.body())
         gen = parse_generation(body, kind, served_model=runner.config.model_name, tokenizer=runner.tokenizer,
                                max_model_len=runner.config.max_model_len, root=runner.model_root)
-        handle = runner.submit(gen, received, x_request_id)
+        transfer, kv = await _hand_off(runner, gen)
+        handle = runner.submit(gen, received, x_request_id, transfer, kv)
         if gen.stream:
             return StreamingResponse(_stream(runner, handle), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -216,6 +231,21 @@ def build_app(runner: EngineRunner, api_key: str | None = None) -> FastAPI:
         return await generate(request, "chat")
 
     return app
+
+
+async def _hand_off(runner: EngineRunner, gen: GenerationRequest) -> tuple[TransferAsk | None, Received | None]:
+    """Disaggregated serving (``kv_transfer.py``): the part this request asks this server to play,
+    and for the decode part the KV pulled from the prefill worker before the request is admitted."""
+    if gen.kv_transfer_params is None:
+        return None, None
+    if runner.connector is None:
+        LOG.warning("kv_transfer_params ignored: this server has no --kv-transfer-config, so it computes the "
+                    "whole prompt and keeps no KV for others")
+        return None, None
+    transfer = runner.connector.ask(gen.kv_transfer_params, gen.stream)
+    if transfer is None or transfer.part == "prefill":
+        return transfer, None
+    return transfer, await runner.connector.receive(transfer, gen.prompt_ids)
 
 
 # --- one response -------------------------------------------------------------------------------------
@@ -378,6 +408,9 @@ async def _whole(runner: EngineRunner, handle: Handle, request: Request) -> JSON
                                             f"{timings['finish_detail']}", None, "service_unavailable"))
             body = response_body(gen, _response_id(handle), "".join(parts) + more, finish, out.num_tokens, timings,
                                  out.logprobs())
+            if handle.transfer is not None and handle.transfer.part == "prefill":   # where the decode part pulls
+                host, port = request.scope.get("server") or ("127.0.0.1", 0)
+                body["kv_transfer_params"] = runner.connector.params_for_decode(handle.request_id, host, port)
             return JSONResponse(body)
     finally:
         watcher.cancel()

@@ -50,10 +50,11 @@ Series that are always the same for batchlab, shown because vLLM 0.32 shows them
 dashboards query them, a success rate divides by every finish reason), and true as they stand:
 ``vllm:engine_sleep_state`` is awake 1, weights_offloaded 0, discard_all 0 (batchlab has no
 sleep mode); ``request_success{finished_reason="repetition"}`` stays 0 (no
-repetition detection); ``num_requests_waiting_by_reason{reason="deferred"}``,
-``prompt_tokens_by_source{source="external_kv_transfer"}`` and the ``host``, ``disk``, ``p2p``
-and ``external_unspecified`` sources of ``prompt_tokens_cached_by_source`` stay 0 (no LoRA, no
-KV transfer or offloading: nothing is ever deferred, every cached token is on the device).
+repetition detection); ``num_requests_waiting_by_reason{reason="deferred"}`` and the ``host``,
+``disk``, ``p2p`` and ``external_unspecified`` sources of ``prompt_tokens_cached_by_source`` stay
+0 (no LoRA, no offloading: nothing is ever deferred, every locally cached token is on the device).
+A decode worker of disaggregated serving counts the prompt tokens whose KV it received under
+``prompt_tokens_by_source{source="external_kv_transfer"}`` (and in ``prompt_tokens_cached``).
 
 Counters are cumulative over the server's life, whatever the trace window forgets.
 """
@@ -233,16 +234,19 @@ class ServerMetrics:
         self.iteration.observe(num_tokens)
 
     def token(self, prompt_len: int, arrival: float, t: float, previous: float | None, visible: bool,
-              prefix_caching: bool, cached: int = 0) -> None:
+              prefix_caching: bool, cached: int = 0, external: int = 0) -> None:
         """A token computed at ``t`` (``previous``: the request's token before, None for its first;
-        ``cached``: the prompt tokens its first admission found in the prefix cache)."""
+        ``cached``: the prompt tokens its first admission found in the prefix cache; ``external``:
+        those whose KV a disaggregated prefill worker sent)."""
         self.generation_tokens.inc()
         if previous is None:
             self.prompt_tokens.inc(prompt_len)
             cached = min(cached, prompt_len)
-            self.prompt_by_source["local_compute"].inc(prompt_len - cached)
+            external = min(external, prompt_len - cached)
+            self.prompt_by_source["local_compute"].inc(prompt_len - cached - external)
             self.prompt_by_source["local_cache_hit"].inc(cached)
-            self.prompt_cached.inc(cached)
+            self.prompt_by_source["external_kv_transfer"].inc(external)
+            self.prompt_cached.inc(cached + external)
             if prefix_caching:
                 self.prefix_queries.inc(prompt_len)
             if visible:

@@ -97,6 +97,9 @@ class ServerThread:
         self.runner.shutdown(SHUTDOWN_REASON)
         self.server.should_exit = True
         self.thread.join(30)
+        if not self.thread.is_alive():
+            self.runner.join()
+            self.runner.release_memory()
 
     def __exit__(self, *exc) -> None:
         self.stop()

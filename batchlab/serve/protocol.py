@@ -14,6 +14,8 @@ list of token ids; completions) or ``messages`` (chat), ``max_tokens`` (chat als
 ``continuous_usage_stats``), ``user``; completions also ``echo`` and ``logprobs`` (an integer:
 how many top tokens); chat also ``add_generation_prompt``, ``logprobs`` (true/false) and
 ``top_logprobs``. Log-probabilities are the model's raw ones, as vLLM returns by default.
+``kv_transfer_params`` (disaggregated serving's hand-off, vLLM's NIXL fields) is read by a server
+started with ``--kv-transfer-config`` (``kv_transfer.py``) and ignored, with a warning, by others.
 
 A field vLLM knows but batchlab's engine cannot do (``n`` > 1, beam search, ``best_of``,
 structured output, tools, ``prompt_logprobs``, ...) is refused with a 400 naming the field and
@@ -44,7 +46,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 COMMON_FIELDS = ("model", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p",
                  "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "stop",
                  "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "ignore_eos", "n",
-                 "stream", "stream_options", "user")
+                 "stream", "stream_options", "user", "kv_transfer_params")
 IMPLEMENTED_FIELDS = {
     "completion": COMMON_FIELDS + ("prompt", "echo", "logprobs"),
     "chat": COMMON_FIELDS + ("messages", "max_completion_tokens", "add_generation_prompt", "logprobs",
@@ -119,6 +121,7 @@ class GenerationRequest:
     include_stop: bool = False
     skip_special_tokens: bool = True
     echo_text: str | None = None           # completions with echo: the prompt, put before the answer
+    kv_transfer_params: dict | None = None  # disaggregated serving's hand-off (serve/kv_transfer.py)
 
 
 # --- field checks -------------------------------------------------------------------------------
@@ -256,7 +259,8 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
     return GenerationRequest(kind, prompt_ids, max_tokens, sampling, stop,
                              flags["ignore_eos"], flags["stream"], bool(options.get("include_usage")),
                              bool(options.get("continuous_usage_stats")), served_model, tuple(stop_token_ids),
-                             flags["include_stop_str_in_output"], flags["skip_special_tokens"], echo_text)
+                             flags["include_stop_str_in_output"], flags["skip_special_tokens"], echo_text,
+                             body.get("kv_transfer_params"))
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, *, open_low: bool = False,

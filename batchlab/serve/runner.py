@@ -33,6 +33,7 @@ from batchlab.online import EngineInbox, EngineListener
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
+from batchlab.serve.kv_transfer import KVConnector, KVTransferConfig, Received, TransferAsk
 from batchlab.serve.engine_view import (TraceWindow, end_state, new_preemptions, new_steps, read_engine_stats,
                                        run_online_bounded)
 from batchlab.serve.metrics import ServerMetrics
@@ -68,6 +69,9 @@ class ServerConfig:
     ``model_root``: what ``/v1/models`` reports as ``root`` (default: the tokenizer's folder).
     ``simulate``: None (the real model), or a simulated device's spec (``simulated.py``): steps
     last the time its cost model predicts and the generated tokens are placeholders.
+    ``kv_transfer_config``: vLLM's ``--kv-transfer-config`` JSON (or a dict): the server plays the
+    prefill or decode part of disaggregated serving (``kv_transfer.py``); needs continuous
+    batching on a paged cache.
     """
 
     policy: str = "continuous"
@@ -89,6 +93,7 @@ class ServerConfig:
     trace_window: int = 10_000
     model_root: str | None = None
     simulate: str | None = None
+    kv_transfer_config: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULERS:
@@ -118,6 +123,12 @@ class ServerConfig:
         if self.simulate is not None:
             SimulatedDevice.parse(self.simulate).kv_capacity_tokens(     # a bad spec or size fails here
                 self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
+        if self.kv_transfer_config is not None:
+            transfer = KVTransferConfig.parse(self.kv_transfer_config)   # stored as its JSON
+            object.__setattr__(self, "kv_transfer_config", transfer.to_json())
+            if self.policy != "continuous" or not self.paged:
+                raise ValueError(f"kv_transfer_config with policy={self.policy!r}, paged={self.paged}; must come "
+                                 "with policy='continuous' and paged=True (the hand-off names KV blocks, as vLLM's)")
 
     def make_backend(self, lm) -> ModelBackend:
         return ModelBackend(lm, num_slots=self.max_num_seqs, max_seq_len=self.max_model_len,
@@ -150,6 +161,8 @@ class Handle:
     x_request_id: str | None = None          # the client's X-Request-Id, echoed back
     stop_string_matched: bool = False        # set by the handler before it aborts the request
     tokens_seen: int = 0                     # token events the handler has taken so far
+    transfer: TransferAsk | None = None      # disaggregated serving: the part this server plays
+    received: Received | None = None         # the decode part: the KV it pulled
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
@@ -198,8 +211,10 @@ class _Bridge(EngineListener):
         runner = self.runner
         times = req.token_times
         self._count_steps()
+        start = self.cached.get(req.request_id, 0)         # where its first chunk started
+        external = start if req.kv_transfer_tokens and start == req.kv_transfer_tokens else 0
         runner.metrics.token(req.prompt_len, req.arrival_time, t, times[-2] if len(times) > 1 else None,
-                             runner.streams, runner.config.enable_prefix_caching, self.cached.get(req.request_id, 0))
+                             runner.streams, runner.config.enable_prefix_caching, start - external, external)
         self._count_preemptions()
         if runner.streams:
             self._post(req.request_id, ("token", token))
@@ -209,6 +224,9 @@ class _Bridge(EngineListener):
         self._count_preemptions()
         self._count_steps()
         self.cached.pop(req.request_id, None)
+        if req.exported_kv is not None:         # a prefill part finished: its KV waits for the decode part
+            runner.connector.export(req.exported_kv, req)
+            req.exported_kv = None
         handle = runner.handles.pop(req.request_id, None)
         if handle is not None:
             tokens = None if runner.streams else list(req.output_ids)
@@ -220,6 +238,17 @@ class _Bridge(EngineListener):
             except RuntimeError:
                 pass
         self.preemptions_seen -= runner.window.note_end()
+
+
+def _transfer_timings(handle: Handle) -> dict | None:
+    """The hand-off in a response's timings: the part played, and for the decode part the KV received."""
+    if handle.transfer is None:
+        return None
+    got = handle.received
+    return {"part": handle.transfer.part, "from": handle.transfer.url, "kv_tokens": handle.req.kv_transfer_tokens,
+            "kv_bytes": None if got is None else got.meta["bytes"],
+            "transfer_s": None if got is None else got.transfer_s, "recomputed": handle.transfer.part == "decode"
+            and got is None}
 
 
 class EngineRunner:
@@ -257,6 +286,22 @@ class EngineRunner:
         self.window = TraceWindow(config.trace_window)
         self.metrics = ServerMetrics(config.model_name, config.max_model_len,
                                      lambda: read_engine_stats(self.scheduler, self.backend.kv))
+        self.connector = None if config.kv_transfer_config is None else self._connector(config)
+
+    def _connector(self, config: ServerConfig) -> KVConnector:
+        """The KV hand-off of disaggregated serving, with this server's cache as a peer must match it."""
+        transfer = KVTransferConfig.parse(config.kv_transfer_config)
+        if self.device is None:
+            kv = self.backend.kv
+            cache = {"kv_shape": [kv.num_layers, kv.num_kv_heads, kv.head_dim], "dtype": str(kv.kv.dtype)[6:],
+                     "simulated": None}
+            per_token = kv.bytes_per_token
+        else:
+            shape, nbytes = self.device.shape, self.device.dtype_bytes
+            cache = {"kv_shape": [shape.num_layers, shape.num_kv_heads, shape.head_dim], "dtype": f"{nbytes}-byte",
+                     "simulated": shape.name}
+            per_token = shape.kv_bytes_per_token(nbytes)
+        return KVConnector(transfer, {**cache, "block_size": config.block_size}, per_token)
 
     # --- life -------------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -297,16 +342,26 @@ class EngineRunner:
         if self.thread is not None:
             self.thread.join(timeout)
 
+    def release_memory(self) -> None:
+        """Once the engine thread has ended, drop what holds memory (weights, KV cache; the trace
+        stays): an app's route functions outlive their server in FastAPI's caches, holding this runner."""
+        if self.thread is not None and self.thread.is_alive():
+            raise RuntimeError("release_memory() while the engine thread runs; shut down and join it first")
+        self.engine = self.backend = self.scheduler = self.lm = self.window.engine = None
+
     # --- requests ---------------------------------------------------------------------------------
     def num_waiting(self) -> int:
         """Accepted requests not admitted yet (the engine writes statuses; reading one is safe)."""
         return sum(1 for h in list(self.handles.values()) if h.req.status is RequestStatus.WAITING)
 
     def submit(self, gen: GenerationRequest, received_unix: float | None = None,
-               x_request_id: str | None = None) -> Handle:
+               x_request_id: str | None = None, transfer: TransferAsk | None = None,
+               received: Received | None = None) -> Handle:
         """Hand ``gen`` to the engine, or refuse it: 503 (not running), 429 (queue full), 400.
         ``received_unix``: when the HTTP handler started on it (before parsing). The engine's
-        request id is always fresh; the client's ``x_request_id`` travels beside it."""
+        request id is always fresh; the client's ``x_request_id`` travels beside it.
+        ``transfer``: the part of disaggregated serving it is (the prefill part keeps its KV for
+        export); ``received``: the decode part's KV, pulled from the prefill worker."""
         if not self.accepting:
             why = self.error or (f"the server is shutting down ({self.shutdown_reason})"
                                  if self.shutdown_reason else "the engine is not running")
@@ -324,13 +379,16 @@ class EngineRunner:
         stop_ids = tuple(dict.fromkeys(eos + tuple(gen.stop_token_ids)))
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
-        req = Request(rid, gen.prompt_ids, gen.max_tokens, 0.0,
-                      gen.sampling, stop_token_ids=stop_ids)
+        n = len(gen.prompt_ids) - 1 if received is not None else 0    # KV received: all but the last token's
+        req = Request(rid, gen.prompt_ids, gen.max_tokens, 0.0, gen.sampling, stop_token_ids=stop_ids,
+                      kv_transfer_tokens=n, remote_kv=received.kv if n else None,
+                      export_kv=transfer is not None and transfer.part == "prefill")
         reason = self.scheduler.why_unschedulable(req)
         if reason is not None:
             raise APIError(400, f"this server can never run this request: {reason}",
                            "messages" if gen.kind == "chat" else "prompt")
-        handle = Handle(rid, gen, req, time.time() if received_unix is None else received_unix, x_request_id)
+        handle = Handle(rid, gen, req, time.time() if received_unix is None else received_unix, x_request_id,
+                        transfer=transfer, received=received)
         self.handles[rid] = handle
         try:
             self.inbox.add(req)
@@ -378,6 +436,7 @@ class EngineRunner:
             "finish_detail": end.detail,
             "policy": self.config.policy,
             "simulated": self.config.simulate,
+            "kv_transfer": _transfer_timings(handle),
         }
 
     def stats(self) -> dict:
@@ -388,4 +447,6 @@ class EngineRunner:
                 "accepted": self.num_accepted, "refused_429": self.num_refused,
                 "kv_used_tokens": kv.used_tokens, "kv_capacity_tokens": kv.capacity_tokens,
                 "max_model_len": self.config.max_model_len, "trace_window": self.config.trace_window,
-                "trace_forgotten": self.window.num_forgotten, "simulated": self.config.simulate}
+                "trace_forgotten": self.window.num_forgotten, "simulated": self.config.simulate,
+                "kv_exports_held": None if self.connector is None else len(self.connector.exports),
+                "kv_exports_expired": None if self.connector is None else self.connector.exports.num_expired}

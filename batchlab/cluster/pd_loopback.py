@@ -1,0 +1,164 @@
+"""Prefill here, decode there, for real on loopback: ``vllm-router --vllm-pd-disaggregation`` in
+front of batchlab servers playing the prefill and the decode part.
+
+``PDLoopback`` starts ``num_prefill`` and ``num_decode`` servers (``python -m batchlab.serve
+--paged --kv-transfer-config ...``, processes of their own: the real model, or a simulated
+device with ``simulate``), then the router with ``--prefill`` and ``--decode`` URLs, all on
+127.0.0.1 free ports, and stops everything on exit::
+
+    with PDLoopback(PDLoopbackConfig()) as pd:
+        result = run_load(pd.url, requests)        # each request: prefill worker, KV over HTTP, decode worker
+
+The router sends each request to a prefill worker with ``max_tokens`` 1, reads the
+``kv_transfer_params`` of its answer and sends the client's request with them to a decode worker,
+which pulls the prompt's KV from the prefill worker (``batchlab.serve.kv_transfer``) and answers
+the client. ``colocated_knobs()`` are the same server's knobs without the hand-off, for the
+colocated twin a comparison needs.
+
+Errors: a bad knob fails before anything starts (the server's own checks); a worker that never
+becomes healthy, or a router that exits, raises an error naming it, and whatever was started is
+stopped. ``kill(pool, i)`` ends a worker with SIGKILL: a decode worker's clients see their
+streams cut; a dead prefill worker's KV dies with it (its decode worker answers 502 with the
+reason, or computes the prompt itself under ``kv_load_failure_policy="recompute"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchlab.checks import check_choice, check_int, check_number, fail
+from batchlab.cluster.loopback import VLLM_ROUTER_POLICIES, RouterProcess, router_binary, start_pd_router
+from batchlab.serve import ServerProcess, launch_server, wait_ready
+from batchlab.serve.kv_transfer import CONNECTOR, KVTransferConfig
+
+
+@dataclass(frozen=True)
+class PDLoopbackConfig:
+    """The two pools (sizes, routing policies), the workers' knobs, and the hand-off's settings.
+
+    ``simulate``: None (the real model) or a ``--simulate`` spec. ``prefill_block_size`` and
+    ``decode_block_size``: each pool's KV block size (vLLM's rule: the decode one a multiple of
+    the prefill one). ``failure_policy``: vLLM's ``kv_load_failure_policy``. ``link``: the link a
+    simulated decode worker waits for (``KV_LINKS``). ``threads``: torch threads per worker.
+    """
+
+    num_prefill: int = 1
+    num_decode: int = 1
+    simulate: str | None = None
+    prefill_policy: str = "round_robin"
+    decode_policy: str = "round_robin"
+    max_num_seqs: int = 8
+    max_model_len: int = 1024
+    max_num_batched_tokens: int = 512
+    prefill_block_size: int = 16
+    decode_block_size: int = 16
+    failure_policy: str = "fail"
+    lease_s: float = 30.0
+    fetch_timeout_s: float = 30.0
+    link: str = "infiniband-ndr"
+    threads: int | None = None
+    startup_timeout: float = 180.0
+
+    def __post_init__(self) -> None:
+        check_int("num_prefill", self.num_prefill, hint="the prefill pool cannot be empty")
+        check_int("num_decode", self.num_decode, hint="the decode pool cannot be empty")
+        check_choice("prefill_policy", self.prefill_policy, VLLM_ROUTER_POLICIES)
+        check_choice("decode_policy", self.decode_policy, VLLM_ROUTER_POLICIES)
+        check_int("threads", self.threads, allow_none=True)
+        check_number("startup_timeout", self.startup_timeout, strict=True, hint="seconds")
+        self.transfer_config("prefill")                       # the hand-off's own checks
+        for pool in ("prefill", "decode"):
+            self.worker_knobs(pool)                           # the server's own checks
+
+    def transfer_config(self, pool: str) -> KVTransferConfig:
+        extra = {"kv_lease_duration": self.lease_s, "kv_fetch_timeout": self.fetch_timeout_s, "link": self.link}
+        return KVTransferConfig(CONNECTOR, "kv_producer" if pool == "prefill" else "kv_consumer",
+                                self.failure_policy, kv_connector_extra_config=extra)
+
+    def colocated_knobs(self, block_size: int | None = None) -> dict:
+        """A worker's ``ServerConfig`` knobs without the hand-off (a colocated server)."""
+        from batchlab.serve.runner import ServerConfig
+        knobs = dict(simulate=self.simulate, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+                     max_num_batched_tokens=self.max_num_batched_tokens, paged=True,
+                     block_size=block_size or self.decode_block_size)
+        ServerConfig(**knobs)
+        return knobs
+
+    def worker_knobs(self, pool: str) -> dict:
+        if pool not in ("prefill", "decode"):
+            fail("pool", pool, "'prefill' or 'decode'")
+        from batchlab.serve.runner import ServerConfig
+        size = self.prefill_block_size if pool == "prefill" else self.decode_block_size
+        knobs = {**self.colocated_knobs(size), "kv_transfer_config": self.transfer_config(pool).to_json()}
+        ServerConfig(**knobs)
+        return knobs
+
+
+class PDLoopback:
+    """The router and its two pools on 127.0.0.1 (see the module docstring); a context manager."""
+
+    def __init__(self, config: PDLoopbackConfig | None = None) -> None:
+        config = PDLoopbackConfig() if config is None else config
+        if not isinstance(config, PDLoopbackConfig):
+            fail("config", config, "a PDLoopbackConfig")
+        self.config = config
+        self.workers: dict[str, list[ServerProcess]] = {"prefill": [], "decode": []}
+        self.router: RouterProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return self.router.url if self.router is not None else ""
+
+    def urls(self, pool: str) -> list[str]:
+        return [w.url for w in self.workers[pool]]
+
+    def start(self) -> "PDLoopback":
+        c = self.config
+        binary = router_binary()
+        try:
+            for pool, n in (("prefill", c.num_prefill), ("decode", c.num_decode)):   # (each its own engine id)
+                self.workers[pool] = [launch_server("continuous", threads=c.threads, **c.worker_knobs(pool))
+                                      for _ in range(n)]
+            for pool, workers in self.workers.items():
+                for i, worker in enumerate(workers):
+                    try:
+                        wait_ready(worker, c.startup_timeout)
+                    except (RuntimeError, TimeoutError) as e:
+                        raise RuntimeError(f"{pool} worker {i} ({worker.url}) did not become healthy: {e}") from None
+            self.router = start_pd_router(self.urls("prefill"), self.urls("decode"), c.prefill_policy, c.decode_policy,
+                                          timeout=c.startup_timeout, binary=binary)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, pool: str, index: int) -> None:
+        """SIGKILL worker ``index`` of ``pool`` (a crash: nothing ends gracefully)."""
+        workers = self.workers.get(pool)
+        if workers is None:
+            fail("pool", pool, "'prefill' or 'decode'")
+        if not (isinstance(index, int) and 0 <= index < len(workers)):
+            fail("index", index, f"an int in 0..{len(workers) - 1}")
+        workers[index].proc.kill()
+        workers[index].proc.wait()
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+        for workers in self.workers.values():
+            for worker in workers:
+                worker.stop()
+
+    def __enter__(self) -> "PDLoopback":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"PDLoopback({c.num_prefill}P:{c.num_decode}D, {c.simulate or 'the real model'}, "
+                f"router={self.url or 'not started'})")
+
+
+__all__ = ["PDLoopback", "PDLoopbackConfig"]

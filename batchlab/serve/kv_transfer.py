@@ -1,0 +1,410 @@
+"""Prefill here, decode there, for real: the KV hand-off between two batchlab servers.
+
+``vllm-router --vllm-pd-disaggregation`` (0.1.17, its default NIXL mode) serves a request in two
+parts, and a batchlab server with ``--kv-transfer-config`` plays either one:
+
+1. **Prefill**: the router sends the client's body with ``max_tokens`` 1, ``stream`` false and
+   ``"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false, ...}``. The
+   worker computes the prompt, samples one token (which nobody reads), copies the prompt's keys
+   and values out of its cache as the request finishes (``Request.export_kv``) and answers with
+   the parameters that say where they wait, the fields vLLM's ``NixlConnector`` returns::
+
+       {"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": ..., "remote_request_id": ...,
+        "remote_block_ids": [...], "remote_host": "127.0.0.1", "remote_port": 8100, "remote_num_tokens": 412,
+        "tp_size": 1}
+
+2. **Decode**: the router sends the client's body as it came, with those parameters. The worker
+   pulls the KV (``GET /batchlab/kv/{remote_request_id}`` on ``remote_host:remote_port``), checks
+   that it fits, and admits the request with it (``Request.kv_transfer_tokens``,
+   ``Request.remote_kv``): it computes the last prompt token, samples the first token from it
+   and decodes on. Its answer is the client's.
+
+The transport: vLLM's decode worker reads the prefill worker's blocks with NIXL (RDMA, or TCP
+through UCX); here the bytes cross loopback HTTP (``application/octet-stream``, the shape and
+dtype in the ``X-Batchlab-KV`` header). A prefill worker keeps an unread export for
+``kv_lease_duration`` seconds (vLLM 0.32's ``NixlConnector`` keeps the blocks for the same lease,
+30 s by default, which the decode worker's heartbeats renew; batchlab's decode worker reads at
+once and sends no heartbeat), and a read frees it. Unlike vLLM it copies the KV out of its
+cache when the prefill finishes, so its blocks are free at once; the decode worker holds the
+received KV in memory until the request's first step writes it into its own blocks (vLLM's
+decode worker allocates the blocks first and pulls into them).
+
+What must match, checked by the decode worker before the request starts: the model's KV shape
+(layers, KV heads, head dim) and dtype, the prompt (its tokens' hash), and the block size in
+vLLM's rule (``TpKVTopology.block_size_ratio``: the decode worker's block size must be a multiple of
+the prefill worker's). A simulated server (``--simulate``) hands over the KV's size only, and
+its decode worker waits the time the configured link (``KV_LINKS``) would take for those bytes.
+
+When the KV does not come (the prefill worker is gone, answers 404 because the lease ran out,
+never answers within ``kv_fetch_timeout``, or sends KV that does not fit), vLLM's
+``kv_load_failure_policy`` decides: ``"fail"`` (vLLM's default) ends the request with an error that
+says why (HTTP 502, 504 on a timeout, 400 for KV that does not fit), ``"recompute"`` computes the
+prompt here instead (logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from batchlab.backends.kv_links import KV_LINKS, kv_link
+from batchlab.checks import check_choice, check_number, fail
+from batchlab.serve.protocol import APIError
+
+LOG = logging.getLogger("batchlab.serve")
+CONNECTOR = "HTTPKVConnector"
+KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")     # vLLM's: both, prefill only, decode only
+FAILURE_POLICIES = ("fail", "recompute")                 # vLLM's kv_load_failure_policy
+EXTRA_KEYS = ("kv_lease_duration", "kv_fetch_timeout", "link")
+META_HEADER = "x-batchlab-kv"
+DTYPES = ("float32", "float16", "bfloat16")
+REMEMBER_GONE = 1000                                     # ids of exports that expired or were read
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """``--kv-transfer-config`` as vLLM takes it (JSON), for batchlab's HTTP hand-off.
+
+    ``kv_connector``: ``"HTTPKVConnector"``. ``kv_role``: ``"kv_both"`` (either part, vLLM's
+    choice for NIXL), ``"kv_producer"`` (prefill only) or ``"kv_consumer"`` (decode only).
+    ``kv_load_failure_policy``: see the module docstring. ``engine_id``: names this server in the
+    parameters it returns (default: a fresh uuid). ``kv_connector_extra_config``:
+    ``kv_lease_duration`` (seconds an unread export is kept, default 30), ``kv_fetch_timeout``
+    (seconds a decode worker waits for the KV, default 30), ``link`` (simulated servers: the
+    link whose transfer time a decode worker waits, one of ``KV_LINKS``, default InfiniBand NDR).
+    """
+
+    kv_connector: str = CONNECTOR
+    kv_role: str = "kv_both"
+    kv_load_failure_policy: str = "fail"
+    engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    kv_connector_extra_config: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kv_connector != CONNECTOR:
+            fail("kv_connector", self.kv_connector, f"{CONNECTOR!r} (batchlab's servers speak vLLM's NIXL "
+                 "parameters, and move the KV over loopback HTTP)")
+        check_choice("kv_role", self.kv_role, KV_ROLES)
+        check_choice("kv_load_failure_policy", self.kv_load_failure_policy, FAILURE_POLICIES)
+        if not isinstance(self.engine_id, str) or not self.engine_id:
+            fail("engine_id", self.engine_id, "a non-empty string")
+        extra = self.kv_connector_extra_config
+        if not isinstance(extra, dict) or set(extra) - set(EXTRA_KEYS):
+            fail("kv_connector_extra_config", extra, f"a dict with keys among {list(EXTRA_KEYS)}")
+        check_number("kv_lease_duration", self.lease_s, strict=True, hint="seconds")
+        check_number("kv_fetch_timeout", self.fetch_timeout_s, strict=True, hint="seconds")
+        kv_link(self.link_name)
+
+    @classmethod
+    def parse(cls, text: "str | dict | KVTransferConfig") -> "KVTransferConfig":
+        """From the flag's JSON (or a dict); a ValueError naming what is wrong."""
+        if isinstance(text, KVTransferConfig):
+            return text
+        if isinstance(text, str):
+            try:
+                text = json.loads(text)
+            except ValueError as e:
+                raise ValueError(f"kv_transfer_config={text!r} is not JSON ({e}); must be like "
+                                 f'\'{{"kv_connector": "{CONNECTOR}", "kv_role": "kv_both"}}\'') from None
+        if not isinstance(text, dict):
+            fail("kv_transfer_config", text, "a JSON object")
+        unknown = set(text) - {"kv_connector", "kv_role", "kv_load_failure_policy", "engine_id",
+                               "kv_connector_extra_config"}
+        if unknown:
+            raise ValueError(f"kv_transfer_config has {sorted(unknown)}; allowed: kv_connector, kv_role, "
+                             "kv_load_failure_policy, engine_id, kv_connector_extra_config")
+        return cls(**text)
+
+    def to_json(self) -> str:
+        return json.dumps({"kv_connector": self.kv_connector, "kv_role": self.kv_role,
+                           "kv_load_failure_policy": self.kv_load_failure_policy, "engine_id": self.engine_id,
+                           "kv_connector_extra_config": self.kv_connector_extra_config})
+
+    @property
+    def lease_s(self) -> float:
+        return self.kv_connector_extra_config.get("kv_lease_duration", 30.0)
+
+    @property
+    def fetch_timeout_s(self) -> float:
+        return self.kv_connector_extra_config.get("kv_fetch_timeout", 30.0)
+
+    @property
+    def link_name(self) -> str:
+        return self.kv_connector_extra_config.get("link", "infiniband-ndr")
+
+    def may(self, part: str) -> bool:
+        """May this server play ``part`` (``"prefill"`` or ``"decode"``)?"""
+        return self.kv_role == "kv_both" or self.kv_role == ("kv_producer" if part == "prefill" else "kv_consumer")
+
+
+# --- the request's parameters ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TransferAsk:
+    """What a request's ``kv_transfer_params`` ask of this server: ``part`` is ``"prefill"``
+    (keep the prompt's KV for a decode worker) or ``"decode"`` (pull it from ``url``)."""
+
+    part: str
+    url: str | None = None
+    remote_request_id: str | None = None
+
+
+def parse_transfer_params(params: object) -> TransferAsk | None:
+    """The ask in a body's ``kv_transfer_params`` (vLLM's NIXL fields), or None when it asks nothing."""
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        raise APIError(400, f"kv_transfer_params={params!r}; must be an object (vLLM's NIXL fields)",
+                       "kv_transfer_params")
+    decode_there, prefill_there = params.get("do_remote_decode"), params.get("do_remote_prefill")
+    for name, value in (("do_remote_decode", decode_there), ("do_remote_prefill", prefill_there)):
+        if value not in (None, True, False):
+            raise APIError(400, f"kv_transfer_params.{name}={value!r}; must be true or false", "kv_transfer_params")
+    if decode_there and prefill_there:
+        raise APIError(400, "kv_transfer_params asks for both do_remote_decode and do_remote_prefill; a request "
+                            "is either the prefill part or the decode part", "kv_transfer_params")
+    if decode_there:
+        return TransferAsk("prefill")
+    if not prefill_there:
+        return None
+    host, port, rid = params.get("remote_host"), params.get("remote_port"), params.get("remote_request_id")
+    if not (isinstance(host, str) and host and isinstance(port, int) and not isinstance(port, bool)
+            and 0 < port < 65536 and isinstance(rid, str) and rid):
+        raise APIError(400, f"kv_transfer_params with do_remote_prefill need remote_host (a string), remote_port "
+                            f"(1-65535) and remote_request_id (a string); got {host!r}, {port!r}, {rid!r}",
+                       "kv_transfer_params")
+    return TransferAsk("decode", f"http://{host}:{port}", rid)
+
+
+def prompt_hash(prompt_ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:32]
+
+
+# --- the prefill side: exports kept until read -------------------------------------------------------
+@dataclass
+class Export:
+    """One finished prefill's KV, waiting for its decode worker: ``meta`` (shape, dtype, prompt,
+    block size, bytes) and ``data`` (the raw bytes; empty from a simulated server)."""
+
+    meta: dict
+    data: bytes
+    expires: float
+
+
+class KVExports:
+    """Exports by request id, each kept until it is read or its lease runs out (thread-safe: the
+    engine thread puts, HTTP handlers take)."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s
+        self._items: OrderedDict[str, Export] = OrderedDict()      # in expiry order
+        self._gone: OrderedDict[str, str] = OrderedDict()           # id -> why it is no longer here
+        self._lock = threading.Lock()
+        self.num_expired = 0
+
+    def put(self, request_id: str, meta: dict, data: bytes) -> None:
+        with self._lock:
+            self._expire(time.monotonic())
+            self._items[request_id] = Export(meta, data, time.monotonic() + self.lease_s)
+
+    def take(self, request_id: str) -> Export | str:
+        """The export (now freed), or why there is none."""
+        with self._lock:
+            self._expire(time.monotonic())
+            export = self._items.pop(request_id, None)
+            if export is None:
+                return self._gone.get(request_id, f"no KV is kept for request {request_id!r} on this server")
+            self._forget(request_id, f"the KV of request {request_id!r} was already read (a read frees it)")
+            return export
+
+    def meta_of(self, request_id: str) -> dict | None:
+        with self._lock:
+            export = self._items.get(request_id)
+            return None if export is None else export.meta
+
+    @property
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(e.meta["bytes"] for e in self._items.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def _expire(self, now: float) -> None:
+        while self._items:
+            rid, export = next(iter(self._items.items()))
+            if export.expires > now:
+                return
+            del self._items[rid]
+            self.num_expired += 1
+            self._forget(rid, f"the KV of request {rid!r} was dropped unread after its lease of "
+                              f"{self.lease_s:g} s (kv_lease_duration)")
+
+    def _forget(self, request_id: str, why: str) -> None:
+        self._gone[request_id] = why
+        while len(self._gone) > REMEMBER_GONE:
+            self._gone.popitem(last=False)
+
+
+def export_meta(req, kv, cache_shape: dict, block_ids: list[int], num_bytes: int) -> dict:
+    """What a decode worker needs to know about a prefill's KV (the ``X-Batchlab-KV`` header)."""
+    return {"request_id": req.request_id, "num_tokens": req.prompt_len, "prompt_sha": prompt_hash(req.prompt_ids),
+            "shape": None if kv is None else list(kv.shape), "bytes": num_bytes, "block_ids": block_ids,
+            **cache_shape}
+
+
+def to_bytes(kv) -> bytes:
+    """A tensor's raw bytes (any dtype, bf16 included)."""
+    import torch
+    return kv.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def from_bytes(data: bytes, meta: dict):
+    import torch
+    dtype = getattr(torch, meta["dtype"])
+    return torch.frombuffer(bytearray(data), dtype=dtype).view(*meta["shape"])
+
+
+# --- the decode side: pull, check, hand to the engine ------------------------------------------------
+@dataclass
+class Received:
+    """What a decode worker got: the KV (a tensor; None from a simulated prefill worker), its
+    size, and how long the pull took (the measured loopback time, or the simulated link's)."""
+
+    kv: object
+    meta: dict
+    transfer_s: float
+
+
+def why_not_fits(meta: dict, mine: dict, prompt_ids: list[int]) -> str | None:
+    """Why the prefill worker's KV cannot serve this request on this server (None: it can)."""
+    for key in ("kv_shape", "dtype", "simulated"):
+        if meta.get(key) != mine.get(key):
+            return (f"the prefill worker's KV has {key}={meta.get(key)!r} and this server's cache "
+                    f"{key}={mine.get(key)!r}; both workers must serve the same model in the same dtype")
+    if meta.get("prompt_sha") != prompt_hash(prompt_ids) or meta.get("num_tokens") != len(prompt_ids):
+        return ("the prefill worker's KV is for another prompt (its tokens differ from this request's); the "
+                "decode request must carry the same prompt as the prefill request")
+    theirs, ours = meta.get("block_size"), mine.get("block_size")
+    if not (isinstance(theirs, int) and theirs > 0 and ours % theirs == 0):
+        return (f"block size mismatch: the prefill worker's KV blocks hold {theirs} tokens and this worker's "
+                f"{ours}; vLLM's NIXL connector needs the decode worker's block size to be a multiple of the "
+                "prefill worker's (its block_size_ratio), so batchlab refuses the pair too")
+    return None
+
+
+async def pull_kv(ask: TransferAsk, timeout_s: float, client) -> tuple[bytes, dict]:
+    """GET the export from the prefill worker: (raw bytes, meta); an APIError saying why not."""
+    import httpx
+    url = f"{ask.url}/batchlab/kv/{ask.remote_request_id}"
+    try:
+        response = await asyncio.wait_for(client.get(url), timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(504, f"the KV of request {ask.remote_request_id!r} did not arrive from the prefill worker at "
+                            f"{ask.url} within kv_fetch_timeout={timeout_s:g} s", "kv_transfer_params",
+                       "kv_transfer_error") from None
+    except httpx.HTTPError as e:
+        raise APIError(502, f"the prefill worker at {ask.url} did not deliver the KV of request "
+                            f"{ask.remote_request_id!r} ({type(e).__name__}: {e or 'connection lost'}); it may have "
+                            "died", "kv_transfer_params", "kv_transfer_error") from None
+    if response.status_code != 200:
+        try:
+            why = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            why = response.text[:200]
+        raise APIError(502, f"the prefill worker at {ask.url} answered HTTP {response.status_code} for the KV of "
+                            f"request {ask.remote_request_id!r}: {why}", "kv_transfer_params", "kv_transfer_error")
+    try:
+        meta = json.loads(response.headers[META_HEADER])
+    except (KeyError, ValueError):
+        raise APIError(502, f"the answer from {ask.url} has no valid {META_HEADER} header: it is not a batchlab "
+                            "prefill worker's KV", "kv_transfer_params", "kv_transfer_error") from None
+    if len(response.content) != (meta["bytes"] if meta.get("shape") else 0):
+        raise APIError(502, f"the KV of request {ask.remote_request_id!r} arrived cut short ({len(response.content)} "
+                            f"of {meta['bytes']} bytes); the prefill worker may have died mid-transfer",
+                       "kv_transfer_params", "kv_transfer_error")
+    return response.content, meta
+
+
+class KVConnector:
+    """One server's side of the hand-off (``EngineRunner`` holds one when it has a
+    ``--kv-transfer-config``): what a request asks, the exports it keeps, the pulls it makes.
+
+    ``cache``: this server's KV as a decode worker must match it (``kv_shape``, ``dtype``,
+    ``block_size``, ``simulated``) and ``bytes_per_token``.
+    """
+
+    def __init__(self, config: KVTransferConfig, cache: dict, bytes_per_token: int) -> None:
+        self.config, self.cache, self.bytes_per_token = config, cache, bytes_per_token
+        self.exports = KVExports(config.lease_s)
+        self._client = None
+
+    def ask(self, params: object, stream: bool) -> TransferAsk | None:
+        """What ``params`` (a body's ``kv_transfer_params``) ask of this server; a 400 if it may not."""
+        ask = parse_transfer_params(params)
+        if ask is None:
+            return None
+        if not self.config.may(ask.part):
+            raise APIError(400, f"kv_transfer_params ask this server for the {ask.part} part, and its kv_role is "
+                                f"{self.config.kv_role!r}", "kv_transfer_params")
+        if ask.part == "prefill" and stream:
+            raise APIError(400, "kv_transfer_params.do_remote_decode needs stream=false: the prefill part's answer "
+                                "carries the parameters the decode part needs", "stream")
+        return ask
+
+    def export(self, copy, req) -> None:
+        """A prefill finished: keep its KV (``copy``: the engine's ``KVCopy``) until it is read."""
+        kv = copy.kv
+        num_bytes = req.prompt_len * self.bytes_per_token if kv is None else kv.numel() * kv.element_size()
+        meta = export_meta(req, kv, self.cache, copy.block_ids, num_bytes)
+        self.exports.put(req.request_id, meta, b"" if kv is None else to_bytes(kv))
+
+    def params_for_decode(self, request_id: str, host: str, port: int) -> dict:
+        """The prefill part's answer: where its KV waits (vLLM's NixlConnector's fields)."""
+        meta = self.exports.meta_of(request_id)
+        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.config.engine_id,
+                "remote_request_id": request_id, "remote_block_ids": meta["block_ids"] if meta else [],
+                "remote_host": host, "remote_port": port, "remote_num_tokens": meta["num_tokens"] if meta else 0,
+                "tp_size": 1}
+
+    async def receive(self, ask: TransferAsk, prompt_ids: list[int]) -> Received | None:
+        """Pull and check the KV for a decode part; None (compute the prompt here) when it fails
+        under ``"recompute"``, an APIError saying why under ``"fail"``."""
+        import httpx
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=None)
+        start = time.perf_counter()
+        try:
+            data, meta = await pull_kv(ask, self.config.fetch_timeout_s, self._client)
+            why = why_not_fits(meta, self.cache, prompt_ids)
+            if why is not None:
+                raise APIError(400, why, "kv_transfer_params", "kv_transfer_error")
+        except APIError as e:
+            if self.config.kv_load_failure_policy == "fail":
+                raise
+            LOG.warning("kv_load_failure_policy='recompute': computing the prompt here: %s", e.message)
+            return None
+        if meta["shape"] is None:                              # a simulated worker: the link's time
+            await asyncio.sleep(simulated_transfer_s(self.config.link_name, meta["bytes"]))
+            return Received(None, meta, time.perf_counter() - start)
+        return Received(from_bytes(data, meta), meta, time.perf_counter() - start)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def simulated_transfer_s(link_name: str, num_bytes: int) -> float:
+    return KV_LINKS[link_name].transfer_time(num_bytes)
+
+
+__all__ = ["CONNECTOR", "KVConnector", "KVExports", "KVTransferConfig", "Received", "TransferAsk", "export_meta",
+           "from_bytes", "parse_transfer_params", "prompt_hash", "pull_kv", "simulated_transfer_s", "to_bytes",
+           "why_not_fits"]
