@@ -154,13 +154,18 @@ class Request:
     num_kv_heads, head_dim), written into the cache by the request's first step and then dropped;
     None in the simulator, which counts tokens only. ``export_kv``: keep the prompt's keys and
     values when the request finishes (a disaggregated prefill worker's request): the engine copies
-    them into ``exported_kv`` before the request's KV space is freed.
+    them into ``exported_kv`` before the request's KV space is freed. ``kv_transfer_seconds``:
+    how long that KV takes to arrive once this worker holds KV space for it, and not before
+    ``kv_transfer_not_before`` (the link is busy until then): a simulated decode worker admits such
+    a request, holds its blocks while the KV is in flight, and computes nothing for it until the KV
+    has landed (0 and 0: it came with the request).
 
     State, written by the engine only: ``status``, ``num_computed_tokens``, ``output_ids``,
     ``token_times`` (when each output token was computed), ``output_logprobs`` (one
     ``TokenLogprobs`` per output token, when ``sampling.logprobs`` asks), ``first_scheduled_time``,
     ``finish_reason`` (a ``FinishReason``) and ``finish_detail`` (why, in words, when it was
-    aborted or rejected), ``exported_kv`` (see ``export_kv``).
+    aborted or rejected), ``exported_kv`` (see ``export_kv``), ``kv_arrival_time`` (when the
+    transferred KV is in this worker's blocks, set when the scheduler admits the request).
     """
 
     request_id: str
@@ -173,6 +178,8 @@ class Request:
     kv_transfer_tokens: int = 0
     remote_kv: Any = field(default=None, repr=False)
     export_kv: bool = False
+    kv_transfer_seconds: float = 0.0
+    kv_transfer_not_before: float = 0.0
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -183,6 +190,7 @@ class Request:
     finish_reason: FinishReason | None = None
     finish_detail: str | None = None
     exported_kv: Any = field(default=None, repr=False)
+    kv_arrival_time: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -221,6 +229,11 @@ class Request:
                              "computed where the request decodes)")
         if not isinstance(self.export_kv, bool):
             raise ValueError(f"request {self.request_id!r}: export_kv={self.export_kv!r}; must be True or False")
+        for name in ("kv_transfer_seconds", "kv_transfer_not_before"):
+            value = getattr(self, name)
+            if not is_number(value) or value < 0 or (value and not self.kv_transfer_tokens):
+                raise ValueError(f"request {self.request_id!r}: {name}={value!r}; must be a finite number of seconds "
+                                 ">= 0, and 0 unless kv_transfer_tokens > 0 (there is KV to wait for)")
         shape = getattr(self.remote_kv, "shape", None)
         if self.remote_kv is not None and (shape is None or len(shape) != 5 or not self.kv_transfer_tokens
                                            or shape[1] < self.kv_transfer_tokens):
@@ -270,5 +283,6 @@ class Request:
                 "prompt_ids": None if self.prompt_ids is None else list(self.prompt_ids),
                 "arrival_time": self.arrival_time, "sampling": self.sampling, "prompt_len": self.prompt_len,
                 "stop_token_ids": self.stop_token_ids, "kv_transfer_tokens": self.kv_transfer_tokens,
-                "remote_kv": self.remote_kv, "export_kv": self.export_kv}
+                "remote_kv": self.remote_kv, "export_kv": self.export_kv,
+                "kv_transfer_seconds": self.kv_transfer_seconds, "kv_transfer_not_before": self.kv_transfer_not_before}
         return Request(**{**same, **inputs})

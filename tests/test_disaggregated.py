@@ -3,6 +3,8 @@ and what the engine does with KV computed elsewhere (``Request.kv_transfer_token
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -82,7 +84,7 @@ def test_one_prefill_workers_transfers_take_turns_on_its_link():
     cluster = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(1, 1, link="ethernet-100g"))
     t = cluster.run(reqs).transfers.sort_values("transfer_start")
     assert t["prefill_end"].nunique() == 1
-    assert (t["transfer_start"].iloc[1:].to_numpy() == t["kv_arrived"].iloc[:-1].to_numpy()).all()
+    assert t["transfer_start"].iloc[1:].to_numpy() == pytest.approx(t["kv_arrived"].iloc[:-1].to_numpy(), rel=1e-12)
 
 
 def test_disaggregation_removes_the_prefill_stall_from_decode_gaps():
@@ -139,6 +141,44 @@ def test_continuous_batching_computes_only_what_did_not_arrive():
                                                             block_size=16))
     trace = engine.run([Request("r", None, 3, prompt_len=300, kv_transfer_tokens=299)])
     assert [[(c.start, c.num_tokens) for c in s.chunks] for s in trace.steps] == [[(299, 1)], [(300, 1)], [(301, 1)]]
+
+
+def test_kv_in_flight_holds_its_blocks_and_computes_nothing_until_it_lands():
+    """vLLM's "waiting for remote KVs": admitted at once (blocks and a seat), first chunk at the
+    first step after the KV has landed; a request beside it runs meanwhile."""
+    cost = ReplicaSpec.for_device(MODEL, GPU).cost_model
+    engine = Engine(ContinuousBatcher(8, 512), SimBackend(cost, 100_000, block_size=16))
+    pulled = Request("pulled", None, 3, 0.0, prompt_len=300, kv_transfer_tokens=299, kv_transfer_seconds=0.5)
+    local = Request("local", None, 40, 0.0, prompt_len=100)
+    trace = engine.run([pulled, local])
+    steps = [(s.start, [c.request_id for c in s.chunks]) for s in trace.steps]
+    first = next(i for i, (_, ids) in enumerate(steps) if "pulled" in ids)
+    assert steps[first][0] >= 0.5 and steps[first - 1][0] < 0.5 and "local" in steps[0][1]
+    assert all("pulled" not in ids for _, ids in steps[:first])
+    assert steps[first][1].count("pulled") == 1 and trace.steps[first].chunks[-1].num_tokens == 1
+
+
+def test_kv_in_flight_waits_for_room_and_the_pull_starts_when_it_has_blocks():
+    """A decode worker with room for one request at a time: the second's KV is pulled only once the
+    first has finished and freed its blocks."""
+    engine = Engine(ContinuousBatcher(8, 512), SimBackend(ReplicaSpec.for_device(MODEL, GPU).cost_model, 320,
+                                                            block_size=16))
+    reqs = [Request(f"r{i}", None, 8, 0.0, prompt_len=300, kv_transfer_tokens=299, kv_transfer_seconds=0.1)
+            for i in range(2)]
+    trace = engine.run(reqs)
+    first_step = {c.request_id: s.start for s in reversed(trace.steps) for c in s.chunks}
+    assert first_step["r0"] == pytest.approx(0.1)
+    assert first_step["r1"] == pytest.approx(trace.requests[0].token_times[-1] + 0.1)
+    assert all(r.status is RequestStatus.FINISHED for r in trace.requests)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"kv_transfer_seconds": 0.1}, "kv_transfer_seconds=0.1"),
+                                             ({"kv_transfer_tokens": 9, "kv_transfer_seconds": -1}, "kv_transfer_seconds=-1"),
+                                             ({"kv_transfer_tokens": 9, "kv_transfer_not_before": float("nan")},
+                                              "kv_transfer_not_before=nan")])
+def test_bad_transfer_times_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Request("r", None, 4, prompt_len=10, **kwargs)
 
 
 def test_a_preempted_request_computes_its_transferred_prompt_again():
@@ -205,13 +245,28 @@ def test_a_prefill_worker_that_dies_mid_transfer_loses_that_kv_and_says_so():
     assert len(in_flight) >= 2
     assert all(r.finish_detail.startswith("prefill worker 0 died at t=0.2 s before its KV reached") for r in in_flight)
     sent = result.transfers.set_index("request_id")
-    assert all(sent.loc[r.request_id, "kv_arrived"] > 0.2 and sent.loc[r.request_id, "prefill_replica"] == 0
+    assert all(np.isnan(sent.loc[r.request_id, "kv_arrived"]) and sent.loc[r.request_id, "prefill_replica"] == 0
                for r in in_flight)
     assert all("replica 0 died at t=0.2 s" in r.finish_detail for r in aborted if r not in in_flight)  # mid-prefill
     assert all(r.status is RequestStatus.FINISHED and len(r.token_times) == 16
                for r in by_id.values() if r.status is not RequestStatus.ABORTED)
     after = [by_id[q.request_id] for q in reqs if q.arrival_time >= 0.2]
     assert len(after) == 10 and all(r.status is RequestStatus.FINISHED for r in after)
+
+
+def test_the_decode_pool_holds_kv_in_flight_so_a_full_decode_worker_delays_the_transfer():
+    """A decode worker with KV room for one request: each hand-off waits for the previous request's
+    blocks, and its transfer starts then, not when its prefill ended."""
+    prefill = ReplicaSpec.for_device(MODEL, GPU)
+    decode = replace(prefill, kv_capacity_tokens=2100)
+    cluster = DisaggregatedCluster(DisaggregatedConfig(1, 1, link="ethernet-100g"), prefill, KV_BYTES, decode=decode)
+    reqs = [Request(f"r{i}", None, 32, 0.0, prompt_len=2000) for i in range(3)]
+    result = cluster.run(reqs)
+    t = result.transfers.set_index("request_id")
+    done = {r.request_id: r.token_times[-1] for r in result.merged.requests}
+    assert all(r.status is RequestStatus.FINISHED for r in result.merged.requests)
+    assert t.loc["r1", "transfer_start"] >= done["r0"] and t.loc["r2", "transfer_start"] >= done["r1"]
+    assert (t["transfer_s"] == t["transfer_s"].iloc[0]).all()
 
 
 def test_a_decode_worker_that_dies_aborts_its_streams_and_the_other_takes_the_rest():

@@ -7,27 +7,32 @@ step never meets a prefill. The flow is vLLM's disaggregated serving as ``vllm-r
 
 1. The prefill router sends the request to a prefill worker with ``max_tokens=1``: the worker
    computes the prompt (and samples one token, which nobody reads).
-2. When that step ends, the prompt's KV (``prompt_len`` tokens x the model's KV bytes per token)
-   goes to a decode worker: ``KVLink.transfer_time`` (a fixed latency plus bytes over the
-   bandwidth). A prefill worker sends one transfer at a time over its link, in the order its
-   prefills end.
-3. When the KV has arrived, the decode router picks a decode worker, which admits the request
-   with that KV (``Request.kv_transfer_tokens = prompt_len - 1``): it computes the last prompt
-   token, samples the first token from it and decodes on. This is what vLLM's decode worker does
-   once its KV connector has loaded the blocks (it recomputes the last prompt token).
+2. When that step ends, the decode router picks a decode worker and sends it the request, with
+   the prompt's KV still on the prefill worker (``Request.kv_transfer_tokens = prompt_len - 1``).
+3. The decode worker admits it when it has room, as for any request: it takes the KV blocks and
+   a seat at once, and pulls the KV into them (vLLM's "waiting for remote KVs"), holding them
+   while it is in flight. The move takes ``KVLink.transfer_time`` (a fixed latency plus
+   ``prompt_len`` x the model's KV bytes per token over the bandwidth); a prefill worker's link
+   carries one transfer at a time, in the order its prefills end.
+4. At the first step after the KV has landed, the decode worker computes the last prompt token,
+   samples the first token from it and decodes on (vLLM's decode worker recomputes the last
+   prompt token the same way).
 
 TTFT is measured from the client's arrival to the decode worker's first token (what a client of
-the router sees): the prefill's queue and compute, the transfer, and one decode step.
+the router sees): the prefill's queue and compute, the wait for room on the decode worker, the
+transfer, and one decode step.
 
 A worker may die (``kill``): as in ``Cluster``, it finishes the step it is running, aborts its
 other requests with the reason, and its pool's router stops using it. A prefill worker that dies
-also loses the KV it had not finished sending: those requests end aborted, the reason saying
-that their decode worker never received the KV (as a decode worker's KV-transfer timeout would).
+also loses the KV it had not delivered: those requests end aborted on their decode worker (or
+before reaching one), the reason saying that the decode worker never received the KV.
 
-Stated simplifications: the transfer holds no memory on either side (vLLM's decode worker
-allocates blocks before it pulls the KV into them, and the prefill worker keeps its blocks until
-they are read); a link's bandwidth is its nominal one, per direction; transfers from different
-prefill workers never share a link.
+Stated simplifications: a transfer's start is the later of the decode worker's admission and the
+link's turn (the turn as if every earlier transfer on that link had started at once); the prefill
+worker frees its blocks when its step ends (vLLM's keeps them until they are read); a link's
+bandwidth is its nominal one, per direction; transfers from different prefill workers never share
+a link; a request waiting for its KV counts against ``max_num_seqs`` (vLLM's waits in the queue
+holding its blocks).
 """
 
 from __future__ import annotations
@@ -172,9 +177,8 @@ class DisaggregatedCluster:
 
 class _DisaggregatedRun:
     """The two pools' event loop (see the module docstring). Before a request arrives at time t
-    the prefill pool is brought up to t, so every prefill that ended before t is known and its
-    hand-off (at its end plus the transfer, so also before t if it is early) is in the queue;
-    the hand-offs up to t are then routed to the decode pool in time order."""
+    the prefill pool is brought up to t, so every prefill that ended before t is known; those are
+    then handed to the decode pool in the order they ended."""
 
     def __init__(self, prefill: tuple[list[Replica], Router], decode: tuple[list[Replica], Router],
                  session_of: dict[str, str], link: KVLink, kv_bytes_per_token: float) -> None:
@@ -183,11 +187,12 @@ class _DisaggregatedRun:
         self.decode = ClusterRun(*decode, [], session_of, [])
         self.link, self.kv_bytes_per_token = link, kv_bytes_per_token
         self.originals: dict[str, Request] = {}
-        self.handoffs: list[tuple[float, int, str, int]] = []      # (KV arrived, order, request id, sender)
-        self.lost: list[RequestRecord] = []                         # their KV died with its sender
+        self.handoffs: list[tuple[float, int, str, int]] = []   # (prefill ended, order, request id, sender)
+        self.sent: dict[str, tuple[int, float, float]] = {}     # request id -> (sender, ended, link's turn ends)
+        self.decoding: dict[str, Request] = {}                   # the decode pool's copies
+        self.lost: list[RequestRecord] = []                      # their KV died with its sender
         self.order = itertools.count()
         self.link_free = [0.0] * len(prefill[0])                 # each prefill worker's link
-        self.rows: list[tuple] = []
 
     def run(self, workload: Sequence[Request], kills: Sequence[tuple[float, str, int]]) -> None:
         """Arrivals and deaths in time order (a death first at a tie), then every worker to its end."""
@@ -215,47 +220,51 @@ class _DisaggregatedRun:
         self.decode.hear_until(math.inf)
 
     def _prefilled(self, replica: int, req: Request, t: float) -> None:
-        """A prefill ended at ``t``: its KV starts across the link when the link is free."""
+        """A prefill ended at ``t``: it goes to the decode pool, and its KV takes the link's next turn."""
         if req.status is not RequestStatus.FINISHED:
             return                                   # rejected or aborted: its record is the last word
-        num_bytes = req.prompt_len * self.kv_bytes_per_token
         start = max(t, self.link_free[replica])
-        arrived = self.link_free[replica] = start + self.link.transfer_time(num_bytes)
-        heapq.heappush(self.handoffs, (arrived, next(self.order), req.request_id, replica))
-        self.rows.append((req.request_id, replica, t, start, arrived, num_bytes))
+        self.link_free[replica] = start + self.transfer_time(req)
+        heapq.heappush(self.handoffs, (t, next(self.order), req.request_id, replica))
+        self.sent[req.request_id] = (replica, t, self.link_free[replica])
+
+    def transfer_time(self, req: Request) -> float:
+        return self.link.transfer_time(req.prompt_len * self.kv_bytes_per_token)
 
     def hand_over_until(self, t: float) -> None:
-        """Route every request whose KV arrived by ``t`` to the decode pool, in arrival order."""
+        """Route every request whose prefill ended by ``t`` to the decode pool, in that order."""
         while self.handoffs and self.handoffs[0][0] <= t:
-            arrived, _, request_id, _ = heapq.heappop(self.handoffs)
+            ended, _, request_id, _ = heapq.heappop(self.handoffs)
             original = self.originals[request_id]
-            decode = original.fresh_copy(kv_transfer_tokens=original.prompt_len - 1)
+            decode = original.fresh_copy(kv_transfer_tokens=original.prompt_len - 1,
+                                         kv_transfer_seconds=self.transfer_time(original),
+                                         kv_transfer_not_before=self.sent[request_id][2])
+            self.decoding[request_id] = decode
             self.decode.workload.append(decode)
-            self.decode.route(decode, at=arrived)
+            self.decode.route(decode, at=ended)
 
     def kill(self, pool: str, replica: int, t: float) -> None:
-        """Worker ``replica`` of ``pool`` dies at ``t``; a prefill worker's unsent KV dies with it."""
-        run = self.prefill if pool == "prefill" else self.decode
-        if pool == "decode":
-            for rep in run.live:
-                if rep.time < t:
-                    rep.advance_to(t)
-        run.kill(t, replica)
+        """Worker ``replica`` of ``pool`` dies at ``t``; a prefill worker's undelivered KV dies with it."""
+        for rep in self.decode.live:
+            if rep.time < t:
+                rep.advance_to(t)
+        (self.prefill if pool == "prefill" else self.decode).kill(t, replica)
         if pool == "decode":
             return
-        kept = []
-        for handoff in self.handoffs:
-            arrived, _, request_id, sender = handoff
-            if sender != replica:
-                kept.append(handoff)
-                continue
-            req = self.originals[request_id]
-            why = (f"prefill worker {replica} died at t={t:.6g} s before its KV reached a decode worker (due at "
-                   f"t={arrived:.6g} s); the decode worker never received it")
-            self.lost.append(RequestRecord(request_id, req.arrival_time, req.prompt_len, req.max_new_tokens,
+        why = (f"prefill worker {replica} died at t={t:.6g} s before its KV reached a decode worker; "
+               "the decode worker never received it")
+        for handoff in [h for h in self.handoffs if h[3] == replica]:    # not yet sent to the decode pool
+            req = self.originals[handoff[2]]
+            self.lost.append(RequestRecord(req.request_id, req.arrival_time, req.prompt_len, req.max_new_tokens,
                                            RequestStatus.ABORTED, FinishReason.ABORT, None, [], t, True, [], why))
-        self.handoffs = kept
+        self.handoffs = [h for h in self.handoffs if h[3] != replica]
         heapq.heapify(self.handoffs)
+        for request_id, req in self.decoding.items():                 # waiting for it on a decode worker
+            landed = req.kv_arrival_time is not None and req.kv_arrival_time <= t
+            if self.sent[request_id][0] == replica and not landed and not req.is_done:
+                for rep in self.decode.live:
+                    if request_id in rep.engine.requests:
+                        rep.abort(request_id, why, t)
 
     def result(self, workload: Sequence[Request], meta: dict) -> DisaggregatedResult:
         prefill = build_result(self.prefill, {**meta, "pool": "prefill"})
@@ -271,11 +280,20 @@ class _DisaggregatedRun:
         merged_meta = {**meta, "num_requests": len(records),
                        "num_rejected": sum(r.status is RequestStatus.REJECTED for r in records),
                        "num_aborted": sum(r.status is RequestStatus.ABORTED for r in records)}
-        transfers = pd.DataFrame(self.rows, columns=["request_id", "prefill_replica", "prefill_end", "transfer_start",
-                                                     "kv_arrived", "kv_bytes"])
-        transfers["transfer_s"] = transfers["kv_arrived"] - transfers["transfer_start"]
-        return DisaggregatedResult(prefill, decode, Trace(requests=records, steps=[], meta=merged_meta), transfers,
-                                   merged_meta)
+        return DisaggregatedResult(prefill, decode, Trace(requests=records, steps=[], meta=merged_meta),
+                                   self.transfers(), merged_meta)
+
+    def transfers(self) -> pd.DataFrame:
+        """One row per hand-off; ``kv_arrived`` (and ``transfer_start``) NaN for KV never used."""
+        rows = []
+        for request_id, (sender, ended, _) in self.sent.items():
+            req, seconds = self.decoding.get(request_id), self.transfer_time(self.originals[request_id])
+            used = req is not None and req.first_scheduled_time is not None
+            arrived = req.kv_arrival_time if used else math.nan
+            rows.append((request_id, sender, ended, arrived - seconds, arrived,
+                         self.originals[request_id].prompt_len * self.kv_bytes_per_token, seconds))
+        return pd.DataFrame(rows, columns=["request_id", "prefill_replica", "prefill_end", "transfer_start",
+                                           "kv_arrived", "kv_bytes", "transfer_s"])
 
 
 __all__ = ["KV_LINKS", "DisaggregatedCluster", "DisaggregatedConfig", "DisaggregatedResult", "KVLink", "kv_link"]

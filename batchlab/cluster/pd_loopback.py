@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.cluster.loopback import VLLM_ROUTER_POLICIES, RouterProcess, router_binary, start_pd_router
+from batchlab.model.loading import ALLOWED_DTYPES, DTYPE_ENV, from_environment, resolve_device, resolve_dtype
 from batchlab.serve import ServerProcess, launch_server, wait_ready
 from batchlab.serve.kv_transfer import CONNECTOR, KVTransferConfig
 
@@ -40,6 +41,8 @@ class PDLoopbackConfig:
     ``decode_block_size``: each pool's KV block size (vLLM's rule: the decode one a multiple of
     the prefill one). ``failure_policy``: vLLM's ``kv_load_failure_policy``. ``link``: the link a
     simulated decode worker waits for (``KV_LINKS``). ``threads``: torch threads per worker.
+    ``dtype``: every worker's ``--dtype``; ``auto`` is resolved once, here, as ``load_model`` would
+    (a decode worker refuses KV of another dtype, so the workers must agree).
     """
 
     num_prefill: int = 1
@@ -57,6 +60,7 @@ class PDLoopbackConfig:
     fetch_timeout_s: float = 30.0
     link: str = "infiniband-ndr"
     threads: int | None = None
+    dtype: str = "auto"
     startup_timeout: float = 180.0
 
     def __post_init__(self) -> None:
@@ -65,6 +69,7 @@ class PDLoopbackConfig:
         check_choice("prefill_policy", self.prefill_policy, VLLM_ROUTER_POLICIES)
         check_choice("decode_policy", self.decode_policy, VLLM_ROUTER_POLICIES)
         check_int("threads", self.threads, allow_none=True)
+        check_choice("dtype", self.dtype, ALLOWED_DTYPES)
         check_number("startup_timeout", self.startup_timeout, strict=True, hint="seconds")
         self.transfer_config("prefill")                       # the hand-off's own checks
         for pool in ("prefill", "decode"):
@@ -74,6 +79,10 @@ class PDLoopbackConfig:
         extra = {"kv_lease_duration": self.lease_s, "kv_fetch_timeout": self.fetch_timeout_s, "link": self.link}
         return KVTransferConfig(CONNECTOR, "kv_producer" if pool == "prefill" else "kv_consumer",
                                 self.failure_policy, kv_connector_extra_config=extra)
+
+    def resolved_dtype(self) -> str:
+        """The workers' dtype: ``dtype``, or for ``auto`` what ``load_model`` picks on this machine."""
+        return resolve_dtype(from_environment(self.dtype, DTYPE_ENV, ALLOWED_DTYPES), resolve_device("auto"))
 
     def colocated_knobs(self, block_size: int | None = None) -> dict:
         """A worker's ``ServerConfig`` knobs without the hand-off (a colocated server)."""
@@ -114,10 +123,11 @@ class PDLoopback:
 
     def start(self) -> "PDLoopback":
         c = self.config
-        binary = router_binary()
+        binary, dtype = router_binary(), (None if c.simulate else c.resolved_dtype())
         try:
             for pool, n in (("prefill", c.num_prefill), ("decode", c.num_decode)):   # (each its own engine id)
-                self.workers[pool] = [launch_server("continuous", threads=c.threads, **c.worker_knobs(pool))
+                self.workers[pool] = [launch_server("continuous", threads=c.threads, dtype=dtype,
+                                                    **c.worker_knobs(pool))
                                       for _ in range(n)]
             for pool, workers in self.workers.items():
                 for i, worker in enumerate(workers):

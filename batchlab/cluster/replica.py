@@ -143,6 +143,13 @@ class Replica:
         if self.fast is not None:
             self.fast.recheck()
 
+    def abort(self, request_id: str, why: str, t: float) -> None:
+        """End ``request_id`` at ``t`` (the replica has been brought up to ``t``) with ``why``."""
+        self.sync()
+        self.engine.abort(request_id, why, max(t, self.time))
+        if self.fast is not None:
+            self.fast.recheck()
+
     def kill(self, t: float) -> float:
         """Die at ``t``: the step in progress completes, then every unfinished request is aborted
         with the reason in words; returns the time of the aborts (the end of that step, or ``t``)."""

@@ -35,14 +35,14 @@ class AsyncScheduledBatcher(ContinuousBatcher):
         self._in_flight = (last.start, last.end) if last is not None and self.running and now <= last.end else None
         return super().schedule(now)
 
-    def _admit_waiting(self, step) -> None:
+    def _admit_waiting(self, step, now: float) -> None:
         if self._in_flight is None:
-            return super()._admit_waiting(step)
+            return super()._admit_waiting(step, now)
         start, _ = self._in_flight
         waiting, late = self.waiting, []
         while waiting and waiting[-1].arrival_time > start:   # the newest arrivals are at the back
             late.append(waiting.pop())
-        super()._admit_waiting(step)
+        super()._admit_waiting(step, now)
         waiting.extend(reversed(late))
 
 

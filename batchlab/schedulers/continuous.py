@@ -26,7 +26,10 @@ again (its output so far is kept). Each preemption is recorded in ``preemptions`
 
 Prompt KV transferred to a request (``kv_transfer_tokens``: a disaggregated prefill worker's)
 counts as computed when the request is first admitted, as a cached prefix does
-(``ready_tokens``); a preempted request lost it, and computes its prompt again.
+(``ready_tokens``); a preempted request lost it, and computes its prompt again. KV still in
+flight (``kv_transfer_seconds``: a simulated decode worker's) is vLLM's "waiting for remote KVs":
+the request is admitted and holds its blocks (and a seat) while the KV crosses the link, the
+transfer starting then, and gets its first chunk at the first step after the KV has landed.
 """
 
 from __future__ import annotations
@@ -38,6 +41,25 @@ from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers.base import Scheduler, split_ended
 from batchlab.trace import PreemptionRecord
+
+
+def _kv_in_flight(req: Request, now: float) -> bool:
+    """Admitted, holding blocks for KV that has not landed yet (computes nothing until then)."""
+    return req.kv_arrival_time is not None and now < req.kv_arrival_time and req.first_scheduled_time is None
+
+
+def _admit(kv, req: Request, num_tokens: int, now: float) -> ScheduledChunk | None:
+    """Give ``req`` its KV room and a seat: its first chunk, or None while its transferred KV is in
+    flight (the pull starts now, into the blocks it holds from now on)."""
+    ready = ready_tokens(kv, req)      # a cached prefix, or transferred KV, is not computed again
+    if req.kv_transfer_tokens and req.first_scheduled_time is None:
+        req.kv_arrival_time = max(now + req.kv_transfer_seconds, req.kv_transfer_not_before)
+    in_flight = _kv_in_flight(req, now)
+    held = ready if in_flight else ready + num_tokens
+    start = max(kv.admit(req.request_id, held, req.max_total_tokens, req.prompt_ids), ready)
+    req.num_computed_tokens, req.status = start, RequestStatus.RUNNING
+    return None if in_flight else ScheduledChunk(req.request_id, start, num_tokens,
+                                                 start + num_tokens == req.num_known_tokens)
 
 
 def ready_tokens(kv, req: Request) -> int:
@@ -147,10 +169,13 @@ class ContinuousBatcher(Scheduler):
         step = _StepBudget(self.config.max_num_batched_tokens)
         num_preempted = len(self.preemptions)
         in_prompt = self._plan_decodes(step, now)
-        self._plan_prompts(in_prompt, step, now)
+        self._plan_prompts([r for r in in_prompt if not _kv_in_flight(r, now)], step, now)
         if len(self.preemptions) == num_preempted:   # memory ran out: admit nobody (as vLLM v1)
-            self._admit_waiting(step)
-        return StepPlan(chunks=step.chunks)
+            self._admit_waiting(step, now)
+        if step.chunks:
+            return StepPlan(chunks=step.chunks)
+        landing = [r.kv_arrival_time for r in self.running if _kv_in_flight(r, now)]
+        return StepPlan(wake_at=min(landing, default=None))     # nothing to compute until KV lands
 
     def _plan_decodes(self, step: "_StepBudget", now: float) -> list[Request]:
         """1. One token for each running request past its prompt, in admission order; returns the
@@ -194,7 +219,7 @@ class ContinuousBatcher(Scheduler):
                 step.add(ScheduledChunk(req.request_id, start, num_tokens,
                                              start + num_tokens == req.num_known_tokens))
 
-    def _admit_waiting(self, step: "_StepBudget") -> None:
+    def _admit_waiting(self, step: "_StepBudget", now: float) -> None:
         """3. Admit waiting requests, first come first served; stop at the first that cannot start."""
         waiting = self.waiting
         while waiting and len(self.running) < self.config.max_num_seqs:
@@ -203,13 +228,10 @@ class ContinuousBatcher(Scheduler):
             if num_tokens == 0:
                 break
             waiting.popleft()
-            ready = ready_tokens(self.kv, req)      # a cached prefix, or transferred KV, is not computed again
-            start = max(self.kv.admit(req.request_id, ready + num_tokens, req.max_total_tokens, req.prompt_ids), ready)
-            req.num_computed_tokens = start
-            req.status = RequestStatus.RUNNING
+            chunk = _admit(self.kv, req, num_tokens, now)
             self.running.append(req)
-            step.add(ScheduledChunk(req.request_id, start, num_tokens,
-                                         start + num_tokens == req.num_known_tokens))
+            if chunk is not None:
+                step.add(chunk)
 
     def first_chunk_tokens(self, req: Request, budget: int) -> int:
         """How many tokens a waiting ``req`` would compute if admitted now with ``budget`` tokens
@@ -249,7 +271,7 @@ class ContinuousBatcher(Scheduler):
         self.preemptions.append(PreemptionRecord(req.request_id, now, req.num_computed_tokens,
                                                  len(req.output_ids)))
         req.status = RequestStatus.WAITING
-        req.num_computed_tokens = 0
+        req.num_computed_tokens, req.kv_arrival_time = 0, None    # KV in flight: pulled again
         self.waiting.appendleft(req)
 
     def remove_ended(self) -> list[Request]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from batchlab.model.loading import ALLOWED_DTYPES
 from batchlab.schedulers import SCHEDULERS
 from batchlab.serve.metrics import ADMISSION_REASON, VLLM_ADMISSION_FLAG
 from batchlab.serve.runner import DEFAULT_MODEL_NAME, RELEASES, ServerConfig
@@ -56,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trace-window", type=int, default=10_000,
                    help="ended requests the engine's trace keeps (older ones are forgotten; /metrics counts all)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--dtype", choices=list(ALLOWED_DTYPES), default="auto",
+                   help="the model's dtype (auto: $BATCHLAB_DTYPE if set, else what measures fastest here)")
     p.add_argument("--simulate", default=None, metavar="SPEC",
                    help="simulated device: no model weights; each step lasts the time a cost model predicts and "
                         "the generated tokens are placeholders (' x'). SPEC: a GPU preset (H100: Llama-3-8B on "
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from batchlab.serve import serve
     serve(config, host=args.host, port=args.port, api_key=args.api_key, threads=args.threads,
-          log_level=args.log_level)
+          log_level=args.log_level, dtype=args.dtype)
     return 0
 
 

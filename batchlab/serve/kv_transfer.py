@@ -33,7 +33,9 @@ What must match, checked by the decode worker before the request starts: the mod
 (layers, KV heads, head dim) and dtype, the prompt (its tokens' hash), and the block size in
 vLLM's rule (``TpKVTopology.block_size_ratio``: the decode worker's block size must be a multiple of
 the prefill worker's). A simulated server (``--simulate``) hands over the KV's size only, and
-its decode worker waits the time the configured link (``KV_LINKS``) would take for those bytes.
+its decode worker admits the request at once and holds its blocks, computing nothing for it, for
+the time the configured link (``KV_LINKS``) would take for those bytes
+(``Request.kv_transfer_seconds``, as the cluster simulator's decode workers do).
 
 When the KV does not come (the prefill worker is gone, answers 404 because the lease ran out,
 never answers within ``kv_fetch_timeout``, or sends KV that does not fit), vLLM's
@@ -391,9 +393,8 @@ class KVConnector:
                 raise
             LOG.warning("kv_load_failure_policy='recompute': computing the prompt here: %s", e.message)
             return None
-        if meta["shape"] is None:                              # a simulated worker: the link's time
-            await asyncio.sleep(simulated_transfer_s(self.config.link_name, meta["bytes"]))
-            return Received(None, meta, time.perf_counter() - start)
+        if meta["shape"] is None:   # simulated: the engine holds the blocks for the link's time (kv_transfer_seconds)
+            return Received(None, meta, simulated_transfer_s(self.config.link_name, meta["bytes"]))
         return Received(from_bytes(data, meta), meta, time.perf_counter() - start)
 
     async def close(self) -> None:

@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from batchlab.checks import check_choice
+from batchlab.model.loading import ALLOWED_DTYPES
 from batchlab.serve.runner import EngineRunner, ServerConfig
 
 HOST = "127.0.0.1"
@@ -52,15 +54,16 @@ def _uvicorn_server(runner: EngineRunner, host: str, port: int, api_key: str | N
 
 
 def serve(config: ServerConfig, host: str = HOST, port: int = 8000, api_key: str | None = None,
-          threads: int | None = None, log_level: str = "warning", lm=None) -> None:
-    """Load the model and serve until SIGTERM/SIGINT (blocks). The process's per-shape caches are
-    bounded first (``memory.bound_shape_caches``): a server meets many step sizes."""
+          threads: int | None = None, log_level: str = "warning", lm=None, dtype: str = "auto") -> None:
+    """Load the model (in ``dtype``, see ``load_model``) and serve until SIGTERM/SIGINT (blocks). The
+    process's per-shape caches are bounded first (``memory.bound_shape_caches``): a server meets
+    many step sizes."""
     from batchlab.model import load_model
     from batchlab.serve.memory import bound_shape_caches
     bound_shape_caches()
     _log_to_stderr(log_level)
     if config.simulate is None:
-        lm = lm if lm is not None else load_model(threads=threads)
+        lm = lm if lm is not None else load_model(threads=threads, dtype=dtype)
     runner = EngineRunner(config, lm)
     server = _uvicorn_server(runner, host, port, api_key, log_level)
     on = lm.name if runner.device is None else f"a simulated device ({runner.device.spec}; placeholder tokens)"
@@ -152,24 +155,28 @@ def wait_healthy(url: str, timeout: float, why_dead) -> None:
 
 def start_server(policy: str = "continuous", port: int | None = None, api_key: str | None = None,
                  threads: int | None = None, timeout: float = 120.0, log_path: str | None = None,
-                 **knobs) -> ServerProcess:
+                 dtype: str | None = None, **knobs) -> ServerProcess:
     """Start ``python -m batchlab.serve`` on 127.0.0.1 in a subprocess and wait until it is healthy.
 
     ``knobs`` are ``ServerConfig`` fields (``max_num_seqs=16``, ``batch_size=8``, ``simulate="H100"``,
     ...), checked here before anything starts. The server's output goes to ``log_path`` (a
-    temporary file by default).
+    temporary file by default). ``dtype``: the model's (``load_model``); None: the server's default.
     """
-    server = launch_server(policy, port, api_key, threads, log_path, **knobs)
+    server = launch_server(policy, port, api_key, threads, log_path, dtype, **knobs)
     wait_ready(server, timeout)
     return server
 
 
 def launch_server(policy: str = "continuous", port: int | None = None, api_key: str | None = None,
-                  threads: int | None = None, log_path: str | None = None, **knobs) -> ServerProcess:
+                  threads: int | None = None, log_path: str | None = None, dtype: str | None = None,
+                  **knobs) -> ServerProcess:
     """``start_server`` without the wait: the process is started and returned at once (start
-    several, then ``wait_ready`` each, and they load side by side)."""
+    several, then ``wait_ready`` each, and they load side by side). ``dtype``: the server's
+    ``--dtype`` (None: its default, ``auto``)."""
     import tempfile
     ServerConfig(policy=policy, **knobs)                   # bad knobs fail here, with the reason
+    if dtype is not None:
+        check_choice("dtype", dtype, ALLOWED_DTYPES)
     port = port or free_port()
     cmd = [sys.executable, "-m", "batchlab.serve", "--port", str(port), "--policy", policy]
     for name, value in knobs.items():
@@ -186,6 +193,8 @@ def launch_server(policy: str = "continuous", port: int | None = None, api_key: 
         cmd += ["--api-key", api_key]
     if threads is not None:
         cmd += ["--threads", str(threads)]
+    if dtype is not None:
+        cmd += ["--dtype", dtype]
     if log_path is None:
         log_path = tempfile.NamedTemporaryFile(prefix="batchlab-serve-", suffix=".log", delete=False).name
     env = dict(os.environ)

@@ -382,6 +382,7 @@ class EngineRunner:
         n = len(gen.prompt_ids) - 1 if received is not None else 0    # KV received: all but the last token's
         req = Request(rid, gen.prompt_ids, gen.max_tokens, 0.0, gen.sampling, stop_token_ids=stop_ids,
                       kv_transfer_tokens=n, remote_kv=received.kv if n else None,
+                      kv_transfer_seconds=received.transfer_s if n and self.device is not None else 0.0,
                       export_kv=transfer is not None and transfer.part == "prefill")
         reason = self.scheduler.why_unschedulable(req)
         if reason is not None:

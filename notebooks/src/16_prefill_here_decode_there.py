@@ -21,20 +21,25 @@
 #   and a TPOT bound.
 # - **Why the ratio matters**: one prefill GPU for two decode GPUs is not two for one.
 #
-# Everything here is a prediction for GPUs, made by the course's simulator: Llama-3-8B on the
-# H100 preset (its kernels fitted to times measured on real H100s, notebook 14), the engine of
-# notebook 04 on every GPU, the routers of notebook 12 in front. Nothing here measures this CPU.
+# - **The protocol, for real**: two of the course's servers playing prefill and decode worker
+#   behind `vllm-router`, the KV moving between two processes on this machine.
+#
+# Until the last section everything here is a prediction for GPUs, made by the course's
+# simulator: Llama-3-8B on the H100 preset (its kernels fitted to times measured on real H100s,
+# notebook 14), the engine of notebook 04 on every GPU, the routers of notebook 12 in front. The
+# last section runs the hand-off for real, on this CPU, with the course's own model.
 
 # %% [markdown]
 # ## Setup
 
 # %%
+import httpx
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 # %%
-from batchlab.analysis.claims import expect
+from batchlab.analysis.claims import expect, expect_true
 from batchlab.analysis.metrics import summary_row
 from batchlab.analysis.widgets import explore
 from batchlab.backends.roofline import model_shape
@@ -51,10 +56,11 @@ MODEL, GPU = "Llama-3-8B", "H100"
 #
 # The cluster has two *pools*, each behind its own router. A request goes first to a prefill
 # worker, with its answer cut to one token (`max_tokens=1`, as `vllm-router` sends it): that
-# worker computes the whole prompt. When its step ends, the prompt's KV crosses a link to a decode
-# worker, which admits the request with that KV already in place (vLLM's KV connectors report
-# such tokens as computed elsewhere), computes the last prompt token, samples the first token
-# from it and decodes on. One request of 2,000 prompt tokens, alone, over InfiniBand:
+# worker computes the whole prompt. When its step ends, the request goes to a decode worker, which
+# takes KV blocks for the prompt and pulls the prompt's KV into them across a link (vLLM's KV
+# connectors report such tokens as computed elsewhere). At its first step after the KV has
+# landed it computes the last prompt token, samples the first token from it and decodes on. One
+# request of 2,000 prompt tokens, alone, over InfiniBand:
 
 # %%
 split_1_1 = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(num_prefill=1, num_decode=1))
@@ -140,20 +146,27 @@ expect("over 25 Gb/s Ethernet it takes over ten decode steps", times_ms["etherne
 
 # %% [markdown]
 # A prefill worker sends one transfer at a time, so on a slow link they queue: the time to first
-# token grows with the load long before the GPUs are busy. The same long prompts at 4 requests a
-# second, over InfiniBand and over 25 Gb/s Ethernet:
+# token grows with the load long before the GPUs are busy. And the decode worker holds the blocks
+# of every prompt whose KV is still on its way: memory that serves nobody yet. The same long
+# prompts at 4 requests a second, over InfiniBand and over 25 Gb/s Ethernet:
 
 # %%
 moderate = make_workload(200, rate=4.0, seed=0, **long_traffic)
-by_link = {}
+by_link, in_flight_gb = {}, {}
 for link in ("infiniband-ndr", "ethernet-25g"):
     cluster = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(1, 1, link=link))
-    by_link[link] = summary_row(cluster.run(moderate).merged)
+    result = cluster.run(moderate)
+    by_link[link] = summary_row(result.merged)
+    sent = result.transfers
+    held_s = sent["kv_arrived"] - sent["prefill_end"]        # the prompt is computed, its KV not there yet
+    in_flight_gb[link] = (sent["kv_bytes"] * held_s).sum() / sent["kv_arrived"].max() / 1e9   # a time average
     print(f"{link:15s} TTFT p50 {by_link[link]['ttft_p50'] * 1e3:5.0f} ms, "
-          f"ITL p50 {by_link[link]['itl_p50'] * 1e3:4.1f} ms")
+          f"ITL p50 {by_link[link]['itl_p50'] * 1e3:4.1f} ms, KV in flight {in_flight_gb[link]:.2f} GB on average")
 extra = by_link["ethernet-25g"]["ttft_p50"] - by_link["infiniband-ndr"]["ttft_p50"]
 expect("25 Gb/s Ethernet adds at least 80 ms to the median TTFT (a 3,000-token move is 126 ms)",
        extra * 1e3, above=80)
+expect("and makes the decode GPU hold over ten times the KV in flight that InfiniBand does",
+       in_flight_gb["ethernet-25g"] / in_flight_gb["infiniband-ndr"], above=10)
 
 # %% [markdown]
 # ## Where it pays
@@ -236,6 +249,103 @@ expect("and beat three colocated GPUs", per_gpu["1P2D"] / per_gpu["colocated"], 
 # reproduction of either.
 
 # %% [markdown]
+# ## For real: the protocol, on this machine
+#
+# The simulator prices the hand-off; a real deployment has to *do* it. `vllm-router` (notebook
+# 12's router) has a disaggregated mode, `--vllm-pd-disaggregation`, with a `--prefill` and a
+# `--decode` list of workers. For each client request it:
+#
+# 1. sends a copy to a prefill worker with `max_tokens` 1 and `kv_transfer_params`
+#    `{"do_remote_decode": true}`: "compute the prompt, and keep its KV for someone else";
+# 2. reads the `kv_transfer_params` of that answer (where the KV is: the prefill worker's host,
+#    port and request id, and how many tokens), and sends the client's own request, with them,
+#    to a decode worker;
+# 3. streams the decode worker's answer back to the client.
+#
+# The course's server speaks both parts (`--kv-transfer-config`, vLLM's flag and JSON). A decode
+# worker that gets such a request takes KV blocks for it, pulls the keys and values from the
+# prefill worker over HTTP (`GET /batchlab/kv/{id}`: a connector of the course's own, where vLLM
+# would use NIXL over RDMA), checks that they fit (same model shape, dtype and prompt, a block
+# size vLLM would accept), writes them into its blocks and computes only the last prompt token.
+# The prefill worker keeps each export until it is read once, or until a lease runs out.
+#
+# `PDLoopback` starts one prefill and one decode worker on the course's model (each a process of
+# its own, on one core), the router in front, and here a colocated server beside them, all on
+# 127.0.0.1. All three compute in fp32, named explicitly: a decode worker refuses KV in another
+# dtype than its own, and fp32 makes "the same answer" an exact test. Eight requests of 96 prompt
+# tokens and 24 answer tokens, at 2 a second, go to each (about 30 seconds, most of it loading):
+
+# %%
+from batchlab.cluster.pd_loopback import PDLoopback, PDLoopbackConfig
+from batchlab.loadgen import course_tokenizer, plan_requests, run_load
+from batchlab.serve import launch_server, wait_ready
+
+pd_config = PDLoopbackConfig(threads=1, max_num_seqs=4, max_model_len=512, dtype="float32")
+real_load = plan_requests(8, prompt_len=96, output_len=24, tokenizer=course_tokenizer(), rate=2.0, id_prefix="pd")
+colocated = launch_server("continuous", threads=1, dtype="float32", **pd_config.colocated_knobs())
+try:
+    with PDLoopback(pd_config) as pd_servers:
+        wait_ready(colocated)
+        real = {"split": run_load(pd_servers.url, real_load, max_duration=120),
+                "colocated": run_load(colocated.url, real_load, max_duration=120)}
+        pd_servers.kill("prefill", 0)                                   # a crash, mid-service
+        orphan = httpx.post(f"{pd_servers.url}/v1/completions", timeout=60,
+                            json={"model": real["split"].model, "prompt": "Hello", "max_tokens": 4})
+finally:
+    colocated.stop()
+
+# %% [markdown]
+# Every answer through the split, token for token, against the colocated server's: the decode
+# worker continued from keys and values another process computed, and greedy decoding in fp32
+# lands on the same tokens.
+
+# %%
+texts = {name: [r.text for r in result.records] for name, result in real.items()}
+same = sum(a == b for a, b in zip(texts["split"], texts["colocated"]))
+print(f"{same} of {len(real_load)} answers identical; the first: {texts['split'][0][:60]!r}...")
+expect_true("split and colocated give every request the same answer (fp32, greedy)", same == len(real_load),
+            f"{same} of {len(real_load)}")
+
+# %% [markdown]
+# What moved: each answer carries the hand-off as the decode worker saw it (the course's server
+# adds its own timings to the last chunk). The course's model keeps 30 layers x 3 key/value
+# heads x 64 numbers x 2 x 4 bytes, 45 KiB of KV a prompt token in fp32:
+
+# %%
+hand_off = pd.DataFrame([{"request": r.request_id, "prompt tokens": r.prompt_len,
+                          "KV bytes": r.server["kv_transfer"]["kv_bytes"],
+                          "transfer ms": r.server["kv_transfer"]["transfer_s"] * 1e3,
+                          "client TTFT ms": (r.chunk_times[0] - r.send_time) * 1e3}
+                         for r in real["split"].records]).set_index("request")
+print(hand_off.round(1).to_string())
+per_token = 30 * 3 * 64 * 2 * 4
+expect_true("each hand-off moved exactly the prompt's KV: tokens x layers x heads x head size x 2 x 4 bytes",
+            (hand_off["KV bytes"] == hand_off["prompt tokens"] * per_token).tolist())
+
+# %% [markdown]
+# Over loopback HTTP a few megabytes take some milliseconds: a small part of the time to first
+# token, which here is mostly the prompt's computation (and the wait for it) on one CPU core, as
+# the colocated server's is. The client's latencies, both ways:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+side = pd.DataFrame({name: summary_row(result.trace, percentiles=(50, 90)) for name, result in real.items()}).T
+print((side[["ttft_p50", "ttft_p90", "itl_p50", "itl_p90"]] * 1e3).round(1).to_string())
+
+# %% [markdown]
+# Do not read a win or a loss into these numbers: the prefill and the decode worker share this
+# machine's cores, the load is light, and there is no GPU whose decode steps a prefill could
+# stall. What the real run shows is the mechanism (the protocol, the move, the identical
+# answers); what it pays is the simulator's question, above.
+#
+# And the fault: the prefill worker was killed before the last request. The router could not
+# reach it and answered the client with an error that names the reason, instead of hanging:
+
+# %%
+print(orphan.status_code, orphan.text[:160])
+expect("a dead prefill worker gets the client a server error, not a hang", orphan.status_code, above=499)
+
+# %% [markdown]
 # ## Explore
 #
 # Prompt lengths, a TPOT bound and a link; one sweep of two GPUs runs per change (a few seconds).
@@ -260,11 +370,16 @@ explore(show_split, prompt_tokens=(128, 8000), tpot_ms=(8, 50), link=list(KV_LIN
 #   disappear (the 99th-percentile gap fell from 52 ms to 15 ms here), paid for in time to
 #   first token.
 # - The KV is 128 KiB per token for Llama-3-8B: a few milliseconds over InfiniBand or NVLink, a
-#   tenth of a second over 25 Gb/s Ethernet, and transfers queue on a slow link.
+#   tenth of a second over 25 Gb/s Ethernet, and transfers queue on a slow link, while the
+#   decode worker holds blocks for KV that has not arrived.
 # - It pays where prefill interference is what breaks the SLO (long prompts, a tight TPOT bound)
 #   and loses where prompts are short: the split wastes the GPUs it set aside for prefill.
 # - The prefill:decode ratio matters as much as the split itself: the wrong one is worse than
 #   colocation.
+# - For real, `vllm-router --vllm-pd-disaggregation` sends the prompt to a prefill worker with
+#   `max_tokens` 1, passes the `kv_transfer_params` of its answer to a decode worker, and the
+#   decode worker pulls the KV and answers the client. On the course's model in fp32 every answer
+#   was the colocated server's, token for token; a dead prefill worker meant an error, not a hang.
 
 # %% [markdown]
 # ## Exercises
