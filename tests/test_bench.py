@@ -53,6 +53,8 @@ def test_tiny_benchmark_runs_every_contender_and_writes_its_json(lm, tmp_path, c
     assert data["machine"]["torch_threads"] == 1
     assert len(data["machine"]["loadavg_start"]) == 3 and data["machine"]["cpu_cores_usable"] >= 1
     assert "os.getloadavg()" in printed and everything["command"] in printed
+    kernels = data["machine"]["kernels"]                   # which kernels the figures were made with
+    assert kernels["fp32_kernel"] and f"packed products fp32 {kernels['fp32_kernel']}" in printed
     assert returned["table"] in printed
 
     workload = data["workload"]

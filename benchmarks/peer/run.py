@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.analysis import metrics
+from batchlab.model.cpu_kernels import describe_kernels
 from .config import BATCHLAB_CONTENDERS, BenchConfig, CONTENDERS, DTYPE_CHOICES, GREEDY_REFERENCE, HF_CONTENDERS, LABELS, MODES, REFERENCE, TINY, VLLM_CONTENDERS, bench_workload, warmup_workload
 from .engines import machine_limits, run_batchlab
 from .hf import ContenderRun, run_hf_continuous_once, run_hf_generate
@@ -73,9 +74,10 @@ def machine_info() -> dict:
     """Where the numbers come from: the package's environment report, transformers, load."""
     import transformers
 
+    from batchlab.model.cpu_kernels import kernel_report
     from batchlab.model.environment import environment_report
 
-    return {**environment_report(), "transformers": transformers.__version__,
+    return {**environment_report(), "transformers": transformers.__version__, "kernels": kernel_report(),
             "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
@@ -262,6 +264,7 @@ def format_header(results: dict, command: str) -> str:
              f"command:  {command}",
              f"machine:  {m['device_name']}, {m['cpu_cores_usable']} cores usable, torch threads "
              f"{m['torch_threads']}, {m['platform']}",
+             f"kernels:  {describe_kernels(m['kernels'])}" if m.get("kernels") else "kernels:  not recorded",
              f"versions: python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
              f"model:    {results['model']['name']} on {results['model']['device']} "
              f"({results['model']['dtype']})",
