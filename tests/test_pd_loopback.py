@@ -22,6 +22,8 @@ import torch
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.cluster.pd_loopback import PDLoopback, PDLoopbackConfig
 from batchlab.engine import Engine
+from batchlab.model.divergence import NEAR_TIE, parted_between
+from batchlab.model.llama import LlamaWeights
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.serve import ServerConfig, ServerThread, launch_server, wait_ready
@@ -79,7 +81,12 @@ def test_transferred_kv_gives_the_colocated_greedy_tokens(lm, paged):
     assert all(tuple(c.kv.shape[:2]) == (30, len(x)) for c, x in zip(exported.values(), ids))
     split = [r.fresh_copy(kv_transfer_tokens=r.prompt_len - 1, remote_kv=exported[r.request_id].kv) for r in reqs]
     decoded, decode = engine_outputs(lm, split, paged, block_size=32)
-    assert decoded == colocated
+    if lm.dtype == "float32":
+        assert decoded == colocated
+    else:   # the last prompt token computed alone, not in the prompt's step: bf16 may part at near-ties
+        parted = parted_between(LlamaWeights.from_hf(lm.model), {r.request_id: r.prompt_ids for r in reqs},
+                                {"colocated": colocated, "split": decoded})
+        assert all(margin < NEAR_TIE for _, margin in parted.values()), parted
     first = decode.steps[0]
     assert [(c.start, c.num_tokens) for c in first.chunks] == [(len(x) - 1, 1) for x in ids]
     assert all(r.remote_kv is None for r in decode.requests.values())        # dropped once written
@@ -115,7 +122,7 @@ def servers(lm):
         yield colocated, prefill, decode
 
 
-def test_the_decode_worker_answers_as_the_colocated_server(servers):
+def test_the_decode_worker_answers_as_the_colocated_server(lm, servers):
     colocated, prefill, decode = servers
     for prompt in PROMPTS[:2]:
         params = prefill_part(prefill.url, prompt)
@@ -123,10 +130,12 @@ def test_the_decode_worker_answers_as_the_colocated_server(servers):
         assert params["remote_num_tokens"] == len(httpx.post(f"{prefill.url}/tokenize",
                                                              json={"model": MODEL, "prompt": prompt}).json()["tokens"])
         r = httpx.post(f"{decode.url}/v1/completions", json=body(prompt, kv_transfer_params=params), timeout=60)
-        assert text(r) == text(httpx.post(f"{colocated.url}/v1/completions", json=body(prompt), timeout=60))
+        if lm.dtype == "float32":   # (bf16 may part at near-ties: the engine test above measures them)
+            assert text(r) == text(httpx.post(f"{colocated.url}/v1/completions", json=body(prompt), timeout=60))
         hand_off = r.json()["batchlab"]["kv_transfer"]
         assert hand_off["part"] == "decode" and hand_off["kv_tokens"] == params["remote_num_tokens"] - 1
-        assert hand_off["kv_bytes"] == params["remote_num_tokens"] * 30 * 2 * 3 * 64 * 4 and hand_off["transfer_s"] > 0
+        per_token = 30 * 2 * 3 * 64 * lm.model.dtype.itemsize          # layers x (K, V) x heads x head dim
+        assert hand_off["kv_bytes"] == params["remote_num_tokens"] * per_token and hand_off["transfer_s"] > 0
     assert httpx.get(f"{prefill.url}/batchlab/stats").json()["kv_exports_held"] == 0     # read, so freed
     metrics = httpx.get(f"{decode.url}/metrics").text
     line = next(x for x in metrics.splitlines() if 'source="external_kv_transfer"' in x and x.startswith("vllm:prompt"))
@@ -272,8 +281,8 @@ def test_the_hand_off_needs_continuous_batching_on_blocks():
 
 # --- behind vllm-router --vllm-pd-disaggregation, each worker a process of its own ------------------
 def test_the_real_router_serves_split_as_one_colocated_server(tmp_path):
-    config = PDLoopbackConfig(threads=1, max_num_seqs=4, max_model_len=256)
-    colocated = launch_server("continuous", threads=1, **config.colocated_knobs())
+    config = PDLoopbackConfig(threads=1, max_num_seqs=4, max_model_len=256, dtype="float32")   # exact in any run
+    colocated = launch_server("continuous", threads=1, dtype="float32", **config.colocated_knobs())
     try:
         with PDLoopback(config) as pd:
             wait_ready(colocated)
