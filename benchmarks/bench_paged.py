@@ -12,6 +12,10 @@ Prints:
 2. the TTFT of a request whose prompt is a 256-token shared prefix plus a short question, served
    alone on the real model with prefix caching off and on (the shared prefix cached by an earlier
    request with the same system prompt); the ratio off / on. Goal: at least a 3x cut.
+3. a decode step on the paged cache whose sequences' contexts differ (uniform in a range), with
+   the decodes attending in groups of similar context (``step_layout.context_groups``) and in
+   one group padded to the longest context (the code before grouping), alternated; the ratio
+   grouped / one group. Goal: below 1 where contexts spread widely, about 1 where they do not.
 
 Nothing is asserted; timings on a shared CPU drift, so the figures are medians of repeats.
 """
@@ -27,7 +31,7 @@ import torch
 
 from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
-from batchlab.model import load_model
+from batchlab.model import load_model, step_layout
 from batchlab.model.llama import LlamaWeights, SeqChunk
 from batchlab.model.paged_kv_cache import PagedSeqChunk
 from batchlab.model.profiler import time_step
@@ -54,6 +58,29 @@ def decode_steps(weights: LlamaWeights, batch: int, context: int, repeats: int, 
         paged_chunks.append(PagedSeqChunk(table, context, [ids[s]], True))
     return (time_step(weights, slot_cache, slot_chunks, repeats),
             time_step(weights, paged, paged_chunks, repeats))
+
+
+def mixed_decode_steps(weights: LlamaWeights, lengths: list[int], repeats: int, seed: int = 0
+                       ) -> tuple[float, float]:
+    """Median seconds of one paged decode step of sequences with contexts ``lengths``: (attending
+    in context groups, in one group padded to the longest)."""
+    block_size = 16
+    need = [-(-(n + 1) // block_size) for n in lengths]
+    paged = weights.new_paged_kv_cache(sum(need) + 8, block_size)
+    order = list(range(paged.num_blocks))
+    random.Random(seed).shuffle(order)
+    chunks, used = [], 0
+    for n, k in zip(lengths, need):
+        chunks.append(PagedSeqChunk(order[used:used + k], n, [5], True))
+        used += k
+    default, times = step_layout.GROUP_CALL_KEYS, {}
+    for keys in ((default, 10**12) if seed % 2 == 0 else (10**12, default)):   # which goes first alternates
+        step_layout.GROUP_CALL_KEYS = keys                 # 10**12: never split, one group as before grouping
+        try:
+            times[keys] = time_step(weights, paged, chunks, repeats)
+        finally:
+            step_layout.GROUP_CALL_KEYS = default
+    return times[default], times[10**12]
 
 
 def shared_prompt_ttft(lm, prefix_caching: bool, system: list[int], question: list[int],
@@ -96,6 +123,15 @@ def main() -> None:
             paged.append(p)
         s, p = statistics.median(slot) * 1e3, statistics.median(paged) * 1e3
         print(f"{b:>5} {s:>9.1f} {p:>9.1f} {p / s:>9.2f}x   (goal <= 1.25x)")
+
+    print(f"{'decodes, contexts':>22} {'groups':>6} {'grouped ms':>10} {'one group ms':>12} {'ratio':>6}")
+    spread = random.Random(1)
+    for batch, low, high in ((8, 50, 800), (32, 50, 800), (32, 200, 300), (16, 20, 200)):
+        lengths = [spread.randint(low, high) for _ in range(batch)]
+        groups = len(step_layout.context_groups([n + 1 for n in lengths]))
+        times = [mixed_decode_steps(weights, lengths, args.repeats, seed=r) for r in range(args.rounds)]
+        g, o = (statistics.median(t[i] for t in times) * 1e3 for i in (0, 1))
+        print(f"{f'{batch} x {low}-{high}':>22} {groups:>6} {g:>10.1f} {o:>12.1f} {g / o:>5.2f}x")
 
     rng = random.Random(0)
     vocab = weights.config.vocab_size

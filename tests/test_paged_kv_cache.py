@@ -56,6 +56,42 @@ def test_one_step_gives_the_same_logits_through_block_tables(weights):
         assert torch.allclose(a, b, atol=1e-4, rtol=0), (a - b).abs().max()
 
 
+def test_decodes_of_very_different_contexts_attend_in_groups_and_give_the_same_logits(weights, monkeypatch):
+    """Decodes at positions 5-300 in one step attend in groups, each padded to its own longest
+    context (``context_groups``): the logits are those of one group padded to the longest, within
+    fp32 rounding (the attention kernel's blocking follows the padded length, as it does whenever
+    a batch's longest context changes), and the slot cache's."""
+    from batchlab.model import step_layout
+    from batchlab.model.step_layout import context_groups
+    gen = torch.Generator().manual_seed(1)
+    lengths = [300, 12, 260, 5, 40, 290, 8]
+    assert len(context_groups([n + 1 for n in lengths])) > 1                  # the step really splits
+    bs, vocab = 4, weights.config.vocab_size
+    tables, next_block = [], 0
+    for n in lengths:
+        need = -(-(n + 1) // bs)
+        tables.append(list(range(next_block, next_block + need))[::-1])   # scattered, in reverse
+        next_block += need
+    paged = weights.new_paged_kv_cache(next_block, block_size=bs, max_seq_len=512)
+    slot = weights.new_kv_cache(len(lengths), 512)
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+    for i, (ids, table) in enumerate(zip(prompts, tables)):                    # each prompt, alone
+        forward_step(weights, paged, [PagedSeqChunk(table, 0, ids, True)])
+        forward_step(weights, slot, [SeqChunk(i, 0, ids, True)])
+    step = [(i, n, [7 + i]) for i, n in enumerate(lengths)]
+    chunks = [PagedSeqChunk(tables[i], start, t, True) for i, start, t in step]
+    grouped = forward_step(weights, paged, chunks)
+    monkeypatch.setattr(step_layout, "GROUP_CALL_KEYS", 10**9)                # one group, as before
+    assert len(context_groups([n + 1 for n in lengths])) == 1
+    one_group = forward_step(weights, paged, chunks)
+    slots = forward_step(weights, slot, [SeqChunk(i, start, t, True) for i, start, t in step])
+    tol = 1e-4 if weights.dtype == torch.float32 else 0.5
+    assert torch.allclose(grouped, one_group, atol=tol, rtol=0), (grouped - one_group).abs().max()
+    if weights.dtype == torch.float32:
+        assert torch.equal(grouped.argmax(-1), one_group.argmax(-1))
+    assert torch.allclose(grouped, slots, atol=tol, rtol=0), (grouped - slots).abs().max()
+
+
 def test_paged_cache_validates_its_config(weights):
     with pytest.raises(ValueError, match="block_size=0"):
         weights.new_paged_kv_cache(8, block_size=0)

@@ -10,7 +10,10 @@ mapping*). A step therefore
 
 1. **scatters** its new keys and values into their rows (one indexed copy per layer), then
 2. **gathers** each sequence's past through its table into a dense (context, KV, hd) block and
-   attends over it, as the slot cache's step does over its contiguous slot.
+   attends over it, as the slot cache's step does over its contiguous slot. Single-token chunks
+   (decodes) attend together, in groups of similar context (``step_layout.context_groups``), each
+   gathered and padded only to its own longest past (a step of 32 decodes at contexts of 50-800
+   took about 3x as long in one group padded to the longest: ``bench_paged.py``).
 
 The gather is the price of paging on a CPU without a paged-attention kernel: it copies the
 context's keys and values once per layer (GPU kernels such as vLLM's read the blocks in place).
@@ -31,7 +34,7 @@ import torch
 
 from batchlab.kv_blocks import DEFAULT_BLOCK_SIZE, BlockManager, check_block_size
 from batchlab.model.kv_cache import KVCache, check_cache_shape
-from batchlab.model.step_layout import StepLayout, chunk_attention, decode_attention, place_decodes
+from batchlab.model.step_layout import StepLayout, chunk_attention, context_groups, decode_attention
 
 
 class PagedKVCache(BlockManager):
@@ -125,23 +128,32 @@ class PagedStepLayout(StepLayout):
     grid, padded with row 0 and masked past each one's own length."""
 
     def __init__(self, chunks: list[PagedSeqChunk], cache: PagedKVCache, config, device) -> None:
-        self.block_size = bs = cache.block_size
+        self.block_size = cache.block_size
         super().__init__(chunks, config, device)
         past_rows = [self._rows(c.block_table, c.start + len(c.token_ids)) for c in chunks]
         self.slot_mapping = torch.cat([rows[c.start:] for c, rows in zip(chunks, past_rows)]).to(device)  # (T,)
         self.multi_past_rows = [rows.to(device) for c, rows in zip(chunks, past_rows) if len(c.token_ids) > 1]
-        if self.single:
-            S, ctx = len(self.single), max(c.start for _, c in self.single) + 1
-            max_blocks = -(-ctx // bs)
-            tables = torch.zeros(S, max_blocks, dtype=torch.long)
-            for i, (_, c) in enumerate(self.single):
-                used = c.block_table[:max_blocks]
-                tables[i, :len(used)] = torch.tensor(used, dtype=torch.long)
-            self.single_shape = (S, ctx)
-            self.single_index = self._rows_of(tables, ctx).reshape(-1).to(device)             # (S·ctx,)
-            lengths = torch.tensor([c.start + 1 for _, c in self.single])
-            pos = torch.arange(ctx)
-            self.single_mask = (pos[None, :] < lengths[:, None])[:, None, None, :].to(device)  # (S,1,1,ctx)
+        # The single-token chunks attend in groups of similar context (``context_groups``), each
+        # gathered and padded to its own longest past: (rows in q, pool rows (n·ctx,), (n, ctx), mask).
+        self.single_groups = []
+        for members in context_groups([c.start + 1 for _, c in self.single]):
+            chunks_g = [self.single[i][1] for i in members]
+            rows = (slice(0, len(members)) if members == list(range(len(members))) and self.singles_first
+                    else torch.tensor([self.single[i][0] for i in members], dtype=torch.long, device=device))
+            self.single_groups.append((rows, *self._past_grid(chunks_g, device)))
+
+    def _past_grid(self, chunks: list[PagedSeqChunk], device) -> tuple:
+        """Pool rows of each chunk's past on an (n, ctx) grid, padded with row 0, and the mask
+        keeping each to its own length: (rows (n·ctx,), (n, ctx), mask (n, 1, 1, ctx))."""
+        n, ctx = len(chunks), max(c.start for c in chunks) + 1
+        max_blocks = -(-ctx // self.block_size)
+        tables = torch.zeros(n, max_blocks, dtype=torch.long)
+        for i, c in enumerate(chunks):
+            used = c.block_table[:max_blocks]
+            tables[i, :len(used)] = torch.tensor(used, dtype=torch.long)
+        lengths = torch.tensor([c.start + 1 for c in chunks])
+        mask = (torch.arange(ctx)[None, :] < lengths[:, None])[:, None, None, :]
+        return self._rows_of(tables, ctx).reshape(-1).to(device), (n, ctx), mask.to(device)
 
     def _rows_of(self, tables: torch.Tensor, end: int) -> torch.Tensor:
         """Pool rows of positions ``0..end-1`` through block tables (last dimension: blocks)."""
@@ -171,12 +183,10 @@ def paged_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_layer: torch.Tenso
     # advanced indexing, kv_layer[rows], measured on one thread).
     kv_layer.index_copy_(0, lay.slot_mapping, kv_new)        # scatter this step's keys/values
     attn = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
-    if lay.single:
-        S, ctx = lay.single_shape
-        past = kv_layer.index_select(0, lay.single_index).view(S, ctx, *kv_layer.shape[1:])  # gathered
-        qs = (q[:S] if lay.singles_first else q[lay.single_rows]).unsqueeze(2)   # (S, H, 1, hd)
-        place_decodes(attn, decode_attention(qs, past[:, :, 0].transpose(1, 2), past[:, :, 1].transpose(1, 2),
-                                             lay.single_mask), lay)
+    for rows, index, (n, ctx), mask in lay.single_groups:     # single-token chunks, by context length
+        past = kv_layer.index_select(0, index).view(n, ctx, *kv_layer.shape[1:])  # gathered (n, ctx, 2, KV, hd)
+        attn[rows] = decode_attention(q[rows].unsqueeze(2), past[:, :, 0].transpose(1, 2),
+                                      past[:, :, 1].transpose(1, 2), mask)          # (n, H, hd)
     for (row, c), past_rows in zip(lay.multi, lay.multi_past_rows):
         n = len(c.token_ids)
         past = kv_layer.index_select(0, past_rows)           # (end, 2, KV, hd): cached + new

@@ -9,7 +9,7 @@ below, and differ only in how a sequence's past keys and values are read: a view
 a gather through its block table.
 
 Shapes: T tokens in the step, H query heads, KV key/value heads, hd head size, S single-token
-chunks, ctx the longest past among them.
+chunks (or one group of them, ``context_groups``), ctx the longest past among them.
 """
 
 from __future__ import annotations
@@ -69,6 +69,33 @@ class StepLayout:
 
     def check(self, chunk) -> None:
         """Anything else a cache requires of a chunk."""
+
+
+# One more attention call costs about as much as this many padded key positions saved (see
+# ``context_groups``); measured in ``benchmarks/bench_paged.py``'s mixed-length decodes.
+GROUP_CALL_KEYS = 512
+MAX_CONTEXT_GROUPS = 4
+
+
+def context_groups(lengths: list[int], call_keys: int | None = None) -> list[list[int]]:
+    """Split single-token chunks, by their context ``lengths``, into groups that attend in separate
+    calls, each padded only to its own longest context (not the step's): indices into ``lengths``
+    (in order within a group), the longest group first. A group is split where that saves more
+    than ``call_keys`` (default ``GROUP_CALL_KEYS``) padded key positions (sequences x positions),
+    into at most ``MAX_CONTEXT_GROUPS`` groups. Padding is masked, so a group changes a sequence's
+    attention only by rounding (the kernel's blocking follows the padded length), as any change
+    of the batch's longest context does."""
+    call_keys = GROUP_CALL_KEYS if call_keys is None else call_keys
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups, rest = [], order
+    while len(groups) < MAX_CONTEXT_GROUPS - 1 and len(rest) > 1:
+        longest = lengths[rest[0]]
+        saved, j = max(((len(rest) - j) * (longest - lengths[rest[j]]), j) for j in range(1, len(rest)))
+        if saved <= call_keys:
+            break
+        groups.append(rest[:j])
+        rest = rest[j:]
+    return [sorted(g) for g in groups + [rest] if g]
 
 
 def decode_attention(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
