@@ -338,8 +338,9 @@ print((side[["ttft_p50", "ttft_p90", "itl_p50", "itl_p90"]] * 1e3).round(1).to_s
 # stall. What the real run shows is the mechanism (the protocol, the move, the identical
 # answers); what it pays is the simulator's question, above.
 #
-# And the fault: the prefill worker was killed before the last request. The router could not
-# reach it and answered the client with an error that names the reason, instead of hanging:
+# And the fault: after the two loads the prefill worker was killed, and one more request sent.
+# The router could not reach it and answered the client with an error that names the reason,
+# instead of hanging:
 
 # %%
 print(orphan.status_code, orphan.text[:160])
