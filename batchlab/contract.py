@@ -1,5 +1,6 @@
 """What the engine checks, so that a broken policy or backend fails loudly instead of losing work.
 
+- ``check_parts``: the scheduler and backend are batchlab's, and fit together.
 - ``fresh_workload``: a workload is a list of requests, sorted by arrival, with unique ids; the
   engine serves fresh copies of them.
 - ``check_chunk``: each chunk of a plan continues its request's cache exactly, stays within its
@@ -36,17 +37,30 @@ class ServingEngine(Protocol):
     backend: Backend
     clock: Clock
     requests: dict[str, Request]     # every request of the run, in arrival order
+    release_times: dict[str, float | None]   # when each ended request's response went out
     steps: list[StepRecord]          # every step of the run
     fast_decode_runs: bool           # may the simulator's fast path predict runs of decode steps?
 
     def start(self, listener: EngineListener | None = None) -> float: ...
     def add_request(self, req: Request, now: float) -> None: ...
     def step(self, now: float) -> StepRecord | Idle: ...
-    def apply_decode_run(self, requests: list[Request], token: int, ends: list[float]) -> None: ...
     def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None: ...
     def abort(self, request_id: str, detail: str, now: float) -> bool: ...
     def release_ended(self, t: float) -> None: ...
     def finish(self, **meta) -> Trace: ...
+
+
+def check_parts(scheduler: Scheduler, backend: Backend) -> None:
+    """An engine's parts fit together: a batchlab scheduler, a batchlab backend, and a policy that
+    can check drafts when the backend drafts."""
+    if not isinstance(scheduler, Scheduler):
+        raise ValueError(f"scheduler={scheduler!r}; must be a batchlab Scheduler (StaticBatcher, ...)")
+    if not isinstance(backend, Backend):
+        raise ValueError(f"backend={backend!r}; must be a batchlab Backend (SimBackend, ModelBackend)")
+    if backend.speculative is not None and not scheduler.checks_drafts:
+        raise ValueError(f"{type(scheduler).__name__} cannot check speculative drafts: a request-level batch "
+                         "runs its members in lockstep, one token a step; use ContinuousBatcher with "
+                         "speculative decoding, or a backend without a speculative config")
 
 
 def fresh_workload(requests: Sequence[Request]) -> list[Request]:
@@ -80,7 +94,7 @@ def check_chunk(c: ScheduledChunk, req: Request | None) -> Request:
     if req.status is not RequestStatus.RUNNING:      # (an identity check: this runs for every chunk)
         raise EngineError(f"the plan computes tokens for {rid!r}, which is not running ({req.status.value}); "
                           "a scheduler plans only requests it has admitted and that have not ended")
-    first, computed = c.start, c.start + c.num_tokens
+    first, computed = c.start, c.start + c.num_tokens - len(c.draft)     # (drafted tokens are not known yet)
     if first != req.num_computed_tokens:
         raise EngineError(f"the plan computes tokens of {rid!r} from {first}, but {req.num_computed_tokens} "
                           "are computed (a chunk must continue exactly where the cache ends, and a "

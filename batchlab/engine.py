@@ -46,13 +46,12 @@ duration and skips idle gaps) or ``"wall"`` (real time; requests arrive in real 
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
-from batchlab.backends.base import Backend
+from batchlab.backends.base import Backend, StepResult
 from batchlab.checks import check_bool
 from batchlab.clock import Clock, make_clock
-from batchlab.contract import EngineError, check_chunk, check_ended, fresh_workload, policy_params
+from batchlab.contract import EngineError, check_chunk, check_ended, check_parts, fresh_workload, policy_params
 from batchlab.listener import EngineListener
 from batchlab.offline import serve_offline
 from batchlab.online import EngineInbox, serve_online
@@ -78,10 +77,7 @@ class Engine:
 
     def __init__(self, scheduler: Scheduler, backend: Backend, clock: str | Clock = "virtual",
                  fast_decode_runs: bool = True) -> None:
-        if not isinstance(scheduler, Scheduler):
-            raise ValueError(f"scheduler={scheduler!r}; must be a batchlab Scheduler (StaticBatcher, ...)")
-        if not isinstance(backend, Backend):
-            raise ValueError(f"backend={backend!r}; must be a batchlab Backend (SimBackend, ModelBackend)")
+        check_parts(scheduler, backend)
         check_bool("fast_decode_runs", fast_decode_runs)
         self.scheduler, self.backend = scheduler, backend
         self.clock = make_clock(clock)
@@ -147,22 +143,23 @@ class Engine:
                             plan.batch_id)
         self.steps.append(record)
         end = record.end
-        self._apply(plan, result.new_tokens, start, end, result.logprobs)   # computed, sampled, ends
+        self._apply(plan, result, start, end)        # computed, sampled (or drafts checked), ends
         self.release_ended(end)
         return record
 
-    def _apply(self, plan: StepPlan, new_tokens: dict[str, int], start: float, end: float,
-               logprobs: dict | None = None) -> None:
+    def _apply(self, plan: StepPlan, result: StepResult, start: float, end: float) -> None:
         """Each chunk's tokens are now computed; each sampling chunk's request gets its next token
-        (at the step's end, with its logprobs if asked) and ends on a stop token (once it has
-        ``min_tokens``) or its last one. (Runs per chunk per step, so it is written out.)"""
-        requests = self.requests
-        on_token = self.listener.on_token if self.hears_tokens else None   # (the default hears nothing)
+        (at the step's end, with its logprobs if asked), or the tokens its checked draft emitted,
+        and ends on a stop token (once it has ``min_tokens``) or its last one. (Runs per chunk per
+        step, so it is written out.)"""
+        requests, new_tokens, logprobs = self.requests, result.new_tokens, result.logprobs
         for c in plan.chunks:
             req = requests.get(c.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
                 check_chunk(c, req)                         # raises, naming the rule the plan broke
             computed, known = c.start + c.num_tokens, req.prompt_len + len(req.output_ids)
+            if c.draft:
+                computed -= len(c.draft)                    # drafted tokens are not known yet
             if c.start != req.num_computed_tokens or computed > known or c.samples != (computed == known):
                 check_chunk(c, req)
             if req.first_scheduled_time is None:
@@ -170,34 +167,50 @@ class Engine:
             req.num_computed_tokens = computed
             if not c.samples:
                 continue
+            if c.draft:
+                self._apply_check(req, c.draft, result, end)
+                continue
             token = new_tokens.get(c.request_id)
             if token is None:
                 raise EngineError(f"the backend returned no token for {c.request_id!r}, whose chunk samples")
-            req.output_ids.append(token)
-            req.token_times.append(end)
-            if logprobs and (lp := logprobs.get(c.request_id)) is not None:
-                req.output_logprobs.append(lp)
-            if on_token is not None:
-                on_token(req, token, end)
-            if req.stops_on(token):
-                self.end_request(req, FinishReason.STOP, end)
-            elif len(req.output_ids) >= req.max_new_tokens:
-                self.end_request(req, FinishReason.LENGTH, end)
+            self._append(req, token, end, logprobs.get(c.request_id) if logprobs else None)
+        if self.backend.speculative is not None:
+            for rid, draft in result.drafts.items():
+                requests[rid].draft_ids = draft
 
-    def apply_decode_run(self, requests: list[Request], token: int, ends: list[float]) -> None:
-        """``_apply`` for a run of decode steps that the simulator's fast path predicted, ending at
-        ``ends``: each request computed a token and sampled ``token`` per step; who is done ends."""
-        k, t, ended = len(ends), ends[-1], False
-        for req in requests:
-            req.num_computed_tokens += k
-            req.output_ids.extend([token] * k)
-            req.token_times.extend(ends)
-            stopped = req.stops_on(token)
-            if stopped or len(req.output_ids) >= req.max_new_tokens:
-                self.end_request(req, FinishReason.STOP if stopped else FinishReason.LENGTH, t)
-                ended = True
-        if ended:
-            self.release_ended(t)
+    def _append(self, req: Request, token: int, end: float, logprobs=None) -> bool:
+        """Append one sampled token to ``req``; True if it ended the request."""
+        req.output_ids.append(token)
+        req.token_times.append(end)
+        if logprobs is not None:
+            req.output_logprobs.append(logprobs)
+        if self.hears_tokens:                               # (the default listener hears nothing)
+            self.listener.on_token(req, token, end)
+        if req.stops_on(token):
+            self.end_request(req, FinishReason.STOP, end)
+        elif len(req.output_ids) >= req.max_new_tokens:
+            self.end_request(req, FinishReason.LENGTH, end)
+        else:
+            return req.status is not RequestStatus.RUNNING     # (a listener may end it: a stop string)
+        return True
+
+    def _apply_check(self, req: Request, draft: tuple[int, ...], result: StepResult, end: float) -> None:
+        """A checked draft: the accepted draft tokens are computed (their KV is in the cache), the
+        rejected ones' KV room is given back (``kv.rollback``), and the emitted tokens are appended
+        one by one, up to the first that ends the request."""
+        emitted = result.verified.get(req.request_id)
+        if not emitted or len(emitted) > len(draft) + 1 or list(draft[:len(emitted) - 1]) != emitted[:-1]:
+            raise EngineError(f"the backend's check of {req.request_id!r}'s draft of {len(draft)} tokens emitted "
+                              f"{emitted!r}: must be 1 to {len(draft) + 1} tokens, the draft's accepted prefix then one")
+        accepted = len(emitted) - 1
+        req.spec_checks.append((len(draft), accepted))
+        req.num_computed_tokens += accepted
+        if accepted < len(draft):
+            self.scheduler.kv.rollback(req.request_id, len(draft) - accepted)
+        logprobs = result.logprobs.get(req.request_id) or [None] * len(emitted)
+        for token, token_logprobs in zip(emitted, logprobs):
+            if self._append(req, token, end, token_logprobs):
+                return
 
     # --- how requests end ----------------------------------------------------------------------------
     def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None:
@@ -237,23 +250,6 @@ class Engine:
                 raise EngineError(f"{self.scheduler!r} released {rid!r} before it finished ({req.status.value})")
             times[rid] = t
             self.listener.on_end(req, t)
-
-    # --- a long-running server's memory ---------------------------------------------------------------
-    def forget_ended(self, keep: int) -> tuple[int, int]:
-        """Keep the run's record to its last ``keep`` ended requests, and the steps and preemptions
-        since the oldest request kept; returns how many requests and preemptions were dropped."""
-        requests, times = self.requests, self.release_times      # in arrival order
-        ended = [rid for rid, r in requests.items() if r.is_done and times.get(rid) is not None]
-        if len(ended) <= keep:
-            return 0, 0
-        for rid in ended[:len(ended) - keep]:                     # the oldest arrivals go first
-            del requests[rid], times[rid]
-        oldest = next(iter(requests.values())).arrival_time
-        del self.steps[:bisect.bisect_left(self.steps, oldest, key=lambda s: s.start)]
-        log = self.scheduler.preemptions
-        num_old = bisect.bisect_left(log, oldest, key=lambda p: p.time)
-        del log[:num_old]
-        return len(ended) - keep, num_old
 
     # --- the end of a run ----------------------------------------------------------------------------
     def finish(self, **meta) -> Trace:

@@ -23,7 +23,8 @@ How long a run may last, the policy and its KV space answer too
 (``Scheduler.decode_steps_with_room``): on a paged cache every decode may need a new block, and
 the run stops before the step in which the free blocks would run out (the scheduler would preempt
 someone). The run's KV growth is taken at once (``Scheduler.grow_for_decode_steps``) and its
-tokens are applied by the engine (``ServingEngine.apply_decode_run``), as stepping would.
+tokens are applied as stepping would (``apply_decode_run``), ending who is done through the
+engine (``ServingEngine.end_request``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from batchlab.backends.simulator import PLACEHOLDER_TOKEN, SimBackend
 from batchlab.contract import ServingEngine
 from batchlab.plan import DecodeChunks, Idle, chunk_attention_pairs
-from batchlab.requests import Request, RequestStatus
+from batchlab.requests import FinishReason, Request, RequestStatus
 from batchlab.trace import StepRecord
 
 
@@ -101,7 +102,8 @@ class DecodeRuns:
     @staticmethod
     def applies(engine: ServingEngine) -> bool:
         """On the simulator's virtual clock (a step's duration is known before it runs)."""
-        return engine.fast_decode_runs and engine.clock.name == "virtual" and isinstance(engine.backend, SimBackend)
+        return (engine.fast_decode_runs and engine.clock.name == "virtual" and isinstance(engine.backend, SimBackend)
+                and engine.backend.speculative is None)     # (a draft's check changes every step's shape)
 
     def __init__(self, engine: ServingEngine) -> None:
         self.engine = engine
@@ -162,10 +164,27 @@ class DecodeRuns:
         """Each request of ``run`` computed one token and got one (a placeholder) per step; those
         that produced their last token end (the engine applies them, as in a step)."""
         self.engine.scheduler.grow_for_decode_steps(run.request_ids, len(records))
-        self.engine.apply_decode_run(run.requests, PLACEHOLDER_TOKEN, [s.end for s in records])
+        apply_decode_run(self.engine, run.requests, PLACEHOLDER_TOKEN, [s.end for s in records])
         self.offset += len(records)
         if self.offset == run.last_offset:
             self.run = None
 
 
-__all__ = ["DecodeRun", "DecodeRuns", "predict_decode_steps"]
+def apply_decode_run(engine: ServingEngine, requests: list[Request], token: int, ends: list[float]) -> None:
+    """What the steps of a predicted run would have applied: each request computed a token and
+    sampled ``token`` per step, the steps ending at ``ends``; who is done ends (``end_request``)
+    and is released at the last end."""
+    k, t, ended = len(ends), ends[-1], False
+    for req in requests:
+        req.num_computed_tokens += k
+        req.output_ids.extend([token] * k)
+        req.token_times.extend(ends)
+        stopped = req.stops_on(token)
+        if stopped or len(req.output_ids) >= req.max_new_tokens:
+            engine.end_request(req, FinishReason.STOP if stopped else FinishReason.LENGTH, t)
+            ended = True
+    if ended:
+        engine.release_ended(t)
+
+
+__all__ = ["DecodeRun", "DecodeRuns", "apply_decode_run", "predict_decode_steps"]

@@ -211,6 +211,19 @@ class BlockPool:
             del self.free_cached[block]
         self.ref_count[block] += 1
 
+    def _unreference(self, blocks) -> None:
+        """Drop one reference to each of ``blocks``, in order. A block nobody holds is free: one
+        that caches nothing is reused first; a cached one waits at the LRU's newest end, to be
+        hit again or evicted last."""
+        ref_count, block_hash = self.ref_count, self.block_hash
+        for block in blocks:
+            ref_count[block] -= 1
+            if ref_count[block] == 0:
+                if block_hash[block] is None:
+                    self.free_uncached.append(block)
+                else:
+                    self.free_cached[block] = None
+
     def _cache(self, block: int, h: int, tokens: tuple[int, ...]) -> None:
         """Register ``block`` as holding the full prompt block whose chained hash is ``h``."""
         if h not in self.hash_to_block and self.block_hash[block] is None:
@@ -390,6 +403,18 @@ class BlockManager(BlockPool):
         if done >= len(prompt) // self.block_size:   # every full prompt block is hashed: no more to do
             del self._prompt_of[request_id]
 
+    def rollback(self, request_id: str, num_tokens: int) -> None:
+        """Give back the room of the sequence's last ``num_tokens`` tokens (rejected drafts) and the
+        blocks that held only those (no hash is lost: only prompt blocks are hashed)."""
+        if not 0 <= num_tokens <= (held := self.num_tokens_of[request_id]):
+            raise ValueError(f"request {request_id!r}: rollback of num_tokens={num_tokens}; must be in 0..{held}")
+        held -= num_tokens
+        table, keep = self.tables[request_id], blocks_for(held, self.block_size)
+        self._unreference(reversed(table[keep:]))
+        del table[keep:]
+        self.num_tokens_of[request_id] = held
+        self._room[request_id] = min(self._room[request_id], len(table) * self.block_size)
+
     # --- release -----------------------------------------------------------------------------------
     def free(self, request_id: str) -> None:
         """Drop the sequence's references. A block nobody holds becomes free; its tail blocks
@@ -401,19 +426,7 @@ class BlockManager(BlockPool):
         del self.num_tokens_of[request_id], self._room[request_id]
         self._prompt_of.pop(request_id, None)
         self._hashed.pop(request_id, None)
-        ref_count, block_hash = self.ref_count, self.block_hash
-        uncached, cached = self.free_uncached, self.free_cached
-        for block in reversed(table):
-            ref_count[block] -= 1
-            if ref_count[block] == 0:      # nobody holds it: it is free. One that caches nothing
-                if block_hash[block] is None:   # is reused first; a cached one waits at the LRU's
-                    uncached.append(block)      # newest end, to be hit again or evicted last
-                else:
-                    cached[block] = None
-
-    def check(self) -> None:
-        """Raise if the books do not balance (``check_books``)."""
-        check_books(self)
+        self._unreference(reversed(table))
 
     def __repr__(self) -> str:
         return (f"BlockManager({self.used_blocks}/{self.num_blocks} blocks of {self.block_size} used, seqs="

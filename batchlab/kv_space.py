@@ -77,6 +77,11 @@ class KVSpace(Protocol):
         """``grow(id, 1)`` for each sequence in turn, stopping at the first with no room; returns
         how many grew (those after it are not grown)."""
 
+    def rollback(self, request_id: str, num_tokens: int) -> None:
+        """The sequence's last ``num_tokens`` tokens of room held drafted tokens its step rejected
+        (speculative decoding): give that room back. Their keys and values are garbage now, and
+        the next tokens at those positions overwrite them."""
+
     def free(self, request_id: str) -> None:
         """Release a sequence's space; it can be reused at the very next step."""
 
@@ -149,6 +154,9 @@ class ReservingKVSpace:
 
     def reuses_unheld_blocks(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:
         return False          # nothing is shared, so nothing is cached for later
+
+    def rollback(self, request_id: str, num_tokens: int) -> None:
+        """Nothing to give back: the reservation covers the sequence's whole length."""
 
     def free(self, request_id: str) -> None:
         try:

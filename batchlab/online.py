@@ -24,6 +24,7 @@ everything still in flight with that reason, then the loop returns its trace.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -36,7 +37,7 @@ from batchlab.loop import Arrivals, run_until
 from batchlab.requests import Request
 from batchlab.trace import Trace
 
-__all__ = ["EngineInbox", "EngineListener", "InboxArrivals", "InboxCommands", "serve_online"]
+__all__ = ["EngineInbox", "EngineListener", "InboxArrivals", "InboxCommands", "forget_ended", "serve_online"]
 
 
 @dataclass
@@ -148,3 +149,21 @@ def serve_online(engine: ServingEngine, inbox: EngineInbox, listener: EngineList
     wall_start = time.perf_counter()
     run_until(engine, InboxArrivals(inbox), engine.start(listener))
     return engine.finish(wall_seconds=time.perf_counter() - wall_start)
+
+
+def forget_ended(engine: ServingEngine, keep: int) -> tuple[int, int]:
+    """A long-running server's memory: keep the engine's run record to its last ``keep`` ended
+    requests, and the steps and preemptions since the oldest request kept; returns how many
+    requests and preemptions were dropped."""
+    requests, times = engine.requests, engine.release_times     # in arrival order
+    ended = [rid for rid, r in requests.items() if r.is_done and times.get(rid) is not None]
+    if len(ended) <= keep:
+        return 0, 0
+    for rid in ended[:len(ended) - keep]:                       # the oldest arrivals go first
+        del requests[rid], times[rid]
+    oldest = next(iter(requests.values())).arrival_time
+    del engine.steps[:bisect.bisect_left(engine.steps, oldest, key=lambda s: s.start)]
+    log = engine.scheduler.preemptions
+    num_old = bisect.bisect_left(log, oldest, key=lambda p: p.time)
+    del log[:num_old]
+    return len(ended) - keep, num_old

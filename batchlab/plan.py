@@ -20,6 +20,12 @@ class ScheduledChunk:
     ``samples`` is True when this chunk reaches the request's last known token, so the step
     produces the request's next token (the final prompt chunk, or any decode).
 
+    ``draft``: speculative decoding's drafted tokens, which follow the known tokens: the chunk's
+    last ``len(draft)`` tokens (``num_tokens`` counts them). A decode with a draft of ``k`` tokens
+    computes ``1 + k`` positions, and the step checks each draft token against the model's choice
+    at the position before it (``batchlab.model.verify``), so it may produce up to ``k + 1``
+    tokens. Only a sampling chunk drafts.
+
     Treat a chunk as read-only once planned. (It is not a frozen dataclass only because a
     simulation creates millions of them, and a frozen one takes three times longer to make.)
     """
@@ -28,16 +34,21 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     samples: bool
+    draft: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.start < 0:
             raise ValueError(f"chunk for {self.request_id!r}: start={self.start}; must be >= 0")
         if self.num_tokens < 1:
             raise ValueError(f"chunk for {self.request_id!r}: num_tokens={self.num_tokens}; must be >= 1")
+        if self.draft and (not self.samples or len(self.draft) >= self.num_tokens):
+            raise ValueError(f"chunk for {self.request_id!r}: a draft of {len(self.draft)} tokens needs a sampling "
+                             f"chunk of more tokens (num_tokens={self.num_tokens}, samples={self.samples})")
 
     @property
     def is_decode(self) -> bool:
-        return self.num_tokens == 1 and self.start > 0 and self.samples
+        """One known token (and any drafted ones after it) of a request past its prompt."""
+        return self.num_tokens == 1 + len(self.draft) and self.start > 0 and self.samples
 
 
 class DecodeChunks(Sequence):

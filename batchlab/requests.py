@@ -166,6 +166,9 @@ class Request:
     ``finish_reason`` (a ``FinishReason``) and ``finish_detail`` (why, in words, when it was
     aborted or rejected), ``exported_kv`` (see ``export_kv``), ``kv_arrival_time`` (when the
     transferred KV is in this worker's blocks, set when the scheduler admits the request).
+    Speculative decoding: ``draft_ids``, the tokens drafted for its next step (the backend's
+    proposal); ``spec_checks``, one ``(drafted, accepted)`` pair of token counts per step that
+    checked a draft of it.
     """
 
     request_id: str
@@ -191,6 +194,8 @@ class Request:
     finish_detail: str | None = None
     exported_kv: Any = field(default=None, repr=False)
     kv_arrival_time: float | None = None
+    draft_ids: list[int] = field(default_factory=list)
+    spec_checks: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:

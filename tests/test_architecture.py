@@ -21,6 +21,7 @@ LAYERS = [
     ["checks"],
     ["requests"],
     ["plan"],
+    ["speculative"],                   # who drafts, and how many tokens a step may check
     ["trace", "listener"],
     ["kv_space"],
     ["kv_blocks"],

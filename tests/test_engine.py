@@ -16,6 +16,7 @@ import pytest
 
 from batchlab.backends import Backend, CostModel, SimBackend, StepResult
 from batchlab.engine import Engine, EngineError
+from batchlab.kv_blocks import check_books
 from batchlab.plan import DecodeChunks, ScheduledChunk, StepPlan
 from batchlab.requests import FinishReason, Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
@@ -273,7 +274,7 @@ def test_fast_path_on_a_paged_cache_makes_the_same_trace(capacity, block_size, p
     if capacity < 1000:
         assert slow.preemptions, "the small cache should preempt"
     for backend in backends.values():
-        backend.kv.check()
+        check_books(backend.kv)
     assert backends[True].kv.num_hit_tokens == backends[False].kv.num_hit_tokens
     assert backends[True].kv.num_evictions == backends[False].kv.num_evictions
 

@@ -9,7 +9,7 @@ import pytest
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
-from batchlab.kv_blocks import BlockManager, blocks_for
+from batchlab.kv_blocks import BlockManager, blocks_for, check_books
 from batchlab.kv_space import KVSpace, TokenKVSpace
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
@@ -38,10 +38,10 @@ def test_blocks_are_handed_out_as_a_sequence_grows_and_all_come_back():
     assert not kv.grow("a", 8) and kv.held_tokens == 9   # no room: refused, nothing changed
     with pytest.raises(ValueError, match="num_tokens=-1"):
         kv.grow("a", -1)
-    kv.check()
+    check_books(kv)
     kv.free("a")
     assert kv.used_blocks == 0 and kv.num_free_blocks == 4
-    kv.check()
+    check_books(kv)
     with pytest.raises(KeyError, match="freed twice"):
         kv.free("a")
 
@@ -53,7 +53,7 @@ def test_grow_each_grows_in_order_and_stops_at_the_first_without_room():
         kv.admit(rid, n, n)                      # a, b and c hold a block each; one block is free
     assert kv.grow_each(["b", "a", "c"]) == 2    # b fits its block, a takes the free one, c: none
     assert [kv.num_tokens_of[r] for r in "abc"] == [5, 4, 4] and kv.num_free_blocks == 0
-    kv.check()
+    check_books(kv)
     kv.free("b")
     assert kv.grow_each(["c", "a"]) == 2                # c takes b's block, a has room in its own
     assert [kv.num_tokens_of[r] for r in "ac"] == [6, 5] and kv.num_free_blocks == 0
@@ -106,7 +106,7 @@ def test_prefix_blocks_are_shared_by_chained_hash_and_evicted_least_recently_fre
     assert kv.cached_prefix_tokens(system, len(system) - 1) == 4
     kv.free("a")
     kv.free("b")
-    kv.check()
+    check_books(kv)
     assert kv.used_blocks == 0 and kv.num_cached_blocks == 2   # free, but still cached
     assert kv.admit("c", len(b), len(b), b) == 8                    # a hit on free cached blocks
     kv.free("c")
@@ -115,7 +115,7 @@ def test_prefix_blocks_are_shared_by_chained_hash_and_evicted_least_recently_fre
     assert kv.num_cached_blocks == 2 and kv.num_evictions == 0
     kv.admit("e", 4, 4)                                   # one more: evicts the tail block
     assert kv.num_evictions == 1 and kv.cached_prefix_tokens(b, 8) == 4
-    kv.check()
+    check_books(kv)
 
 
 def test_prompt_hashes_are_remembered_per_prompt_and_give_the_same_hits_as_fresh_ones(monkeypatch):
@@ -146,7 +146,7 @@ def test_growth_takes_a_block_only_when_the_last_one_is_full_and_never_past_max_
     assert kv.grow("a", 3) and len(table) == 2          # tokens 6-8 fit in it
     assert kv.grow("a", 2) and len(table) == 3          # 10 tokens: max_seq_len
     assert not kv.grow("a", 1) and kv.num_tokens_of["a"] == 10    # refused; nothing changed
-    kv.check()
+    check_books(kv)
     with pytest.raises(ValueError, match="num_tokens=-1"):
         kv.grow("a", -1)
 
@@ -157,7 +157,7 @@ class RecordingSim(SimBackend):
 
     def run(self, plan, requests):
         self.used_per_step.append(self.kv.used_blocks)
-        self.kv.check()
+        check_books(self.kv)
         return super().run(plan, requests)
 
     def reset(self):
@@ -224,7 +224,7 @@ def test_no_block_is_leaked_or_double_freed_and_the_budget_holds(policy, load, p
                 "light": lambda: workload(20, 3, 0.5, shared=prefix)}[load]()
     backend = RecordingSim(RULER, kv_capacity_tokens=320, block_size=16, enable_prefix_caching=prefix)
     trace = Engine(POLICIES[policy](), backend).run(requests)   # the engine checks nobody is lost
-    backend.kv.check()
+    check_books(backend.kv)
     assert backend.kv.used_blocks == 0 and not backend.kv.tables
     assert max(backend.used_per_step) <= backend.kv.num_blocks
     finished = [r for r in trace.requests if r.status is RequestStatus.FINISHED]

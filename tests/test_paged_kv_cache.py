@@ -7,6 +7,7 @@ import torch
 
 from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
+from batchlab.kv_blocks import check_books
 from batchlab.model.llama import SeqChunk, forward_step
 from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk
 from batchlab.requests import Request
@@ -116,7 +117,7 @@ def test_preemption_and_recompute_give_the_same_tokens(lm, workload, slot_output
     assert trace.preemptions, "the small cache should have preempted someone"
     assert any(p.num_output_tokens > 0 for p in trace.preemptions)   # recompute covers outputs too
     assert outputs(trace) == slot_outputs
-    backend.kv.check()
+    check_books(backend.kv)
     assert backend.kv.used_blocks == 0
 
 

@@ -139,6 +139,9 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
                 raise ValueError(f"step {s.index}: {c.request_id!r} starts at token {c.start}, not where "
                                  "its computed tokens end; traces with preemptions or prefix-cache "
                                  "hits (paged KV) cannot be saved in this format yet")
+            if c.draft:
+                raise ValueError(f"step {s.index} checks a speculative draft of {c.request_id!r}; traces with "
+                                 "speculative decoding cannot be saved in this format yet")
             if c.is_decode:
                 decodes.append(index[c.request_id])
             else:

@@ -16,16 +16,25 @@ from typing import Any
 from batchlab.kv_space import KVSpace
 from batchlab.plan import StepPlan
 from batchlab.requests import Request, TokenLogprobs
+from batchlab.speculative import SpeculativeConfig
 
 
 @dataclass
 class StepResult:
-    """``new_tokens[request_id]`` for every chunk that samples; ``duration`` in seconds;
-    ``logprobs[request_id]`` for the sampled requests whose ``sampling.logprobs`` asks."""
+    """``new_tokens[request_id]`` for every chunk that samples without a draft; ``duration`` in
+    seconds; ``logprobs[request_id]`` for the sampled requests whose ``sampling.logprobs`` asks
+    (a list, one per token, for a checked draft).
+
+    Speculative decoding: ``verified[request_id]``, for every chunk with a draft, the tokens its
+    check emitted (the accepted draft tokens, then one more: 1 to ``k + 1``); ``drafts[request_id]``,
+    the tokens drafted for the request's next step (from the text as it stands after this step).
+    """
 
     new_tokens: dict[str, int] = field(default_factory=dict)
     duration: float = 0.0
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = field(default_factory=dict)
+    verified: dict[str, list[int]] = field(default_factory=dict)
+    drafts: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -38,9 +47,11 @@ class KVCopy:
 
 
 class Backend(ABC):
-    """Runs step plans. ``kv`` is the KV space schedulers admit against."""
+    """Runs step plans. ``kv`` is the KV space schedulers admit against. ``speculative``: the
+    speculative-decoding config it drafts with (``batchlab.speculative``), or None."""
 
     kv: KVSpace
+    speculative: SpeculativeConfig | None = None
 
     @abstractmethod
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:

@@ -23,8 +23,10 @@ from batchlab.model.kv_cache import KVCache
 from batchlab.model.llama import LlamaWeights, forward_step
 from batchlab.model.paged_kv_cache import PagedKVCache
 from batchlab.model.sampling import RequestSampler
+from batchlab.model.verify import verify_draft
 from batchlab.plan import StepPlan
 from batchlab.requests import Request
+from batchlab.speculative import SpeculativeConfig, propose_ngram
 
 
 class ModelBackend(Backend):
@@ -38,13 +40,16 @@ class ModelBackend(Backend):
     paged: a paged KV cache of ``block_size``-token blocks instead of slots (off by default). Its
     size: ``kv_memory_bytes`` if given, else ``num_kv_blocks``, else the slot cache's memory
     (``num_slots`` sequences of ``max_seq_len``). ``enable_prefix_caching`` and
-    ``reserve_blocks``: see ``kv_blocks.BlockManager``.
+    ``reserve_blocks``: see ``kv_blocks.BlockManager``. ``speculative_config``: draft tokens for
+    each request's next step and check them in it (``batchlab.speculative``: a
+    ``SpeculativeConfig``, or vLLM's JSON for one); the scheduler must check drafts (``ContinuousBatcher``).
     """
 
     def __init__(self, lm: LoadedModel | None = None, num_slots: int = 32,
                  max_seq_len: int = 1024, kv_memory_bytes: int | None = None, paged: bool = False,
                  block_size: int = 16, num_kv_blocks: int | None = None,
-                 enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> None:
+                 enable_prefix_caching: bool = False, reserve_blocks: int = 0,
+                 speculative_config: SpeculativeConfig | str | dict | None = None) -> None:
         self.lm = lm if lm is not None else load_model()
         self.weights = LlamaWeights.from_hf(self.lm.model)
         cfg = self.weights.config
@@ -67,6 +72,10 @@ class ModelBackend(Backend):
             check_int("num_slots", num_slots)
             self.kv = self.weights.new_kv_cache(num_slots, max_seq_len)
         self.sampler = RequestSampler()
+        self.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
+        if self.speculative is not None and self.speculative.num_speculative_tokens >= max_seq_len:
+            raise ValueError(f"num_speculative_tokens={self.speculative.num_speculative_tokens}; must be below "
+                             f"max_seq_len={max_seq_len} (a check computes k + 1 positions of one sequence)")
 
     def _paged_cache(self, num_slots: int, max_seq_len: int, kv_memory_bytes: int | None,
                      block_size: int, num_kv_blocks: int | None, enable_prefix_caching: bool,
@@ -95,18 +104,57 @@ class ModelBackend(Backend):
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         if plan.is_empty:
             raise ValueError("ModelBackend.run got an empty plan; the engine runs only plans with work")
-        chunks, sampled = [], []
+        chunks, sampling = [], []
         for c in plan.chunks:
             req = requests[c.request_id]
             if req.remote_kv is not None and req.first_scheduled_time is None:   # KV computed elsewhere
                 self.kv.write_tokens(c.request_id, req.remote_kv[:, :req.kv_transfer_tokens])
-            chunks.append(self.kv.seq_chunk(c.request_id, c.start, req.token_ids(c.start, c.num_tokens), c.samples))
+            ids = req.token_ids(c.start, c.num_tokens - len(c.draft)) + list(c.draft)
+            chunks.append(self.kv.seq_chunk(c.request_id, c.start, ids, c.samples, 1 + len(c.draft)))
             if c.samples:
-                sampled.append(req)
+                sampling.append((req, c.draft))
         synchronize(self.weights.device)
         t0 = time.perf_counter()
         logits = forward_step(self.weights, self.kv, chunks)
-        tokens, logprobs = self.sampler.sample(logits, sampled) if sampled else ([], {})
+        result = self._choose(logits, sampling)
+        if self.speculative is not None:
+            result.drafts = self._draft(result, sampling, len(chunks))
         synchronize(self.weights.device)
-        duration = time.perf_counter() - t0
-        return StepResult({r.request_id: t for r, t in zip(sampled, tokens)}, duration, logprobs)
+        result.duration = time.perf_counter() - t0
+        return result
+
+    def _choose(self, logits, sampling: list[tuple[Request, tuple[int, ...]]]) -> StepResult:
+        """Each sampling request's next token from its logit row, or its draft checked against its
+        ``k + 1`` rows (``model.verify``)."""
+        plain, plain_rows, checks, row = [], [], [], 0
+        for req, draft in sampling:
+            if draft:
+                checks.append((req, draft, row))
+            else:
+                plain.append(req)
+                plain_rows.append(row)
+            row += 1 + len(draft)
+        rows = logits if not checks else logits[plain_rows]
+        tokens, logprobs = self.sampler.sample(rows, plain) if plain else ([], {})
+        result = StepResult({r.request_id: t for r, t in zip(plain, tokens)}, 0.0, logprobs)
+        for req, draft, row in checks:
+            emitted, token_logprobs = verify_draft(logits[row:row + len(draft) + 1], req, draft, self.sampler)
+            result.verified[req.request_id] = emitted
+            if token_logprobs is not None:
+                logprobs[req.request_id] = token_logprobs
+        return result
+
+    def _draft(self, result: StepResult, sampling: list[tuple[Request, tuple[int, ...]]],
+               batch_size: int) -> dict[str, list[int]]:
+        """Draft each sampling request's next tokens from its text after this step (prompt lookup),
+        ``k`` as the config's batch-size schedule says, no more than its remaining tokens allow."""
+        spec, drafts = self.speculative, {}
+        k = spec.tokens_for_batch(batch_size)
+        for req, _ in sampling:
+            rid = req.request_id
+            emitted = result.verified.get(rid) or [result.new_tokens[rid]]
+            room = min(k, req.max_new_tokens - len(req.output_ids) - len(emitted) - 1)
+            if room > 0:
+                text = req.prompt_ids + req.output_ids + emitted
+                drafts[rid] = propose_ngram(text, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
+        return drafts

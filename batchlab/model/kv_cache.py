@@ -151,9 +151,10 @@ class KVCache(ReservingKVSpace):
         return [self.slot_of(request_id)]
 
     # --- what a step needs ----------------------------------------------------------------------
-    def seq_chunk(self, request_id: str, start: int, token_ids: list[int], want_logits: bool) -> "SeqChunk":
+    def seq_chunk(self, request_id: str, start: int, token_ids: list[int], want_logits: bool,
+                  num_logits: int = 1) -> "SeqChunk":
         """The step's view of one request's chunk: its slot."""
-        return SeqChunk(self.slot_of(request_id), start, token_ids, want_logits)
+        return SeqChunk(self.slot_of(request_id), start, token_ids, want_logits, num_logits)
 
     def step_layout(self, chunks: list["SeqChunk"], config, device) -> "SlotStepLayout":
         self._apply_moves()
@@ -192,12 +193,14 @@ class KVCache(ReservingKVSpace):
 @dataclass(frozen=True)
 class SeqChunk:
     """One sequence's part of a step: ``token_ids`` go to positions ``start, start+1, ...``
-    in KV slot ``slot``; ``want_logits`` asks for the next-token logits after its last token."""
+    in KV slot ``slot``; ``want_logits`` asks for the next-token logits after its last token
+    (and after each of its last ``num_logits`` tokens: a speculative draft's check)."""
 
     slot: int
     start: int
     token_ids: list[int]
     want_logits: bool
+    num_logits: int = 1       # with want_logits: logits after each of the last num_logits tokens
 
 
 class SlotStepLayout(StepLayout):

@@ -11,7 +11,8 @@ attention with rotary position embeddings → residual → RMSNorm → SwiGLU ML
 RMSNorm → LM head (tied to the embedding).
 
 Shapes used below:  T tokens in the step, D hidden size, H query heads, KV key/value heads,
-hd head size, S sequences that need a next token, V vocabulary.
+hd head size, S rows that want logits (one per sequence that samples, k + 1 for a draft of k), V
+vocabulary.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
                  chunks: list[SeqChunk] | list[PagedSeqChunk]) -> torch.Tensor:
     """Run one mixed step; write every token's K/V into ``cache``; return logits (S, V) for the
-    chunks with ``want_logits``, in the order they were given.
+    chunks with ``want_logits``, in the order they were given (``num_logits`` rows for a chunk
+    that asks for more than its last: a speculative draft's check).
 
     On the slot cache (``KVCache``) the chunks are ``SeqChunk``s and each sequence's past is its
     slot; on a ``PagedKVCache`` they are ``PagedSeqChunk``s and each sequence's past is read

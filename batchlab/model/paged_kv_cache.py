@@ -77,9 +77,10 @@ class PagedKVCache(BlockManager):
         return self.bytes_per_token * self.capacity_tokens
 
     # --- what a step needs ----------------------------------------------------------------------
-    def seq_chunk(self, request_id: str, start: int, token_ids: list[int], want_logits: bool) -> "PagedSeqChunk":
+    def seq_chunk(self, request_id: str, start: int, token_ids: list[int], want_logits: bool,
+                  num_logits: int = 1) -> "PagedSeqChunk":
         """The step's view of one request's chunk: its block table."""
-        return PagedSeqChunk(self.block_table(request_id), start, token_ids, want_logits)
+        return PagedSeqChunk(self.block_table(request_id), start, token_ids, want_logits, num_logits)
 
     def step_layout(self, chunks: list["PagedSeqChunk"], config, device) -> "PagedStepLayout":
         return PagedStepLayout(chunks, self, config, device)
@@ -114,12 +115,14 @@ class PagedKVCache(BlockManager):
 class PagedSeqChunk:
     """One sequence's part of a step on a paged cache: ``token_ids`` go to positions ``start,
     start+1, ...`` of the sequence whose blocks are ``block_table`` (which must already cover
-    them); ``want_logits`` asks for the next-token logits after its last token."""
+    them); ``want_logits`` asks for the next-token logits after its last token (and after each
+    of its last ``num_logits`` tokens: a speculative draft's check)."""
 
     block_table: list[int]
     start: int
     token_ids: list[int]
     want_logits: bool
+    num_logits: int = 1       # with want_logits: logits after each of the last num_logits tokens
 
 
 class PagedStepLayout(StepLayout):

@@ -102,7 +102,8 @@ class RequestSampler:
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
 
-    def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+    def generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+        """The request's own generator, seeded from ``params.seed`` (or at random) on first use."""
         gen = self._generators.get(request_id)
         if gen is None:
             gen = torch.Generator()  # on the CPU: the same seed gives the same draws on any device
@@ -137,7 +138,7 @@ class RequestSampler:
         if p.greedy:
             return int(logits.argmax())
         probs = filtered_probs(logits, p)
-        return int(torch.multinomial(probs, 1, generator=self._generator(req.request_id, p)))
+        return int(torch.multinomial(probs, 1, generator=self.generator(req.request_id, p)))
 
     def forget(self, request_id: str) -> None:
         """Drop a finished request's generator."""

@@ -49,8 +49,11 @@ class StepLayout:
             ids += c.token_ids
             positions += range(c.start, end)
             (self.single if n == 1 else self.multi).append((row, c))
-            if c.want_logits:
-                logit_rows.append(row + n - 1)
+            if c.want_logits:              # the last row, or the last num_logits (a draft's check)
+                if not 1 <= c.num_logits <= n:
+                    raise ValueError(f"{self.describe(c)}: num_logits={c.num_logits}; must be in 1..{n}, "
+                                     "the chunk's tokens")
+                logit_rows += range(row + n - c.num_logits, row + n)
             row += n
         self.num_tokens = row
         self.ids = torch.tensor(ids, dtype=torch.long, device=device)              # (T,)

@@ -60,6 +60,7 @@ class Scheduler(ABC):
 
     streams_tokens: bool = True
     takes_transferred_kv: bool = False   # admits a request whose prompt KV was computed elsewhere
+    checks_drafts: bool = False          # plans speculative drafts into its decodes
     config: Any = None           # the policy's settings (a dataclass), if it has any
 
     def __init__(self) -> None:

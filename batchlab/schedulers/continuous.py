@@ -30,6 +30,11 @@ counts as computed when the request is first admitted, as a cached prefix does
 flight (``kv_transfer_seconds``: a simulated decode worker's) is vLLM's "waiting for remote KVs":
 the request is admitted and holds its blocks (and a seat) while the KV crosses the link, the
 transfer starting then, and gets its first chunk at the first step after the KV has landed.
+
+Speculative decoding: a decoding request with a draft (``Request.draft_ids``, the backend's
+proposal) computes its one known token and the drafted ones after it in the same chunk, so the
+step can check them; the drafts take what budget and KV room are left after every decode's
+token. The engine gives back the room of the drafts the step rejected (``kv.rollback``).
 """
 
 from __future__ import annotations
@@ -60,6 +65,20 @@ def _admit(kv, req: Request, num_tokens: int, now: float) -> ScheduledChunk | No
     req.num_computed_tokens, req.status = start, RequestStatus.RUNNING
     return None if in_flight else ScheduledChunk(req.request_id, start, num_tokens,
                                                  start + num_tokens == req.num_known_tokens)
+
+
+def _plan_drafts(kv, drafted: list[tuple[int, Request]], step: "_StepBudget") -> None:
+    """1b. Speculative decoding: each decode (in order; ``drafted`` holds its place in the step)
+    takes its request's draft along, as far as the budget left, its KV room and its
+    ``max_new_tokens`` allow (a check emits its accepted drafts and one more). A draft that finds
+    no room is dropped, never a reason to preempt. (vLLM v1: a running request is scheduled with
+    its draft tokens.)"""
+    for i, req in drafted:
+        n = min(len(req.draft_ids), step.budget, req.max_new_tokens - len(req.output_ids) - 1)
+        if n > 0 and req.status is RequestStatus.RUNNING and kv.grow(req.request_id, n):
+            c = step.chunks[i]
+            step.chunks[i] = ScheduledChunk(c.request_id, c.start, 1 + n, True, tuple(req.draft_ids[:n]))
+            step.budget -= n
 
 
 def ready_tokens(kv, req: Request) -> int:
@@ -100,6 +119,23 @@ class ContinuousBatcherConfig:
                                  "capping a prompt's tokens per step means splitting the prompt")
 
 
+def _first_chunk(config: ContinuousBatcherConfig, kv, req: Request, budget: int) -> int:
+    """How many tokens a waiting ``req`` would compute if admitted now with ``budget`` tokens
+    left in the step; 0 if it cannot start now (no budget, or no KV room). Its tokens are its
+    prompt, plus the tokens it generated before a preemption, less a cached prefix."""
+    if budget <= 0:
+        return 0
+    cached = ready_tokens(kv, req)
+    rest = req.num_known_tokens - cached
+    if not config.chunked_prefill:
+        num_tokens = rest if rest <= budget else 0
+    else:
+        num_tokens = min(rest, budget, config.long_prefill_token_threshold or budget)
+    if num_tokens and not kv.can_admit(cached + num_tokens, req.max_total_tokens, req.prompt_ids):
+        return 0
+    return num_tokens
+
+
 class ContinuousBatcher(Scheduler):
     """Plan every step from a token budget, letting requests join and leave at any step.
 
@@ -131,10 +167,13 @@ class ContinuousBatcher(Scheduler):
        admitted again. A prompt in progress that cannot grow without undoing a chunk already
        planned waits a step. No request is admitted in a step with a preemption.
 
-    A request is never planned twice in one step, and a decode is always exactly one token.
+    A request is never planned twice in one step, and a decode is always exactly one token, plus
+    its request's draft under speculative decoding (``_plan_drafts``: with what budget is left
+    after the decodes, before the prompts).
     """
 
     takes_transferred_kv = True
+    checks_drafts = True
 
     def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  chunked_prefill: bool = True, long_prefill_token_threshold: int | None = None) -> None:
@@ -191,6 +230,7 @@ class ContinuousBatcher(Scheduler):
         # Room for one more token each, in order; from the first without room on, one at a time,
         # preempting the most recently admitted requests (``_make_room``).
         grown, chunks = self.kv.grow_each([r.request_id for r in decoding]), step.chunks
+        drafted = []
         for i, req in enumerate(decoding):
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
@@ -198,8 +238,12 @@ class ContinuousBatcher(Scheduler):
                 break     # it preempted itself: everyone after it is preempted too
             # The token it sampled last step is its one uncomputed token. (Written out rather than
             # step.add: this loop runs for every running request of every step.)
+            if req.draft_ids:
+                drafted.append((len(chunks), req))
             chunks.append(ScheduledChunk(req.request_id, req.num_computed_tokens, 1, True))
         step.budget -= len(chunks)
+        if drafted:
+            _plan_drafts(self.kv, drafted, step)
         return in_prompt
 
     def _plan_prompts(self, in_prompt: list[Request], step: "_StepBudget", now: float) -> None:
@@ -235,20 +279,8 @@ class ContinuousBatcher(Scheduler):
 
     def first_chunk_tokens(self, req: Request, budget: int) -> int:
         """How many tokens a waiting ``req`` would compute if admitted now with ``budget`` tokens
-        left in the step; 0 if it cannot start now (no budget, or no KV room). Its tokens are its
-        prompt, plus the tokens it generated before a preemption, less a cached prefix."""
-        if budget <= 0:
-            return 0
-        config, kv = self.config, self.kv
-        cached = ready_tokens(kv, req)
-        rest = req.num_known_tokens - cached
-        if not config.chunked_prefill:
-            num_tokens = rest if rest <= budget else 0
-        else:
-            num_tokens = min(rest, budget, config.long_prefill_token_threshold or budget)
-        if num_tokens and not kv.can_admit(cached + num_tokens, req.max_total_tokens, req.prompt_ids):
-            return 0
-        return num_tokens
+        left in the step; 0 if it cannot start now (``_first_chunk``)."""
+        return _first_chunk(self.config, self.kv, req, budget)
 
     def _make_room(self, req: Request, num_tokens: int, planned: list[ScheduledChunk], now: float) -> bool:
         """Grow ``req`` by ``num_tokens``, preempting the most recently admitted running requests
@@ -272,6 +304,7 @@ class ContinuousBatcher(Scheduler):
                                                  len(req.output_ids)))
         req.status = RequestStatus.WAITING
         req.num_computed_tokens, req.kv_arrival_time = 0, None    # KV in flight: pulled again
+        req.draft_ids = []                                         # drafted anew once it samples again
         self.waiting.appendleft(req)
 
     def remove_ended(self) -> list[Request]:

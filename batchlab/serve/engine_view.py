@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from batchlab.checks import check_int
+from batchlab.online import forget_ended
 from batchlab.requests import Request, RequestStatus
 
 API_FINISH_REASONS = ("length", "stop")
@@ -109,7 +110,7 @@ class TraceWindow:
 
     def trim(self) -> int:
         """Drop the oldest ended requests past ``keep``; returns the preemption records dropped."""
-        num_requests, num_preemptions = self.engine.forget_ended(self.keep)
+        num_requests, num_preemptions = forget_ended(self.engine, self.keep)
         self.num_forgotten += num_requests
         return num_preemptions
 

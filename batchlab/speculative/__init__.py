@@ -1,0 +1,15 @@
+"""Speculative decoding: who drafts the next tokens, and how many a step may verify.
+
+- ``config.py``: ``SpeculativeConfig``, vLLM's ``--speculative-config`` by its names and
+  defaults, with the batch-size schedule that shortens or turns off drafting in a large batch.
+- ``ngram.py``: prompt lookup (vLLM's ``ngram`` method), a drafter that needs no weights.
+
+The model checks the drafts (``batchlab.model.verify``); the scheduler fits them into a step's
+budget (``schedulers/continuous.py``); the engine appends what was accepted and gives back the
+KV room of what was not (``engine.py``).
+"""
+
+from batchlab.speculative.config import SpeculativeConfig
+from batchlab.speculative.ngram import propose_ngram
+
+__all__ = ["SpeculativeConfig", "propose_ngram"]

@@ -1,0 +1,121 @@
+"""``SpeculativeConfig``: vLLM's ``--speculative-config``, by its names, defaults and rules.
+
+``method``: ``"ngram"`` (prompt lookup, ``ngram.py``). ``num_speculative_tokens``: ``k``, the most
+tokens drafted for a request per step; a step then verifies up to ``k + 1`` positions of it.
+``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths searched (vLLM 0.32: both 5 when
+neither is given; one given, the other takes its value).
+
+``num_speculative_tokens_per_batch_size``: the policy that shortens ``k`` or turns drafting off
+in a large batch (vLLM 0.32's dynamic speculative decoding, ``v1/spec_decode/dynamic/utils.py``):
+inclusive batch-size ranges ``(first, last, k)``, sorted, not overlapping, the first starting at 1;
+a batch size between two ranges takes the earlier range's ``k`` and one past the last range the
+last ``k``; each ``k`` at most ``num_speculative_tokens``; 0 drafts nothing. The batch size is the
+number of requests in the step that drafts (vLLM: the requests scheduled in it). Why a batch
+should turn it off: verifying ``k`` drafts costs a step about ``k`` more tokens of work per
+request; on a GPU a small batch's step hardly notices (it reads the weights either way), a large
+one's does, and once that extra work costs more than the accepted tokens save, speculation
+slows everyone down (SmartSpec, Liu et al. 2024, chooses ``k`` by the same trade).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+from batchlab.checks import check_choice, check_int, fail, is_int
+
+METHODS = ("ngram",)
+DEFAULT_PROMPT_LOOKUP = 5          # vLLM 0.32's value when neither bound is given
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How requests are drafted for; see the module docstring. ``SpeculativeConfig.parse`` takes
+    vLLM's JSON (or a dict)."""
+
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("method", self.method, METHODS, hint="the drafters batchlab has")
+        check_int("num_speculative_tokens", self.num_speculative_tokens, hint="k, the tokens drafted per step")
+        check_int("prompt_lookup_min", self.prompt_lookup_min, allow_none=True)
+        check_int("prompt_lookup_max", self.prompt_lookup_max, allow_none=True)
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            low = high = DEFAULT_PROMPT_LOOKUP
+        low, high = (high, high) if low is None else (low, low) if high is None else (low, high)
+        if low > high:
+            raise ValueError(f"prompt_lookup_min={low} must be <= prompt_lookup_max={high}")
+        object.__setattr__(self, "prompt_lookup_min", low)
+        object.__setattr__(self, "prompt_lookup_max", high)
+        if self.num_speculative_tokens_per_batch_size is not None:
+            object.__setattr__(self, "num_speculative_tokens_per_batch_size",
+                               _check_schedule(self.num_speculative_tokens_per_batch_size))
+
+    def tokens_for_batch(self, batch_size: int) -> int:
+        """``k`` for a step of ``batch_size`` requests: the schedule's, at most
+        ``num_speculative_tokens`` (all of it without a schedule)."""
+        k = self.num_speculative_tokens
+        schedule = self.num_speculative_tokens_per_batch_size
+        if schedule is None:
+            return k
+        chosen = schedule[0][2]
+        for first, _, tokens in schedule:
+            if first > batch_size:
+                break
+            chosen = tokens
+        return min(k, chosen)
+
+    @classmethod
+    def parse(cls, value: "str | dict | SpeculativeConfig") -> "SpeculativeConfig":
+        """From vLLM's ``--speculative-config`` JSON (``{"method": "ngram", "num_speculative_tokens":
+        3, ...}``) or its dict. Keys batchlab does not know are an error, named."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative config {value!r} is not JSON: {e}") from None
+        if not isinstance(value, dict):
+            fail("speculative_config", value, "a JSON object or dict, e.g. "
+                 '{"method": "ngram", "num_speculative_tokens": 3}')
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative config keys {unknown} are not supported; batchlab takes {sorted(known)}")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative config needs num_speculative_tokens (k, the tokens drafted per step)")
+        schedule = value.get("num_speculative_tokens_per_batch_size")
+        if isinstance(schedule, list):
+            value = {**value, "num_speculative_tokens_per_batch_size": tuple(
+                tuple(e) if isinstance(e, list) else e for e in schedule)}
+        return cls(**value)
+
+    def to_json(self) -> str:
+        """vLLM's JSON for this config (``--speculative-config``)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return json.dumps(out)
+
+
+def _check_schedule(schedule: object) -> tuple[tuple[int, int, int], ...]:
+    """vLLM's rules for ``num_speculative_tokens_per_batch_size``; the ranges sorted."""
+    name, allowed = "num_speculative_tokens_per_batch_size", "a non-empty list of (first, last, k) batch-size ranges"
+    if not isinstance(schedule, (list, tuple)) or not schedule:
+        fail(name, schedule, allowed)
+    for entry in schedule:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(is_int(x) for x in entry):
+            fail(name, schedule, allowed, f"entry {entry!r} is not three ints")
+        if entry[0] < 1 or entry[1] < entry[0] or entry[2] < 0:
+            fail(name, schedule, allowed, f"entry {tuple(entry)}: need 1 <= first <= last and k >= 0")
+    ranges = tuple(sorted((tuple(map(int, e)) for e in schedule), key=lambda e: e[0]))
+    for (_, last, _), (first, _, _) in zip(ranges, ranges[1:]):
+        if first <= last:
+            fail(name, schedule, allowed, f"ranges overlap at batch size {first}")
+    if ranges[0][0] != 1:
+        fail(name, schedule, allowed, "the first range must start at batch size 1")
+    return ranges
