@@ -5,6 +5,7 @@
   engine serves fresh copies of them.
 - ``check_chunk``: each chunk of a plan continues its request's cache exactly, stays within its
   known tokens, and samples exactly when it reaches the last known token.
+- ``check_emitted``: a checked speculative draft emitted its accepted prefix and one more token.
 - ``check_ended``: at the end of a run every request finished with exactly its tokens and was
   released once, or was rejected (no tokens) or aborted (at most its tokens), with a reason.
 - ``ServingEngine``: what the drivers around the step (the loop, the fast path, the offline and
@@ -110,6 +111,15 @@ def check_chunk(c: ScheduledChunk, req: Request | None) -> Request:
         raise EngineError(f"the chunk of {rid!r} reaches its last known token ({known}) but does not "
                           "sample; the request would never get its next token")
     return req
+
+
+def check_emitted(req: Request, draft: tuple[int, ...], emitted: list[int] | None) -> list[int]:
+    """What a backend's check of ``req``'s draft emitted, after checking it is 1 to ``k + 1``
+    tokens: the draft's accepted prefix, then one more."""
+    if not emitted or len(emitted) > len(draft) + 1 or list(draft[:len(emitted) - 1]) != emitted[:-1]:
+        raise EngineError(f"the backend's check of {req.request_id!r}'s draft of {len(draft)} tokens emitted "
+                          f"{emitted!r}: must be 1 to {len(draft) + 1} tokens, the draft's accepted prefix then one")
+    return emitted
 
 
 def check_ended(workload: Sequence[Request], release_times: Mapping[str, float | None], scheduler) -> None:

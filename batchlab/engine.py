@@ -51,7 +51,8 @@ from collections.abc import Sequence
 from batchlab.backends.base import Backend, StepResult
 from batchlab.checks import check_bool
 from batchlab.clock import Clock, make_clock
-from batchlab.contract import EngineError, check_chunk, check_ended, check_parts, fresh_workload, policy_params
+from batchlab.contract import (EngineError, check_chunk, check_emitted, check_ended, check_parts, fresh_workload,
+                               policy_params)
 from batchlab.listener import EngineListener
 from batchlab.offline import serve_offline
 from batchlab.online import EngineInbox, serve_online
@@ -103,7 +104,8 @@ class Engine:
         self.release_times: dict[str, float | None] = {}
         self.steps: list[StepRecord] = []
         self.listener = listener
-        self.hears_tokens = type(listener).on_token is not EngineListener.on_token
+        self.hears_tokens = (type(listener).on_token is not EngineListener.on_token
+                             or type(listener).on_tokens is not EngineListener.on_tokens)
 
     def start(self, listener: EngineListener | None = None) -> float:
         """Begin a run (a driver calls this): a clean scheduler and backend; returns ``now``."""
@@ -178,39 +180,39 @@ class Engine:
             for rid, draft in result.drafts.items():
                 requests[rid].draft_ids = draft
 
-    def _append(self, req: Request, token: int, end: float, logprobs=None) -> bool:
-        """Append one sampled token to ``req``; True if it ended the request."""
+    def _append(self, req: Request, token: int, end: float, logprobs=None, tell: bool = True) -> bool:
+        """Append one sampled token to ``req`` (and tell the listener); True if it ended the request."""
         req.output_ids.append(token)
         req.token_times.append(end)
         if logprobs is not None:
             req.output_logprobs.append(logprobs)
-        if self.hears_tokens:                               # (the default listener hears nothing)
+        if tell and self.hears_tokens:                      # (the default listener hears nothing)
             self.listener.on_token(req, token, end)
         if req.stops_on(token):
             self.end_request(req, FinishReason.STOP, end)
         elif len(req.output_ids) >= req.max_new_tokens:
             self.end_request(req, FinishReason.LENGTH, end)
         else:
-            return req.status is not RequestStatus.RUNNING     # (a listener may end it: a stop string)
+            return False
         return True
 
     def _apply_check(self, req: Request, draft: tuple[int, ...], result: StepResult, end: float) -> None:
         """A checked draft: the accepted draft tokens are computed (their KV is in the cache), the
         rejected ones' KV room is given back (``kv.rollback``), and the emitted tokens are appended
         one by one, up to the first that ends the request."""
-        emitted = result.verified.get(req.request_id)
-        if not emitted or len(emitted) > len(draft) + 1 or list(draft[:len(emitted) - 1]) != emitted[:-1]:
-            raise EngineError(f"the backend's check of {req.request_id!r}'s draft of {len(draft)} tokens emitted "
-                              f"{emitted!r}: must be 1 to {len(draft) + 1} tokens, the draft's accepted prefix then one")
+        emitted = check_emitted(req, draft, result.verified.get(req.request_id))
         accepted = len(emitted) - 1
         req.spec_checks.append((len(draft), accepted))
         req.num_computed_tokens += accepted
         if accepted < len(draft):
             self.scheduler.kv.rollback(req.request_id, len(draft) - accepted)
         logprobs = result.logprobs.get(req.request_id) or [None] * len(emitted)
+        num_before = len(req.output_ids)
         for token, token_logprobs in zip(emitted, logprobs):
-            if self._append(req, token, end, token_logprobs):
-                return
+            if self._append(req, token, end, token_logprobs, tell=False):
+                break
+        if self.hears_tokens:                   # one step's tokens told together: a stream sends them as one chunk
+            self.listener.on_tokens(req, req.output_ids[num_before:], end)
 
     # --- how requests end ----------------------------------------------------------------------------
     def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None:

@@ -16,6 +16,12 @@ class EngineListener:
     def on_token(self, req: Request, token: int, t: float) -> None:
         """``req`` got ``token`` (already appended to ``req.output_ids``) at time ``t``."""
 
+    def on_tokens(self, req: Request, tokens: list[int], t: float) -> None:
+        """``req`` got several ``tokens`` from one step at ``t`` (a checked speculative draft: its
+        accepted tokens and one more; already appended). By default, ``on_token`` for each."""
+        for token in tokens:
+            self.on_token(req, token, t)
+
     def on_end(self, req: Request, t: float) -> None:
         """``req``'s response is complete at ``t``: its ``status``, ``finish_reason`` and
         ``finish_detail`` say how."""

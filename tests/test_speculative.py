@@ -244,3 +244,112 @@ def test_rollback_frees_blocks_that_held_only_rejected_drafts():
     assert kv.grow("a", 1) and len(kv.block_table("a")) == 4
     with pytest.raises(ValueError, match="rollback of num_tokens=20"):
         kv.rollback("a", 20)
+
+
+# --- the server: --speculative-config, vLLM's speculative metrics, several tokens in one chunk --------
+def test_the_server_speculates_streams_accepted_tokens_together_and_counts_them(lm):
+    import asyncio
+    import json
+
+    import httpx
+
+    from batchlab.loadgen.prom import parse_metrics, value
+    from batchlab.serve import ServerConfig, ServerThread
+
+    reqs = task_requests("code_edit", 4, lm.tokenizer, 48)
+    base, _ = serve(lm, reqs)
+    config = ServerConfig(max_num_seqs=4, max_model_len=512, speculative_config=json.dumps(SPEC))
+
+    async def stream(client, req):
+        body = {"prompt": req.prompt_ids, "max_tokens": req.max_new_tokens, "temperature": 0, "stream": True,
+                "stop_token_ids": list(req.stop_token_ids), "stream_options": {"continuous_usage_stats": True}}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            return [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: {")]
+
+    async def go(url):
+        async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(120.0)) as client:
+            return await asyncio.gather(*[stream(client, r) for r in reqs])
+
+    with ServerThread(config, lm) as s:
+        results = asyncio.run(go(s.url))
+        metrics = parse_metrics(httpx.get(f"{s.url}/metrics", timeout=10).text)
+    served = {r.request_id: chunks[-1]["batchlab"]["token_ids"] for r, chunks in zip(reqs, results)}
+    assert_same_answers(lm, reqs, base, dict(zip(base, served.values())))
+    counts = [[c["usage"]["completion_tokens"] for c in chunks] for chunks in results]
+    steps = [b - a for cs in counts for a, b in zip(cs, cs[1:])]
+    assert max(steps) > 1 and min(steps) >= 0                    # accepted drafts arrive in one chunk
+
+    drafts, accepted = value(metrics, "vllm:spec_decode_num_drafts"), value(metrics, "vllm:spec_decode_num_accepted_tokens")
+    assert drafts > 0 and 0 < accepted < value(metrics, "vllm:spec_decode_num_draft_tokens")
+    per_pos = metrics[metrics["family"] == "vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert sorted(p["position"] for p in per_pos["labels"]) == ["0", "1", "2", "3"]
+    assert per_pos["value"].sum() == accepted
+    assert value(metrics, "vllm:generation_tokens") == sum(len(t) for t in served.values())
+
+
+def test_the_server_refuses_speculation_it_cannot_do():
+    from batchlab.serve import ServerConfig
+    from batchlab.serve.__main__ import main
+
+    with pytest.raises(ValueError, match="must come with policy='continuous'"):
+        ServerConfig(policy="static", speculative_config=json_spec())
+    with pytest.raises(ValueError, match="simulated device has no tokens"):
+        ServerConfig(simulate="H100", speculative_config=json_spec())
+    with pytest.raises(ValueError, match="method='eagle'"):
+        ServerConfig(speculative_config='{"method": "eagle", "num_speculative_tokens": 2}')
+    assert main(["--speculative-config", '{"num_speculative_tokens": 0}']) == 2
+
+
+def json_spec() -> str:
+    import json
+    return json.dumps(SPEC)
+
+
+# --- the simulator: acceptance as a distribution per request, and the GPU's turn -------------------------
+def test_acceptance_model_draws_as_stated_and_fits_back():
+    from batchlab.speculative import AcceptanceModel, expected_accepted
+
+    model = AcceptanceModel(0.6, concentration=1000.0, draft_rate=0.8, seed=3)
+    checks, outputs = [], []
+    for i in range(300):
+        stream, cs, emitted = model.stream(f"r{i}"), [], 1
+        for _ in range(40):
+            if stream.drafts():
+                a = stream.accepted(4)
+                cs.append((4, a))
+                emitted += a
+            emitted += 1
+        checks.append(cs)
+        outputs.append(emitted)
+    mean = sum(a for cs in checks for _, a in cs) / sum(len(cs) for cs in checks)
+    assert abs(mean - expected_accepted(0.6, 4)) < 0.05
+    fitted = AcceptanceModel.fit(checks, outputs)
+    assert abs(fitted.rate - 0.6) < 0.02 and abs(fitted.draft_rate - 0.8) < 0.02 and fitted.concentration > 50
+    assert model.stream("r7").alpha == model.stream("r7").alpha          # per request, reproducible
+
+
+def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
+    from batchlab.backends import SimBackend
+    from batchlab.backends.roofline import RooflineCostModel
+    from batchlab.experiments.speculation import crossover, serve_batches
+    from batchlab.speculative import AcceptanceModel
+
+    cost = RooflineCostModel.for_device("Llama-3-8B", "H100")
+    acceptance = AcceptanceModel(0.6, draft_rate=0.8)
+
+    def backend(spec, batch):
+        return SimBackend(cost, 10**7, block_size=16, speculative_config=spec,
+                          acceptance=acceptance if spec else None)
+
+    def requests(n):
+        return [Request(f"r{i}", None, 128, prompt_len=512) for i in range(n)]
+
+    table, traces = serve_batches(backend, requests, [1, 16, 512], {"none": None, "ngram": SPEC}, min_requests=4)
+    speedup = table[table["config"] == "ngram"].set_index("batch")["speedup"]
+    assert speedup[1] > 1.5 and speedup[512] < 1.0                # free at batch 1, a loss in a full batch
+    assert crossover(table, "ngram") == 512
+    assert traces[1, "ngram"].requests[0].spec_checks
+    again, _ = serve_batches(backend, requests, [16], {"none": None, "ngram": SPEC})
+    assert again["tok_s"].tolist() == table[table["batch"] == 16]["tok_s"].tolist()      # seeded
+    with pytest.raises(ValueError, match="needs an AcceptanceModel"):
+        SimBackend(cost, 10**6, speculative_config=SPEC)

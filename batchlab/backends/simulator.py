@@ -33,6 +33,7 @@ from batchlab.kv_blocks import BlockManager
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import StepPlan, step_features
 from batchlab.requests import Request
+from batchlab.speculative import AcceptanceModel, AcceptanceStream, SpeculativeConfig
 
 PLACEHOLDER_TOKEN = -1
 _NOISE_BLOCK = 4096  # noise factors drawn at a time (numpy is fast per block, slow per call)
@@ -44,7 +45,9 @@ class SimBackend(Backend):
     def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
                  noise: float = 0.0, seed: int = 0, block_size: int | None = None,
                  enable_prefix_caching: bool = False, reserve_blocks: int = 0,
-                 placeholder_token: int = PLACEHOLDER_TOKEN) -> None:
+                 placeholder_token: int = PLACEHOLDER_TOKEN,
+                 speculative_config: SpeculativeConfig | str | dict | None = None,
+                 acceptance: AcceptanceModel | None = None) -> None:
         if not isinstance(cost_model, StepTimeModel):
             raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
                              "reads a saved fit) or a RooflineCostModel (backends.roofline)")
@@ -64,6 +67,12 @@ class SimBackend(Backend):
                                                enable_prefix_caching, reserve_blocks)
         self.noise = float(noise)
         self.seed = seed
+        self.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
+        if (self.speculative is None) != (acceptance is None) or not isinstance(acceptance, (AcceptanceModel, type(None))):
+            raise ValueError(f"acceptance={acceptance!r}: a speculative config needs an AcceptanceModel (how many "
+                             "drafted tokens a check accepts), and an AcceptanceModel needs a speculative config")
+        self.acceptance = acceptance
+        self._streams: dict[str, AcceptanceStream] = {}
         self._noise_factors: list[float] = []
         self.reset()
 
@@ -85,12 +94,38 @@ class SimBackend(Backend):
         new_tokens = dict.fromkeys([c.request_id for c in chunks if c.samples], self.placeholder_token)
         if not chunks:
             return StepResult(new_tokens, 0.0)
-        return StepResult(new_tokens, self.step_duration(*step_features(chunks)))
+        result = StepResult(new_tokens, self.step_duration(*step_features(chunks)))
+        if self.speculative is not None:
+            self._speculate(result, chunks, requests)
+        return result
+
+    def _speculate(self, result: StepResult, chunks, requests: Mapping[str, Request]) -> None:
+        """Each checked draft accepts as its request's acceptance stream says (placeholder tokens);
+        each sampling request drafts ``k`` placeholders for its next step when its stream drafts
+        (``k`` from the config's batch-size schedule, within its remaining tokens)."""
+        k, token = self.speculative.tokens_for_batch(len(chunks)), self.placeholder_token
+        for c in chunks:
+            if not c.samples:
+                continue
+            rid, req = c.request_id, requests[c.request_id]
+            stream = self._streams.get(rid) or self._streams.setdefault(rid, self.acceptance.stream(rid))
+            emitted = 1
+            if c.draft:
+                del result.new_tokens[rid]
+                emitted = 1 + stream.accepted(len(c.draft))
+                result.verified[rid] = [token] * emitted
+            room = min(k, req.max_new_tokens - len(req.output_ids) - emitted - 1)
+            if room > 0 and stream.drafts():
+                result.drafts[rid] = [token] * room
+
+    def release(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
 
     def reset(self) -> None:
         """Start the noise stream over from ``seed``. The engine calls this when a run starts, so
         every run on this backend draws the same noise whatever ran before it."""
         self._rng = np.random.default_rng(self.seed)
+        self._streams = {}
         self._noise_factors = []
         self._noise_next = 0
 

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="disaggregated serving (behind vllm-router --vllm-pd-disaggregation): play the prefill or "
                         "decode part, moving the KV over HTTP; vLLM's JSON, e.g. "
                         "'{\"kv_connector\": \"HTTPKVConnector\", \"kv_role\": \"kv_both\"}' (needs --paged)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="speculative decoding, vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": "
+                        "4, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 3}' (continuous batching only)")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
 
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             max_waiting=args.max_waiting, model_name=args.model_name, paged=args.paged,
             block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes, trace_window=args.trace_window,
-            simulate=args.simulate, kv_transfer_config=args.kv_transfer_config)
+            simulate=args.simulate, kv_transfer_config=args.kv_transfer_config,
+            speculative_config=args.speculative_config)
     except ValueError as e:
         print(f"batchlab.serve: {e}", file=sys.stderr)
         return 2

@@ -20,8 +20,9 @@ When each number moves (the engine's thread calls these between steps; a scrape 
   its first admission; ``local_compute``: the rest), ``vllm:prompt_tokens_cached`` (those cached
   tokens), ``vllm:prefix_cache_queries`` (with prefix caching: the tokens looked up)
   and, when the token is visible at once (a streaming policy), ``vllm:time_to_first_token_seconds``
-  from the request's arrival; every later token: ``vllm:inter_token_latency_seconds``, the gap to
-  the token before. A policy that hands responses back whole observes TTFT at the release and ITL
+  from the request's arrival; every later step's tokens: ``vllm:inter_token_latency_seconds``, the
+  gap to the token before (one gap for the several tokens of a checked speculative draft, as vLLM
+  observes a step's output). A policy that hands responses back whole observes TTFT at the release and ITL
   gaps of 0 (what its clients see, as ``batchlab.analysis.metrics`` counts them).
 - a preemption: ``vllm:num_preemptions``; with prefix caching the re-admission looks up prompt +
   output so far, counted in ``vllm:prefix_cache_queries`` (as vLLM does).
@@ -55,6 +56,12 @@ repetition detection); ``num_requests_waiting_by_reason{reason="deferred"}`` and
 0 (no LoRA, no offloading: nothing is ever deferred, every locally cached token is on the device).
 A decode worker of disaggregated serving counts the prompt tokens whose KV it received under
 ``prompt_tokens_by_source{source="external_kv_transfer"}`` (and in ``prompt_tokens_cached``).
+
+With ``--speculative-config`` (vLLM 0.32's ``vllm/v1/spec_decode/metrics.py``), each step's check
+of a request's draft: ``vllm:spec_decode_num_drafts`` (one), ``_num_draft_tokens`` (its ``k``),
+``_num_accepted_tokens`` and ``vllm:spec_decode_num_accepted_tokens_per_pos{position}`` (one for
+each accepted position, 0 first), counted with the first token the check emitted. The mean
+acceptance length is ``1 + accepted / drafts``; a position's acceptance rate is its count / drafts.
 
 Counters are cumulative over the server's life, whatever the trace window forgets.
 """
@@ -196,7 +203,8 @@ class ServerMetrics:
     max_generation_hist: Histogram
     iteration: Histogram
 
-    def __init__(self, model_name: str, max_model_len: int, read_stats: Callable[[], EngineStats]) -> None:
+    def __init__(self, model_name: str, max_model_len: int, read_stats: Callable[[], EngineStats],
+                 num_speculative_tokens: int = 0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         labels = {"model_name": model_name, "engine": "0"}
         names = list(labels)
@@ -227,6 +235,14 @@ class ServerMetrics:
         for attr, name, doc, buckets in HISTOGRAMS:
             setattr(self, attr, histogram(name, doc, token_buckets if buckets is None else buckets))
         self.registry.register(_EngineCollector(read_stats, labels))
+        self.spec = None
+        if num_speculative_tokens:            # vLLM shows these only with a speculative config
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                              names + ["position"], registry=self.registry)
+            self.spec = (counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+                         counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+                         counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+                         [per_pos.labels(**labels, position=str(i)) for i in range(num_speculative_tokens)])
 
     # --- the engine's thread ------------------------------------------------------------------------
     def step(self, num_tokens: int) -> None:
@@ -234,11 +250,12 @@ class ServerMetrics:
         self.iteration.observe(num_tokens)
 
     def token(self, prompt_len: int, arrival: float, t: float, previous: float | None, visible: bool,
-              prefix_caching: bool, cached: int = 0, external: int = 0) -> None:
-        """A token computed at ``t`` (``previous``: the request's token before, None for its first;
-        ``cached``: the prompt tokens its first admission found in the prefix cache; ``external``:
-        those whose KV a disaggregated prefill worker sent)."""
-        self.generation_tokens.inc()
+              prefix_caching: bool, cached: int = 0, external: int = 0, num_tokens: int = 1) -> None:
+        """A request's ``num_tokens`` tokens of one step, computed at ``t`` (``previous``: the
+        request's token before, None for its first; ``cached``: the prompt tokens its first
+        admission found in the prefix cache; ``external``: those whose KV a disaggregated prefill
+        worker sent). Several tokens (a checked draft) are one inter-token gap, as vLLM counts."""
+        self.generation_tokens.inc(num_tokens)
         if previous is None:
             self.prompt_tokens.inc(prompt_len)
             cached = min(cached, prompt_len)
@@ -253,6 +270,15 @@ class ServerMetrics:
                 self.ttft.observe(t - arrival)
         elif visible:
             self.itl.observe(t - previous)
+
+    def checked(self, drafted: int, accepted: int) -> None:
+        """A step checked a draft of ``drafted`` tokens and accepted the first ``accepted``."""
+        drafts, draft_tokens, accepted_tokens, per_pos = self.spec
+        drafts.inc()
+        draft_tokens.inc(drafted)
+        accepted_tokens.inc(accepted)
+        for counter in per_pos[:accepted]:
+            counter.inc()
 
     def preempted(self, num_tokens_to_recompute: int, prefix_caching: bool) -> None:
         self.preemptions.inc()

@@ -33,6 +33,7 @@ from batchlab.online import EngineInbox, EngineListener
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
+from batchlab.speculative import SpeculativeConfig
 from batchlab.serve.kv_transfer import KVConnector, KVTransferConfig, Received, TransferAsk
 from batchlab.serve.engine_view import (TraceWindow, end_state, new_preemptions, new_steps, read_engine_stats,
                                        run_online_bounded)
@@ -72,6 +73,8 @@ class ServerConfig:
     ``kv_transfer_config``: vLLM's ``--kv-transfer-config`` JSON (or a dict): the server plays the
     prefill or decode part of disaggregated serving (``kv_transfer.py``); needs continuous
     batching on a paged cache.
+    ``speculative_config``: vLLM's ``--speculative-config`` JSON (or a dict): speculative decoding
+    with prompt lookup (``batchlab.speculative``); needs continuous batching and the real model.
     """
 
     policy: str = "continuous"
@@ -94,6 +97,7 @@ class ServerConfig:
     model_root: str | None = None
     simulate: str | None = None
     kv_transfer_config: str | None = None
+    speculative_config: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULERS:
@@ -129,11 +133,22 @@ class ServerConfig:
             if self.policy != "continuous" or not self.paged:
                 raise ValueError(f"kv_transfer_config with policy={self.policy!r}, paged={self.paged}; must come "
                                  "with policy='continuous' and paged=True (the hand-off names KV blocks, as vLLM's)")
+        if self.speculative_config is not None:
+            spec = SpeculativeConfig.parse(self.speculative_config)     # stored as its JSON
+            object.__setattr__(self, "speculative_config", spec.to_json())
+            if self.policy != "continuous" or self.simulate is not None:
+                raise ValueError(f"speculative_config with policy={self.policy!r}, simulate={self.simulate!r}; must "
+                                 "come with policy='continuous' (a request-level batch decodes in lockstep) and the "
+                                 "real model (a simulated device has no tokens to draft from)")
+            if spec.num_speculative_tokens >= self.max_model_len:
+                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}; must be below "
+                                 f"max_model_len={self.max_model_len}")
 
     def make_backend(self, lm) -> ModelBackend:
         return ModelBackend(lm, num_slots=self.max_num_seqs, max_seq_len=self.max_model_len,
                             kv_memory_bytes=self.kv_cache_memory_bytes, paged=self.paged,
-                            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching)
+                            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+                            speculative_config=self.speculative_config)
 
     def make_scheduler(self) -> Scheduler:
         stream = self.release == "request"
@@ -175,6 +190,7 @@ class _Bridge(EngineListener):
         self.preemptions_seen = 0
         self.last_step = None                  # the last engine step fed to the metrics
         self.cached: dict[str, int] = {}       # request id -> prompt tokens its first admission found cached
+        self.checks_seen: dict[str, int] = {}  # request id -> its speculative checks counted so far
 
     def _count_steps(self) -> None:
         """Each engine step once (``vllm:iteration_tokens_total``), and each request's cached
@@ -198,32 +214,47 @@ class _Bridge(EngineListener):
             runner.metrics.preempted(prompt_len + p.num_output_tokens, runner.config.enable_prefix_caching)
             self.preemptions_seen += 1
 
-    def _post(self, request_id: str, event: tuple) -> None:
+    def _post(self, request_id: str, *events: tuple) -> None:
+        """Queue ``events`` on the request's handle, all in one callback of the event loop."""
         handle = self.runner.handles.get(request_id)
         if handle is None:
             return
+        put = handle.events.put_nowait
         try:
-            self.runner.loop.call_soon_threadsafe(handle.events.put_nowait, event)
+            self.runner.loop.call_soon_threadsafe(lambda: [put(e) for e in events])
         except RuntimeError:       # the event loop has closed: nobody is listening any more
             pass
 
     def on_token(self, req: Request, token: int, t: float) -> None:
+        self.on_tokens(req, [token], t)
+
+    def on_tokens(self, req: Request, tokens: list[int], t: float) -> None:
+        """One step's tokens of ``req`` (several: a checked speculative draft): counted as vLLM
+        counts a step's output (one inter-token gap), and queued in one go, so the stream sends
+        them as one chunk."""
         runner = self.runner
         times = req.token_times
         self._count_steps()
         start = self.cached.get(req.request_id, 0)         # where its first chunk started
         external = start if req.kv_transfer_tokens and start == req.kv_transfer_tokens else 0
-        runner.metrics.token(req.prompt_len, req.arrival_time, t, times[-2] if len(times) > 1 else None,
-                             runner.streams, runner.config.enable_prefix_caching, start - external, external)
+        previous = times[-len(tokens) - 1] if len(times) > len(tokens) else None
+        runner.metrics.token(req.prompt_len, req.arrival_time, t, previous, runner.streams,
+                             runner.config.enable_prefix_caching, start - external, external, len(tokens))
         self._count_preemptions()
+        if req.spec_checks:                                # a checked draft emitted these tokens
+            seen = self.checks_seen.get(req.request_id, 0)
+            for drafted, accepted in req.spec_checks[seen:]:
+                runner.metrics.checked(drafted, accepted)
+            self.checks_seen[req.request_id] = len(req.spec_checks)
         if runner.streams:
-            self._post(req.request_id, ("token", token))
+            self._post(req.request_id, *[("token", token) for token in tokens])
 
     def on_end(self, req: Request, t: float) -> None:
         runner = self.runner
         self._count_preemptions()
         self._count_steps()
         self.cached.pop(req.request_id, None)
+        self.checks_seen.pop(req.request_id, None)
         if req.exported_kv is not None:         # a prefill part finished: its KV waits for the decode part
             runner.connector.export(req.exported_kv, req)
             req.exported_kv = None
@@ -284,8 +315,10 @@ class EngineRunner:
         self.num_refused = 0
         self.started_unix = time.time()
         self.window = TraceWindow(config.trace_window)
+        spec = None if config.speculative_config is None else SpeculativeConfig.parse(config.speculative_config)
         self.metrics = ServerMetrics(config.model_name, config.max_model_len,
-                                     lambda: read_engine_stats(self.scheduler, self.backend.kv))
+                                     lambda: read_engine_stats(self.scheduler, self.backend.kv),
+                                     spec.num_speculative_tokens if spec else 0)
         self.connector = None if config.kv_transfer_config is None else self._connector(config)
 
     def _connector(self, config: ServerConfig) -> KVConnector:

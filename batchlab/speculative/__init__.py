@@ -3,13 +3,16 @@
 - ``config.py``: ``SpeculativeConfig``, vLLM's ``--speculative-config`` by its names and
   defaults, with the batch-size schedule that shortens or turns off drafting in a large batch.
 - ``ngram.py``: prompt lookup (vLLM's ``ngram`` method), a drafter that needs no weights.
+- ``acceptance.py``: how many drafted tokens a check accepts, as a distribution per request, for
+  the simulator (fitted to measured runs).
 
 The model checks the drafts (``batchlab.model.verify``); the scheduler fits them into a step's
 budget (``schedulers/continuous.py``); the engine appends what was accepted and gives back the
 KV room of what was not (``engine.py``).
 """
 
+from batchlab.speculative.acceptance import AcceptanceModel, AcceptanceStream, expected_accepted
 from batchlab.speculative.config import SpeculativeConfig
 from batchlab.speculative.ngram import propose_ngram
 
-__all__ = ["SpeculativeConfig", "propose_ngram"]
+__all__ = ["AcceptanceModel", "AcceptanceStream", "SpeculativeConfig", "expected_accepted", "propose_ngram"]

@@ -1,0 +1,96 @@
+"""Speculative decoding and the batch: when checking drafts pays, measured and predicted.
+
+A step that checks ``k`` drafts per request computes ``k + 1`` positions of it. On a GPU a small
+batch's decode step is a read of the weights and costs about the same for 1 or ``k + 1``
+positions, so every accepted draft is a token for free; as the batch grows the step turns
+compute-bound, the drafts' positions cost real time, and rejected ones are pure waste. On this
+CPU a step's cost grows with its tokens from the start (notebook 01), so the turn comes sooner.
+
+- ``serve_batches(make_backend, make_requests, batch_sizes, specs)``: the same requests served
+  at each batch size (``ContinuousBatcher(max_num_seqs=B)``, ``B`` requests at once, at least
+  ``min_requests``), once per speculative config (None: without); one row per (batch, config):
+  output tokens/s, its ratio to no speculation, TPOT, the drafts' acceptance, and tokens a check.
+  With the real model it measures (wall time); with a ``SimBackend`` it predicts.
+- ``crossover(table, spec)``: the smallest batch size at which a config no longer pays.
+- ``fit_acceptance(traces)``: an ``AcceptanceModel`` from measured runs, for the simulator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import pandas as pd
+
+from batchlab.analysis.metrics import per_request_metrics
+from batchlab.backends.base import Backend
+from batchlab.checks import check_int, check_list
+from batchlab.engine import Engine
+from batchlab.requests import Request
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.speculative import AcceptanceModel
+from batchlab.trace import Trace
+
+SPEC_COLUMNS = ["batch", "config", "tok_s", "speedup", "tpot_ms", "acceptance", "tokens_per_check", "seconds"]
+
+
+def spec_stats(trace: Trace) -> dict:
+    """Drafted and accepted tokens, checks, and their ratios, over a run's requests."""
+    checks = [c for r in trace.requests for c in r.spec_checks]
+    drafted, accepted = sum(d for d, _ in checks), sum(a for _, a in checks)
+    return {"checks": len(checks), "drafted": drafted, "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else float("nan"),
+            "tokens_per_check": (accepted + len(checks)) / len(checks) if checks else float("nan")}
+
+
+def serve_batches(make_backend: Callable[[dict | None, int], Backend], make_requests: Callable[[int], list[Request]],
+                  batch_sizes: Sequence[int], specs: Mapping[str, dict | None], min_requests: int = 1,
+                  progress: Callable | None = None) -> tuple[pd.DataFrame, dict]:
+    """One row per (batch size, config) and the runs' traces by ``(batch, config)`` (see the
+    module docstring). ``make_backend(spec, batch)`` builds a fresh backend; the configs alternate
+    within each batch size, so drift on a shared CPU hits them alike."""
+    sizes = [int(b) for b in check_list("batch_sizes", batch_sizes, "a non-empty list of batch sizes")]
+    for b in sizes:
+        check_int("batch size", b)
+    if None not in specs.values():
+        raise ValueError(f"specs={list(specs)}; one config must be None (without speculation), the baseline")
+    rows, traces = [], {}
+    for batch in sizes:
+        requests = make_requests(max(batch, min_requests))
+        for name, spec in specs.items():
+            engine = Engine(ContinuousBatcher(batch, max(2048, 8 * batch)), make_backend(spec, batch))
+            t0 = time.perf_counter()
+            trace = engine.run(requests)
+            wall = time.perf_counter() - t0
+            traces[batch, name] = trace
+            seconds = wall if engine.backend.kv.stores_values else trace_span(trace)   # measured, or predicted
+            tokens = sum(len(r.output_ids) for r in trace.requests)
+            tpot = per_request_metrics(trace)["tpot"].mean()
+            stats = spec_stats(trace)
+            rows.append({"batch": batch, "config": name, "tok_s": tokens / seconds, "tpot_ms": tpot * 1e3,
+                         "acceptance": stats["acceptance"], "tokens_per_check": stats["tokens_per_check"],
+                         "seconds": seconds})
+            if progress is not None:
+                progress()
+    table = pd.DataFrame(rows, columns=[c for c in SPEC_COLUMNS if c != "speedup"])
+    base = table[table["config"] == next(n for n, s in specs.items() if s is None)].set_index("batch")["tok_s"]
+    table.insert(3, "speedup", table["tok_s"] / table["batch"].map(base))
+    return table, traces
+
+
+def trace_span(trace: Trace) -> float:
+    """Seconds from the first arrival to the last token, on the trace's clock."""
+    return max(t for r in trace.requests for t in r.token_times) - min(r.arrival_time for r in trace.requests)
+
+
+def crossover(table: pd.DataFrame, config: str, threshold: float = 1.0) -> int | None:
+    """The smallest batch size at which ``config``'s speedup falls below ``threshold`` (None: never)."""
+    rows = table[table["config"] == config].sort_values("batch")
+    below = rows[rows["speedup"] < threshold]
+    return None if below.empty else int(below["batch"].iloc[0])
+
+
+def fit_acceptance(traces: Sequence[Trace], seed: int = 0) -> AcceptanceModel:
+    """``AcceptanceModel.fit`` over the requests of measured runs with speculation."""
+    requests = [r for t in traces for r in t.requests]
+    return AcceptanceModel.fit([r.spec_checks for r in requests], [len(r.output_ids) for r in requests], seed)
