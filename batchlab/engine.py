@@ -176,9 +176,11 @@ class Engine:
             if token is None:
                 raise EngineError(f"the backend returned no token for {c.request_id!r}, whose chunk samples")
             self._append(req, token, end, logprobs.get(c.request_id) if logprobs else None)
-        if self.backend.speculative is not None:
-            for rid, draft in result.drafts.items():
-                requests[rid].draft_ids = draft
+        if self.backend.speculative is not None:      # each request that sampled: its draft for the next step
+            drafts = result.drafts
+            for c in plan.chunks:
+                if c.samples:
+                    requests[c.request_id].draft_ids = drafts.get(c.request_id, [])
 
     def _append(self, req: Request, token: int, end: float, logprobs=None, tell: bool = True) -> bool:
         """Append one sampled token to ``req`` (and tell the listener); True if it ended the request."""

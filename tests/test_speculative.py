@@ -349,6 +349,11 @@ def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
     assert speedup[1] > 1.5 and speedup[512] < 1.0                # free at batch 1, a loss in a full batch
     assert crossover(table, "ngram") == 512
     assert traces[1, "ngram"].requests[0].spec_checks
+    sparse = AcceptanceModel(0.6, draft_rate=0.25)
+    trace = Engine(ContinuousBatcher(4), SimBackend(cost, 10**7, speculative_config=SPEC, acceptance=sparse)).run(
+        requests(4))
+    samplings = sum(len(r.output_ids) - sum(a for _, a in r.spec_checks) - 1 for r in trace.requests)
+    assert abs(sum(len(r.spec_checks) for r in trace.requests) / samplings - 0.25) < 0.06    # drafts as often as stated
     again, _ = serve_batches(backend, requests, [16], {"none": None, "ngram": SPEC})
     assert again["tok_s"].tolist() == table[table["batch"] == 16]["tok_s"].tolist()      # seeded
     with pytest.raises(ValueError, match="needs an AcceptanceModel"):

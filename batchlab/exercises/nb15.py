@@ -1,0 +1,57 @@
+"""Checkers for notebook 15 (speculative decoding and the batch).
+
+15.1 is a formula (instant); 15.2 runs the GPU simulator over five batch sizes (about a second,
+once per session: cached).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from batchlab.exercises import Verdict, compare, exercise
+
+MODEL, GPU = "Llama-3-8B", "H100"
+BATCHES = (1, 8, 32, 128, 512)
+
+
+def tokens_per_check(alpha: float = 0.7, k: int = 4) -> float:
+    """15.1: tokens a check of ``k`` drafts emits on average, each accepted with chance ``alpha``."""
+    from batchlab.speculative import expected_accepted
+    return 1 + expected_accepted(alpha, k)
+
+
+@lru_cache(maxsize=1)
+def first_losing_batch() -> int | None:
+    """15.2: the first of ``BATCHES`` at which prompt lookup with k = 3 and a 0.5 acceptance rate
+    no longer pays for Llama-3-8B on the H100 preset."""
+    from batchlab.backends import SimBackend
+    from batchlab.backends.roofline import RooflineCostModel
+    from batchlab.experiments.speculation import crossover, serve_batches
+    from batchlab.requests import Request
+    from batchlab.speculative import AcceptanceModel
+    cost, acceptance = RooflineCostModel.for_device(MODEL, GPU), AcceptanceModel(0.5)
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+
+    def backend(config, batch):
+        return SimBackend(cost, 10**7, block_size=16, speculative_config=config,
+                          acceptance=acceptance if config else None)
+
+    table, _ = serve_batches(backend, lambda n: [Request(f"r{i}", None, 128, prompt_len=512) for i in range(n)],
+                             BATCHES, {"none": None, "ngram": spec}, min_requests=4)
+    return crossover(table, "ngram")
+
+
+@exercise("15.1")
+def check_15_1(answer) -> Verdict:
+    return compare(answer, tokens_per_check(), rtol=0.01, what="tokens per check")
+
+
+@exercise("15.2")
+def check_15_2(answer) -> Verdict:
+    if answer is None or answer is ...:
+        return Verdict("not attempted", "set answer to a batch size from the list and run the cell again")
+    if answer not in BATCHES:
+        return Verdict("wrong", f"expected one of {list(BATCHES)}, got {answer!r}")
+    best = first_losing_batch()
+    return Verdict("correct", f"from batch {best} on it costs more than it saves") if answer == best else Verdict(
+        "wrong", f"speculation {'still pays' if answer < best else 'already loses before'} at batch {answer}")

@@ -1,0 +1,476 @@
+# %% [markdown]
+# # 15 · Speculative decoding and the batch
+#
+# A decode step computes one token per request. Notebook 01 showed why that wastes a GPU: the step
+# reads every weight to compute one row per request, so at a small batch the GPU's arithmetic
+# mostly waits for memory. *Speculative decoding* spends that idle arithmetic. Something cheap
+# guesses the next few tokens of a request (a *draft*), and one step of the real model computes
+# all of them at once and keeps the ones the model would have produced itself. Every accepted
+# guess is a token that did not need a step of its own.
+#
+# Batching wants the same spare arithmetic. A large batch has already put it to work, and then
+# every guessed position costs real time, and every wrong guess is waste. This notebook measures
+# that trade on the course's model and predicts it for a GPU.
+#
+# ## What you will learn
+#
+# - **Draft, then check**: prompt lookup (vLLM's `ngram` method) drafts tokens by finding the
+#   text's last words earlier in the text; one step checks `k` drafted tokens and emits between 1
+#   and `k + 1` tokens.
+# - **Why the answer does not change**: the check keeps exactly the tokens the model would have
+#   chosen, so greedy answers are the same with or without speculation.
+# - **Acceptance depends on the task**: copying code is easy to guess, open chat is not.
+# - **The batch spends the spare compute**: the speedup at batch 1 and what is left at batch 32 on
+#   this CPU, why, and a policy that turns drafting off in a large batch (vLLM's).
+# - **Bursts**: several tokens arrive in one chunk, so ITL and TPOT stop agreeing.
+# - **On a GPU**: the batch size at which speculation stops paying for Llama-3-8B on an H100,
+#   predicted by the simulator, and vLLM's CPU build doing the same on this machine.
+
+# %% [markdown]
+# ## Setup
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+# %%
+from batchlab.analysis.claims import expect, expect_same_answers, expect_true
+from batchlab.analysis.metrics import itl_definitions, per_request_metrics
+from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends.roofline import RooflineCostModel
+from batchlab.engine import Engine
+from batchlab.exercises import check
+from batchlab.experiments.speculation import fit_acceptance, serve_batches, spec_stats
+from batchlab.model import load_model
+from batchlab.model.divergence import NEAR_TIE, parted_between
+from batchlab.model.llama import LlamaWeights
+from batchlab.requests import Request
+from batchlab.schedulers import ContinuousBatcher
+from batchlab.speculative import AcceptanceModel, SpeculativeConfig, propose_ngram
+from batchlab.workloads.tasks import task_requests, task_texts
+
+lm = load_model()
+tok = lm.tokenizer
+print(f"{lm.name} on {lm.device} ({lm.dtype})")
+
+# %% [markdown]
+# The speculative settings use vLLM's names (`--speculative-config`): the `ngram` method drafts up
+# to `num_speculative_tokens` tokens (`k`) by matching the last `prompt_lookup_min` to
+# `prompt_lookup_max` tokens of the text. `k = 4` and n-grams of 2 to 3 tokens suit this small
+# model's short answers.
+
+# %%
+SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+MAX_NEW = 48
+print(SpeculativeConfig.parse(SPEC))
+
+
+def backend(spec=None, batch=4, max_seq_len=640):
+    """The real model with a slot per request (``spec``: a speculative config, or None)."""
+    return ModelBackend(lm, num_slots=batch, max_seq_len=max_seq_len, speculative_config=spec)
+
+
+def outputs(trace):
+    return {r.request_id: r.output_ids for r in trace.requests}
+
+
+# %% [markdown]
+# ## Draft, then check
+#
+# The first task asks the model to edit a short Python function and reply with the whole
+# function, so the answer repeats most of the prompt. Prompt lookup drafts by looking for the
+# text's last two or three tokens earlier in the text and proposing what followed them there.
+# Here is one draft, taken part-way through the model's own answer:
+
+# %%
+(edit,) = task_requests("code_edit", 1, tok, MAX_NEW)
+print(task_texts("code_edit")[0][:240], "...")
+alone = Engine(ContinuousBatcher(1), backend(batch=1)).run([edit])
+answer = alone.requests[0].output_ids
+cut = 20
+text = edit.prompt_ids + answer[:cut]
+draft = propose_ngram(text, 4, 2, 3)
+print(f"\nthe answer so far ends with {tok.decode(answer[cut - 6:cut])!r}")
+print(f"prompt lookup drafts    {tok.decode(draft)!r}")
+print(f"the model then wrote    {tok.decode(answer[cut:cut + 4])!r}")
+
+# %% [markdown]
+# The check is one step. The request's chunk holds its last known token and the `k` drafted
+# tokens after it, `k + 1` positions, and the step computes the model's next-token choice after
+# each of them, exactly as `k + 1` separate decode steps would if the draft were right. The first
+# drafted token is accepted if it is the model's choice after the last known token, the second if
+# it is the choice after the first, and so on; at the first mismatch the model's own choice
+# replaces the guess, and if every guess was right the choice after the last one comes free (a
+# *bonus* token). So a check emits between 1 and `k + 1` tokens. The drafted positions whose
+# guesses were rejected wrote keys and values into the KV cache; the engine gives that room back,
+# and the next step overwrites them.
+#
+# With sampling (`temperature > 0`) the rule is *speculative sampling* (Leviathan et al. and
+# Chen et al., 2023): accept a drafted token with probability `p(token)` (the model's, after
+# temperature, top-k and top-p), and on a rejection draw from the model's distribution without
+# that token. Each emitted token is then distributed exactly as if the model had sampled it alone.
+
+# %%
+spec_run = Engine(ContinuousBatcher(1), backend(SPEC, batch=1)).run([edit])
+record = spec_run.requests[0]
+emitted = pd.Series([a + 1 for _, a in record.spec_checks]).value_counts().sort_index()
+print(f"{len(answer)} tokens: {len(alone.steps)} steps without speculation, {len(spec_run.steps)} with it")
+print("tokens emitted per check:", emitted.to_dict())
+expect("speculation needed fewer steps for the same tokens", len(spec_run.steps) / len(alone.steps), below=0.9)
+
+# %% [markdown]
+# ## The same answers, at any batch
+#
+# The rule above keeps exactly the tokens the model would have chosen, so speculation may change
+# how fast an answer comes, never which answer. Six requests of two tasks served together, with
+# and without speculation, on the slot cache and on the paged cache of notebook 05. In fp32 the
+# answers must be identical token for token; in bf16 a check computes a different batch shape
+# than a plain decode (`k + 1` rows of a request instead of one), and notebook 04 showed that a
+# different shape may part the answers where the model's two best tokens were nearly tied.
+
+# %%
+mixed = task_requests("code_edit", 3, tok, MAX_NEW) + task_requests("chat", 3, tok, MAX_NEW)
+weights = LlamaWeights.from_hf(lm.model)
+for paged in (False, True):
+    runs = {}
+    for spec in (None, SPEC):
+        be = ModelBackend(lm, num_slots=6, max_seq_len=640, paged=paged, speculative_config=spec)
+        runs["spec" if spec else "plain"] = outputs(Engine(ContinuousBatcher(6), be).run(mixed))
+    parted = parted_between(weights, {r.request_id: r.prompt_ids for r in mixed}, runs)
+    expect_same_answers(f"{'paged' if paged else 'slot'} cache: answers with speculation are those without",
+                        parted, len(mixed), exact=lm.dtype == "float32", near_tie=NEAR_TIE)
+
+# %% [markdown]
+# `tests/test_speculative.py` checks the same at batch 1 and 8, with preemptions and prefix
+# caching, with penalties and `min_tokens`, and the sampling rule's output distribution
+# statistically.
+#
+# ## Acceptance depends on the task
+#
+# Prompt lookup can only guess what the text already holds. Three tasks (`batchlab.workloads.tasks`),
+# three requests each, served one at a time (batch 1) with and without speculation (the runs
+# alternate, so a busy moment of the CPU hits both alike):
+#
+# - `code_edit`: edit a short Python function and reply with all of it: the answer copies the prompt;
+# - `quote`: copy a paragraph out, then say what it is about: half copied;
+# - `chat`: open questions: new text.
+#
+# *Acceptance* is the share of drafted tokens the checks accepted; *tokens per check* is what a
+# check emitted on average (1 + accepted).
+
+# %%
+KINDS = ("code_edit", "quote", "chat")
+by_task, task_traces = [], {}
+for kind in tqdm(KINDS, desc="tasks"):
+    table, traces = serve_batches(lambda spec, b: backend(spec, b), lambda n: task_requests(kind, n, tok, MAX_NEW),
+                                  [1], {"none": None, "ngram": SPEC}, min_requests=3)
+    task_traces[kind] = traces[1, "ngram"]
+    if kind == "code_edit":
+        code_traces_1 = {"none": traces[1, "none"], "ngram": traces[1, "ngram"]}
+    by_task.append(table.assign(task=kind))
+by_task = pd.concat(by_task)
+spec_rows = by_task[by_task["config"] == "ngram"].set_index("task")
+print(by_task[["task", "config", "tok_s", "speedup", "acceptance", "tokens_per_check"]].round(2).to_string(index=False))
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.bar(KINDS, spec_rows.loc[list(KINDS), "speedup"], color=["tab:green", "tab:olive", "tab:gray"])
+ax.axhline(1, color="k", lw=0.8)
+ax.set_ylabel("tokens/s vs without")
+best = spec_rows["speedup"].idxmax()
+ax.set_title(f"At batch 1 on this CPU, {best} gains most: {spec_rows.loc[best, 'speedup']:.1f}x")
+plt.show()
+expect("code edits accept a larger share of their drafts than open chat",
+       spec_rows.loc["code_edit", "acceptance"] - spec_rows.loc["chat", "acceptance"], above=0.15)
+expect("at batch 1 on this CPU, speculation makes code edits at least 1.5x faster",
+       spec_rows.loc["code_edit", "speedup"], above=1.5)
+
+# %% [markdown]
+# ## The batch spends the spare compute
+#
+# The copy-heavy task again at batch 4, 16 and 32 (as many requests served at once), and the chat
+# task at batch 32, without speculation and with drafts of `k = 4` always; chat also with a
+# policy that turns drafting off in a large batch (next section). Batch 1 is the run above.
+
+# %%
+POLICY = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 8, 2], [9, 256, 0]]}
+bar = tqdm(total=9, desc="runs")
+code, code_traces = serve_batches(lambda spec, b: backend(spec, b), lambda n: task_requests("code_edit", n, tok, MAX_NEW),
+                                  [4, 16, 32], {"none": None, "always": SPEC}, progress=bar.update)
+chat, chat_traces = serve_batches(lambda spec, b: backend(spec, b), lambda n: task_requests("chat", n, tok, MAX_NEW),
+                                  [32], {"none": None, "always": SPEC, "policy": POLICY}, progress=bar.update)
+bar.close()
+print(pd.concat([code.assign(task="code_edit"), chat.assign(task="chat")])
+      [["task", "batch", "config", "tok_s", "speedup", "tpot_ms", "acceptance"]].round(2).to_string(index=False))
+
+# %%
+always = pd.concat([pd.Series({1: spec_rows.loc["code_edit", "speedup"]}),
+                    code[code["config"] == "always"].set_index("batch")["speedup"]])
+chat_32 = chat.set_index("config")["speedup"]
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.plot(always.index, always.values, "o-", label="code_edit, k = 4 always")
+ax.plot([1, 32], [spec_rows.loc["chat", "speedup"], chat_32["always"]], "s--", color="tab:gray",
+        label="chat, k = 4 always")
+ax.axhline(1, color="k", lw=0.8)
+ax.set_xscale("log", base=2)
+ax.set_xlabel("batch size")
+ax.set_ylabel("tokens/s vs without")
+ax.set_title(f"On this CPU the gain falls from {always[1]:.1f}x at batch 1 to {always[32]:.2f}x at batch 32")
+ax.legend()
+plt.show()
+expect("the speedup at batch 32 is well below the speedup at batch 1", always[32] / always[1], below=0.8)
+verdict = "slower" if chat_32["always"] < 1 else "not slower"
+print(f"chat at batch 32 with drafts always: {chat_32['always']:.2f}x, {verdict} than without speculation")
+
+# %% [markdown]
+# Why the gain shrinks: on this CPU a step's time grows with the tokens it computes from the very
+# first one (notebook 01: each sequence brings its own share of work, and the weight reads are
+# cheap next to it). Every step of the runs above, its time against its tokens:
+
+# %%
+runs = [*code_traces.values(), *task_traces.values()]
+steps = pd.DataFrame([{"tokens": s.num_tokens, "ms": s.duration * 1e3} for t in runs for s in t.steps
+                      if s.num_prefill_tokens == 0])
+fit = np.polyfit(steps["tokens"], steps["ms"], 1)
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.scatter(steps["tokens"], steps["ms"], s=4, alpha=0.4)
+xs = np.linspace(1, steps["tokens"].max(), 50)
+ax.plot(xs, np.polyval(fit, xs), "k--", lw=1)
+ax.set_xlabel("tokens in the step (decodes and drafts)")
+ax.set_ylabel("step time (ms)")
+ax.set_title(f"On this CPU each extra token in a step costs {fit[0]:.2f} ms, a 1-token step {np.polyval(fit, 1):.0f} ms")
+plt.show()
+expect("on this CPU a step of 32 tokens takes at least twice as long as a step of one",
+       np.polyval(fit, 32) / np.polyval(fit, 1), above=2)
+
+# %% [markdown]
+# At batch 1 a check of `k + 1 = 5` positions costs a few tokens' worth on top of a step that
+# was mostly fixed cost, and each accepted draft saves a whole step. At batch 32 a plain step
+# already computes 32 tokens; drafts add up to 128 more, paid at the full per-token price, while
+# each accepted one still only saves one token of a step that would have run anyway. A GPU has
+# the same trade with a much flatter start (its step is a weight read up to a large batch), so
+# its turn comes at a larger batch: see *On a GPU* below.
+#
+# ## A policy that turns drafting off
+#
+# vLLM's speculative config can say how many tokens to draft at each batch size:
+# `num_speculative_tokens_per_batch_size`, a list of `[first, last, k]` batch-size ranges (vLLM's
+# dynamic speculative decoding; SmartSpec, Liu et al. 2024, chooses `k` by the same trade). The
+# batch size is the number of requests in the step that drafts. The policy above drafts 4 tokens
+# up to batch 4, 2 up to batch 8 and none beyond, where the runs above show the gain running out
+# on this CPU.
+
+# %%
+policy_32, plain_32 = chat_traces[32, "policy"], chat_traces[32, "none"]
+same_plan = [[(c.request_id, c.start, c.num_tokens) for c in s.chunks] for s in policy_32.steps] == \
+            [[(c.request_id, c.start, c.num_tokens) for c in s.chunks] for s in plain_32.steps]
+print(f"chat, batch 32: drafts always {chat_32['always']:.2f}x, the policy {chat_32['policy']:.2f}x")
+expect_true("at batch 32 the policy drafted nothing: every step is the plain run's step",
+            same_plan and spec_stats(policy_32)["checks"] == 0)
+
+# %% [markdown]
+# With no drafts the policy's steps are exactly the plain run's, so its speed is the plain run's
+# up to the CPU's noise; at batch 1 to 4 it drafts as much as `k = 4` always. Where to put the
+# turn is a measurement: the machine, the model and the task's acceptance all move it.
+#
+# ## Bursts: what ITL and TPOT see
+#
+# A check that accepts three drafts hands out four tokens at the same moment. A client receives
+# them in one streamed chunk (the course's server sends a check's tokens together, as vLLM does).
+# Notebook 07's definitions now part: vLLM's *TPOT* divides a request's decode time by its tokens,
+# so it falls with every accepted draft; vLLM's *ITL* is the gap between chunks, and there are
+# fewer, longer ones.
+
+# %%
+bursts = {}
+for name in ("none", "ngram"):
+    trace = code_traces_1[name]
+    d = itl_definitions(trace)
+    bursts[name] = {"token gaps": sum(len(r.output_ids) - 1 for r in trace.requests),
+                    "chunk gaps": int(d.loc["vllm_itl", "count"]), "ITL mean (ms)": d.loc["vllm_itl", "mean"] * 1e3,
+                    "TPOT mean (ms)": d.loc["vllm_tpot", "mean"] * 1e3}
+bursts = pd.DataFrame(bursts).T
+print(bursts.round(1))
+expect("with speculation the tokens come in fewer chunks: chunk gaps / token gaps",
+       bursts.loc["ngram", "chunk gaps"] / bursts.loc["ngram", "token gaps"], below=0.7)
+expect("speculation shortens TPOT at batch 1",
+       bursts.loc["ngram", "TPOT mean (ms)"] / bursts.loc["none", "TPOT mean (ms)"], below=0.8)
+expect("with speculation its chunks come further apart than its tokens (ITL / TPOT)",
+       bursts.loc["ngram", "ITL mean (ms)"] / bursts.loc["ngram", "TPOT mean (ms)"], above=1.2)
+
+# %%
+itl_change = bursts.loc["ngram", "ITL mean (ms)"] / bursts.loc["none", "ITL mean (ms)"]
+tpot_change = bursts.loc["ngram", "TPOT mean (ms)"] / bursts.loc["none", "TPOT mean (ms)"]
+print(f"turning speculation on changed the mean ITL by {itl_change:.2f}x and the mean TPOT by {tpot_change:.2f}x")
+expect("at batch 1 TPOT falls much more than ITL does", tpot_change / itl_change, below=0.7)
+
+# %% [markdown]
+# A dashboard that watches ITL hardly sees speculation: a check's step takes about as long as a
+# plain decode's at batch 1, so the gaps between chunks barely move. TPOT, and the reader, see the
+# text arrive much sooner. Say which of the two a latency target is written in.
+
+# %% [markdown]
+# ## On a GPU: where it stops paying
+#
+# The simulator of notebooks 12 to 16 predicts a GPU's steps from kernels fitted to times measured
+# on real GPUs (notebook 14), and a check is a step like any other: `k + 1` positions for each
+# request that drafts. What it cannot compute is which drafts a model would accept: it draws them
+# (`batchlab.speculative.AcceptanceModel`): each drafted token is accepted with the request's own
+# chance `alpha`, until the first rejection; the requests' chances spread around a mean `rate`;
+# and a decode carries a draft with chance `draft_rate` (prompt lookup finds no match in much of
+# a chat). First the two tasks as measured above on this CPU, fitted:
+
+# %%
+acceptance = {kind: fit_acceptance([task_traces[kind]]) for kind in ("code_edit", "chat")}
+for kind, model in acceptance.items():
+    print(f"{kind:9s} {model}")
+
+cost = RooflineCostModel.for_device("Llama-3-8B", "H100")
+GPU_BATCHES = [1, 4, 16, 64, 128, 256, 512]
+
+
+def gpu_speedups(model, batches=GPU_BATCHES):
+    """Predicted tokens/s with speculation / without, by batch size, for Llama-3-8B on the H100 preset."""
+    def make(spec, batch):
+        return SimBackend(cost, 10**7, block_size=16, speculative_config=spec, acceptance=model if spec else None)
+    table, _ = serve_batches(make, lambda n: [Request(f"r{i}", None, 256, prompt_len=512) for i in range(n)],
+                             batches, {"none": None, "ngram": SPEC}, min_requests=8)
+    return table[table["config"] == "ngram"].set_index("batch")["speedup"]
+
+
+fitted = pd.DataFrame({kind: gpu_speedups(model, [1, 512]) for kind, model in acceptance.items()})
+print(fitted.round(2))
+expect("predicted for an H100: the fitted code edits gain at least 1.5x at batch 1", fitted.loc[1, "code_edit"],
+       above=1.5)
+expect("predicted for an H100: code edits gain more than chat at batch 1",
+       fitted.loc[1, "code_edit"] - fitted.loc[1, "chat"], above=0.2)
+
+# %% [markdown]
+# Where the gain turns into a loss depends on the acceptance. A drafter that proposes at every
+# step (a draft model, say) with acceptance rates from poor to very good:
+
+# %%
+ALPHAS = (0.2, 0.4, 0.6, 0.8)
+sweep = pd.DataFrame({alpha: gpu_speedups(AcceptanceModel(alpha)) for alpha in tqdm(ALPHAS, desc="rates")})
+turns = {alpha: next((b for b, x in sweep[alpha].items() if x < 1), None) for alpha in ALPHAS}
+print(sweep.round(2))
+fig, ax = plt.subplots(figsize=(6, 3))
+for alpha in ALPHAS:
+    ax.plot(sweep.index, sweep[alpha], "o-", label=f"alpha = {alpha}")
+ax.axhline(1, color="k", lw=0.8)
+ax.set_xscale("log", base=2)
+ax.set_xlabel("batch size")
+ax.set_ylabel("tokens/s vs without")
+ax.set_title(f"H100, Llama-3-8B (predicted): at alpha 0.2 drafts lose from batch {turns[0.2]}, "
+             f"at 0.6 from {turns[0.6]}", fontsize=9)
+ax.legend(fontsize=8)
+plt.show()
+known = [turns[a] if turns[a] is not None else 10**6 for a in ALPHAS]
+expect_true("predicted for an H100: the better the acceptance, the larger the batch at which drafts stop paying",
+            known == sorted(known), turns)
+expect("predicted for an H100: poor drafts (alpha 0.2) cost a full batch of 512 at least 10% of its tokens/s",
+       sweep.loc[512, 0.2], below=0.9)
+expect("predicted for an H100: very good drafts (alpha 0.8) pay at every batch size up to 512", sweep[0.8].min(),
+       above=1.0)
+
+# %% [markdown]
+# vLLM's speculative-decoding blog post (October 2024) measured the same shape on GPUs: n-gram
+# lookup about 2.8x faster on a summarization task at a low request rate, and 1.8x *slower* at a
+# high rate, where the batch had already used the spare compute; a draft model 1.5x faster and
+# 1.4x slower. The conditions differ (larger models, several GPUs, an older engine), so compare
+# the shape: a large gain while the batch is small, a loss once it is large, and a turn that comes
+# later the more of the drafts are accepted. The simulator also charges nothing for drafting
+# itself, so its losses are a floor.
+#
+# ## vLLM's CPU build, side by side
+#
+# vLLM's CPU build takes the same `--speculative-config`. Does it run prompt lookup on a CPU? It
+# is started here on the course's model with the config above and asked for the same three code
+# edits; its `/metrics` counts its drafts in the names the course's server uses too
+# (`vllm:spec_decode_num_drafts`, `_num_draft_tokens`, `_num_accepted_tokens`).
+
+# %%
+import json
+
+import httpx
+
+from batchlab.loadgen.prom import scrape, value
+from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMFlags, VLLMUnavailable, start_vllm, vllm_status
+
+VLLM_READY, why = vllm_status()
+if not VLLM_READY and os.environ.get("CI"):
+    raise RuntimeError(f"CI sets vLLM up with scripts/setup_vllm.sh, but: {why}")
+vllm_counts = None
+if VLLM_READY:
+    try:
+        server = start_vllm(max_model_len=1024, kv_cache_gib=2, flags=VLLMFlags(max_num_seqs=4, stats=True),
+                            extra_args=("--speculative-config", json.dumps(SPEC)))
+    except VLLMUnavailable as e:
+        server = None
+        print(f"vLLM did not start, so this section has no measurement; fix what its log says, then rerun:\n{e}")
+    if server is not None:
+        with server:
+            for req in task_requests("code_edit", 3, tok, MAX_NEW):
+                r = httpx.post(f"{server.url}/v1/completions", timeout=300, json={
+                    "model": SERVED_MODEL_NAME, "prompt": req.prompt_ids, "max_tokens": MAX_NEW, "temperature": 0})
+                r.raise_for_status()
+            metrics = scrape(server.url)
+        vllm_counts = {name: value(metrics, f"vllm:spec_decode_num_{name}") for name in ("drafts", "draft_tokens",
+                                                                                       "accepted_tokens")}
+else:
+    print(f"Skipped: {why}")
+if vllm_counts:
+    ours = spec_stats(task_traces["code_edit"])
+    print(f"vLLM:     {vllm_counts['drafts']:.0f} drafts, acceptance {vllm_counts['accepted_tokens'] / vllm_counts['draft_tokens']:.2f}")
+    print(f"batchlab: {ours['checks']} drafts, acceptance {ours['acceptance']:.2f}")
+    expect_true("vLLM's CPU build ran prompt lookup: it checked drafts and accepted some",
+                vllm_counts["drafts"] > 0 and vllm_counts["accepted_tokens"] > 0, vllm_counts)
+
+# %% [markdown]
+# It does: vLLM's CPU build drafts by prompt lookup and checks the drafts in its steps. Its
+# acceptance differs a little from batchlab's because its kernels round differently, so its
+# greedy answers are not always batchlab's token for token (notebook 10), and different answers
+# make different drafts. vLLM also warns that `min_p` and `logit_bias` are not supported with
+# speculation; batchlab's check applies every sampling parameter at every position.
+#
+# ## Summary
+#
+# - Speculative decoding drafts tokens cheaply and checks `k` of them in one step of the real
+#   model, which emits the accepted ones and one more: 1 to `k + 1` tokens per step.
+# - The check keeps exactly the model's own choices (greedy), or its distribution (sampling, by
+#   speculative sampling's rule), so answers do not change: identical in fp32 here, on both caches.
+# - Prompt lookup's acceptance is the task's: code edits that repeat the prompt accept many
+#   drafts, open chat few.
+# - On this CPU every drafted position costs its share of the step from the first, so the gain
+#   is largest at batch 1 and shrinks as the batch grows; vLLM's batch-size schedule
+#   (`num_speculative_tokens_per_batch_size`) turns drafting off where it stops paying.
+# - Accepted drafts arrive as bursts: TPOT falls, while the gaps between chunks (vLLM's ITL) grow.
+# - On a GPU the small batch's step is a weight read, so drafts are nearly free there; the
+#   simulator predicts large gains at small batches for Llama-3-8B on an H100, and a loss at large
+#   batches that starts sooner the fewer drafts are accepted: the shape vLLM measured.
+
+# %% [markdown]
+# ## Exercises
+#
+# Worked solutions are in `solutions/15_speculative_decoding_and_the_batch.py`.
+#
+# **15.1** A drafter's tokens are each accepted with chance 0.7, independently, until the first
+# rejection. With `k = 4`, how many tokens does a check emit on average? Answer with a number.
+
+# %%
+answer = None  # your code here
+check("15.1", answer)
+
+# %% [markdown]
+# **15.2** Llama-3-8B on the H100 preset, prompt lookup with `k = 3` and an acceptance rate of 0.5
+# (`AcceptanceModel(0.5)`), requests of 512 prompt and 128 output tokens. Of the batch sizes
+# 1, 8, 32, 128 and 512, at which does speculation first stop paying? Use `serve_batches` and
+# `crossover` from `batchlab.experiments.speculation`. Answer with the batch size.
+
+# %%
+answer = None  # your code here
+check("15.2", answer)
