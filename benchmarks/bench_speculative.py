@@ -1,7 +1,7 @@
 """Benchmark of speculative decoding (prompt lookup) on the real model, side by side in one run.
 
     .venv/bin/python benchmarks/bench_speculative.py [--batches 1 32] [--k 4] [--rounds 2]
-        [--kind code_edit] [--max-new-tokens 128] [--dtype float32]
+        [--kind code_edit] [--max-new-tokens 128] [--dtype float32] [--early-exit 20 27]
 
 For each batch size ``B``: ``B`` requests (at least 4) of one kind of task (``batchlab.workloads.tasks``;
 copy-heavy ``code_edit`` by default) served at once by ``ContinuousBatcher(max_num_seqs=B)``,
@@ -10,7 +10,8 @@ speculation, with prompt lookup drafting ``k`` tokens always, and with the batch
 (``--policy``: vLLM's ``num_speculative_tokens_per_batch_size``). Prints each one's output
 tokens per second of wall time (median over rounds), its ratio to no speculation, the drafts'
 acceptance (accepted / drafted tokens) and the tokens a check emitted on average, and checks
-that the three gave the same tokens (fp32 greedy: they must).
+that the three gave the same tokens (fp32 greedy: they must). ``--early-exit L ...`` adds a
+self-draft of ``k`` tokens from the model's first ``L`` layers for each ``L`` given.
 
 Goals (issue 35): at batch 1, at least 1.5x the tokens/s without speculation; at batch 32 with
 the policy, no slower than 0.95x. Nothing is asserted; timings on a shared CPU drift.
@@ -61,11 +62,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--early-exit", type=int, nargs="*", default=[], metavar="LAYER",
+                        help="also draft with the model's first LAYER layers (method early_exit)")
     args = parser.parse_args()
     lm = load_model(dtype=args.dtype)
     always = {"method": "ngram", "num_speculative_tokens": args.k,
               "prompt_lookup_min": args.lookup[0], "prompt_lookup_max": args.lookup[1]}
     ways = {"none": None, "always": always, "policy": {**always, "num_speculative_tokens_per_batch_size": args.policy}}
+    ways.update({f"exit {layer}": {"method": "early_exit", "num_speculative_tokens": args.k, "early_exit_layer": layer}
+                 for layer in args.early_exit})
     print(f"{describe_kernels(kernel_report())}\n{lm.name} {args.dtype}, {args.kind}, max_new_tokens {args.max_new_tokens}, "
           f"k={args.k}, lookup {args.lookup}, policy {args.policy}")
     for batch in args.batches:

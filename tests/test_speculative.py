@@ -1,17 +1,19 @@
 """Speculative decoding: prompt lookup drafts, checks in the batched step, and the invariant that
 proves it (greedy outputs with speculation equal those without, in fp32, on both caches)."""
 
+import json
 import math
 import random
 
 import pytest
 import torch
 
+from batchlab.analysis.trace_io import trace_from_dict, trace_to_dict
 from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
 from batchlab.kv_blocks import BlockManager, check_books
 from batchlab.model.divergence import NEAR_TIE, parted_between
-from batchlab.model.llama import LlamaWeights
+from batchlab.model.llama import LlamaWeights, forward_step
 from batchlab.model.sampling import RequestSampler
 from batchlab.model.verify import accept_greedy, verify_draft
 from batchlab.plan import ScheduledChunk, chunk_counts
@@ -21,6 +23,7 @@ from batchlab.speculative import SpeculativeConfig, propose_ngram
 from batchlab.workloads.tasks import task_requests
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+EARLY_EXIT = {"method": "early_exit", "num_speculative_tokens": 3, "early_exit_layer": 27}
 
 
 # --- prompt lookup, against vLLM's own algorithm ---------------------------------------------------
@@ -93,6 +96,11 @@ def test_config_takes_vllms_json_and_defaults():
     ({"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 8, -1]]}, "k >= 0"),
     ({"num_speculative_tokens": 2, "model": "x"}, "not supported"),
     ({"method": "ngram"}, "needs num_speculative_tokens"),
+    ({"method": "early_exit", "num_speculative_tokens": 2}, "needs early_exit_layer"),
+    ({"method": "early_exit", "num_speculative_tokens": 2, "early_exit_layer": 0}, "early_exit_layer=0"),
+    ({"method": "early_exit", "num_speculative_tokens": 2, "early_exit_layer": 8, "prompt_lookup_max": 3},
+     'prompt_lookup_max=3 belongs to method "ngram"'),
+    ({"num_speculative_tokens": 2, "early_exit_layer": 8}, 'early_exit_layer=8 belongs to method "early_exit"'),
 ])
 def test_bad_configs_name_the_value(bad, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("(", r"\(")):
@@ -106,6 +114,8 @@ def test_a_policy_that_cannot_check_drafts_and_a_draft_past_the_context_are_refu
         Engine(StaticBatcher(4), ModelBackend(lm, 4, 64, speculative_config=SPEC))
     with pytest.raises(ValueError, match="num_speculative_tokens=64; must be below max_seq_len=64"):
         ModelBackend(lm, 4, 64, speculative_config={**SPEC, "num_speculative_tokens": 64})
+    with pytest.raises(ValueError, match=r"early_exit_layer=30; must be in 1..29"):
+        ModelBackend(lm, 4, 64, speculative_config={**EARLY_EXIT, "early_exit_layer": 30})
 
 
 def test_a_chunk_with_a_draft_counts_as_one_decode():
@@ -178,15 +188,17 @@ def mixed_requests(lm, n: int = 6, max_new_tokens: int = 40) -> list[Request]:
     return reqs
 
 
-@pytest.mark.parametrize("cache", [
-    {}, {"max_num_seqs": 1},
-    {"paged": True, "block_size": 16},
-    {"paged": True, "block_size": 16, "num_kv_blocks": 26, "enable_prefix_caching": True},   # preemptions
-], ids=["slots", "slots-batch1", "paged", "paged-preempting"])
-def test_greedy_answers_with_speculation_are_the_answers_without(lm, cache):
+PREEMPTING = {"paged": True, "block_size": 16, "num_kv_blocks": 26, "enable_prefix_caching": True}
+
+
+@pytest.mark.parametrize("cache, drafter", [
+    ({}, SPEC), ({"max_num_seqs": 1}, SPEC), ({"paged": True, "block_size": 16}, SPEC), (PREEMPTING, SPEC),
+    ({}, EARLY_EXIT), (PREEMPTING, EARLY_EXIT),     # an early exit borrows room for its passes, and gives it back
+], ids=["slots", "slots-batch1", "paged", "paged-preempting", "early-exit-slots", "early-exit-paged-preempting"])
+def test_greedy_answers_with_speculation_are_the_answers_without(lm, cache, drafter):
     reqs = mixed_requests(lm)
     base, _ = serve(lm, reqs, **cache)
-    spec, engine = serve(lm, reqs, SPEC, **cache)
+    spec, engine = serve(lm, reqs, drafter, **cache)
     assert_same_answers(lm, reqs, base, spec)
     checks = [c for r in engine.requests.values() for c in r.spec_checks]
     drafted, accepted = sum(d for d, _ in checks), sum(a for _, a in checks)
@@ -201,7 +213,27 @@ def test_greedy_answers_with_speculation_are_the_answers_without(lm, cache):
         assert engine.scheduler.preemptions                          # the run did preempt
 
 
-def test_a_draft_never_runs_past_max_tokens_or_a_stop_token(lm):
+def test_an_early_exit_draft_is_what_the_models_first_layers_predict(lm):
+    """The self-draft, chained over four tokens, against transformers' own hidden states: each
+    drafted token is the argmax of the LM head on layer L's output (after the final norm) with
+    the tokens drafted before it appended."""
+    from batchlab.model.early_exit import draft_early_exit
+
+    weights, model = LlamaWeights.from_hf(lm.model), lm.model
+    prompt = task_requests("chat", 1, lm.tokenizer, 8)[0].prompt_ids
+    for layer in (6, 27):
+        cache = weights.new_kv_cache(1, 256)
+        cache.admit("a", len(prompt) + 4, len(prompt) + 4)
+        forward_step(weights, cache, [cache.seq_chunk("a", 0, prompt[:-1], False)])
+        [draft] = draft_early_exit(weights, cache, layer, [("a", prompt[-1], len(prompt) - 1, 4)])
+        with torch.inference_mode():
+            hidden = model(torch.tensor([prompt + draft[:-1]]), output_hidden_states=True).hidden_states[layer][0]
+            expected = model.lm_head(model.model.norm(hidden[len(prompt) - 1:])).argmax(dim=-1).tolist()
+        assert draft == expected, (layer, draft, expected)
+
+
+@pytest.mark.parametrize("method", [SPEC, EARLY_EXIT], ids=["ngram", "early_exit"])
+def test_a_draft_never_runs_past_max_tokens_or_a_stop_token(lm, method):
     reqs = task_requests("code_edit", 3, lm.tokenizer, 40)
     base, _ = serve(lm, reqs)
     # stop at a token that the run without speculation emits mid-way, inside accepted drafts
@@ -210,7 +242,7 @@ def test_a_draft_never_runs_past_max_tokens_or_a_stop_token(lm):
     short = [reqs[0].fresh_copy(stop_token_ids=(stop,)), reqs[1].fresh_copy(max_new_tokens=3),
              reqs[2].fresh_copy(max_new_tokens=9)]
     base_short, _ = serve(lm, short)
-    spec_short, engine = serve(lm, short, {**SPEC, "num_speculative_tokens": 6})
+    spec_short, engine = serve(lm, short, {**method, "num_speculative_tokens": 6})
     assert_same_answers(lm, short, base_short, spec_short)
     assert spec_short[rid][-1] == stop and stop not in spec_short[rid][:-1]
     assert [len(spec_short[r.request_id]) for r in short[1:]] == [3, 9]
@@ -218,6 +250,10 @@ def test_a_draft_never_runs_past_max_tokens_or_a_stop_token(lm):
         for c in step.chunks:
             req = engine.requests[c.request_id]
             assert c.start + c.num_tokens <= req.prompt_len + req.max_new_tokens - 1
+    trace = engine.finish()                         # a trace file keeps the checks (a stop inside one too)
+    loaded = trace_from_dict(json.loads(json.dumps(trace_to_dict(trace))))
+    assert [(r.output_ids, r.token_times, r.spec_checks) for r in loaded.requests] == \
+           [(r.output_ids, pytest.approx(r.token_times, abs=1e-6), r.spec_checks) for r in trace.requests]
 
 
 def test_the_batch_size_policy_turns_drafting_off_in_a_large_batch(lm):
@@ -249,7 +285,6 @@ def test_rollback_frees_blocks_that_held_only_rejected_drafts():
 # --- the server: --speculative-config, vLLM's speculative metrics, several tokens in one chunk --------
 def test_the_server_speculates_streams_accepted_tokens_together_and_counts_them(lm):
     import asyncio
-    import json
 
     import httpx
 
@@ -301,7 +336,6 @@ def test_the_server_refuses_speculation_it_cannot_do():
 
 
 def json_spec() -> str:
-    import json
     return json.dumps(SPEC)
 
 
@@ -354,7 +388,41 @@ def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
         requests(4))
     samplings = sum(len(r.output_ids) - sum(a for _, a in r.spec_checks) - 1 for r in trace.requests)
     assert abs(sum(len(r.spec_checks) for r in trace.requests) / samplings - 0.25) < 0.06    # drafts as often as stated
-    again, _ = serve_batches(backend, requests, [16], {"none": None, "ngram": SPEC})
+    again, _ = serve_batches(backend, requests, [16], {"none": None, "ngram": SPEC}, rounds=2)
     assert again["tok_s"].tolist() == table[table["batch"] == 16]["tok_s"].tolist()      # seeded
+    with pytest.raises(ValueError, match="rounds=0"):
+        serve_batches(backend, requests, [16], {"none": None, "ngram": SPEC}, rounds=0)
     with pytest.raises(ValueError, match="needs an AcceptanceModel"):
         SimBackend(cost, 10**6, speculative_config=SPEC)
+    from batchlab.backends.cost_model import CostModel
+    with pytest.raises(ValueError, match="method='early_exit' needs a cost model that knows the model's layers"):
+        SimBackend(CostModel(0.01, 0.001, 0.001, 0.0), 10**6, speculative_config=EARLY_EXIT, acceptance=acceptance)
+    with pytest.raises(ValueError, match="early_exit_layer=32; must be in 1..31"):
+        SimBackend(cost, 10**6, speculative_config={**EARLY_EXIT, "early_exit_layer": 32}, acceptance=acceptance)
+
+
+def test_the_simulator_prices_an_early_exit_drafts_passes():
+    """A pass of the first L layers costs what a step of a model of L layers costs, without the
+    per-step overhead; deeper exits cost more for the same acceptance."""
+    from batchlab.backends import SimBackend
+    from batchlab.backends.roofline import RooflineCostModel
+    from batchlab.experiments.speculation import serve_batches
+    from batchlab.speculative import AcceptanceModel
+
+    cost = RooflineCostModel.for_device("Llama-3-8B", "H100")
+    cut = cost.early_exit(8)
+    assert cut.shape.num_layers == 8 and cut.overhead_s == 0
+    assert 0.25 < cut.predict_features(1, 1, 600) / cost.roofline_seconds(1, 1, 600) < 0.5   # 8 of 32 layers, LM head
+
+    def table(layer, alpha):
+        def backend(spec, batch):
+            return SimBackend(cost, 10**7, block_size=16, speculative_config=spec,
+                              acceptance=AcceptanceModel(alpha) if spec else None)
+        spec = {**EARLY_EXIT, "early_exit_layer": layer}
+        t, _ = serve_batches(backend, lambda n: [Request(f"r{i}", None, 64, prompt_len=512) for i in range(n)],
+                             [1, 64], {"none": None, "early_exit": spec}, min_requests=2)
+        return t[t["config"] == "early_exit"].set_index("batch")["speedup"]
+
+    shallow, deep, poor = table(8, 0.8), table(16, 0.8), table(8, 0.05)
+    assert shallow[1] > 1.5 and deep[1] < shallow[1] and shallow[64] < shallow[1]
+    assert poor[1] < 0.9                              # drafts that are hardly ever accepted only cost

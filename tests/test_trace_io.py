@@ -15,9 +15,11 @@ from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import FinishReason, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
+from batchlab.speculative import AcceptanceModel
 from batchlab.trace import RequestRecord, Trace
 from batchlab.workloads import make_workload
 
+SPEC = {"method": "ngram", "num_speculative_tokens": 3}
 COST = CostModel(fixed_s=0.02, per_seq_s=0.001, per_token_s=0.0003, per_attention_pair_s=1e-8)
 
 
@@ -40,6 +42,9 @@ def _traces() -> dict[str, Trace]:
         "dynamic_non_streaming": _serve(DynamicBatcher(max_batch_size=6, timeout=0.3), chat),
         "static_streaming": _serve(StaticBatcher(4, stream=True), chat[:20]),
         "rejected": _serve(ContinuousBatcher(max_num_seqs=4), with_rejected, kv=2048),
+        "speculative": Engine(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=256), SimBackend(
+            COST, kv_capacity_tokens=1 << 15, noise=0.05, seed=3, speculative_config=SPEC,
+            acceptance=AcceptanceModel(0.6, draft_rate=0.7))).run(mixed),
     }
 
 
@@ -64,6 +69,7 @@ def test_round_trip_keeps_every_request_and_step(name, tmp_path):
                (b.request_id, b.prompt_len, b.max_new_tokens, b.status, b.finish_reason, b.streamed)
         assert np.allclose(a.token_times, b.token_times, atol=1e-6, rtol=0)
         assert a.output_ids == b.output_ids
+        assert a.spec_checks == b.spec_checks
         for x, y in ((a.arrival_time, b.arrival_time), (a.release_time, b.release_time),
                      (a.first_scheduled_time, b.first_scheduled_time)):
             assert (x is None and y is None) or abs(x - y) <= 1e-6
@@ -127,6 +133,20 @@ def test_trace_without_steps_stores_its_token_times():
     loaded = trace_from_dict(json.loads(json.dumps(data)))
     assert loaded.requests[0].token_times == [0.7, 0.9, 1.25]
     assert loaded.requests[0].output_ids == [5, 6, 7]
+
+
+def test_checked_drafts_are_stored_as_version_2_and_checked_on_load():
+    data = trace_to_dict(TRACES["speculative"])
+    assert data["version"] == 2 and "token_gaps" not in data["requests"]     # token times replay from checks
+    assert trace_to_dict(TRACES["chunked"])["version"] == 1                     # no drafts: the older format
+    first = next(i for i, c in enumerate(data["steps"]["checks"]) if c)
+    for bad in ([0, 3, 4], [0, 0, 0], data["steps"]["checks"][first][:2]):
+        broken = json.loads(json.dumps(data))
+        broken["steps"]["checks"][first] = bad
+        with pytest.raises(ValueError, match=f"step {first}: check|step {first}: checks="):
+            trace_from_dict(broken)
+    with pytest.raises(ValueError, match="missing column 'checks'"):
+        trace_from_dict({**data, "steps": {k: v for k, v in data["steps"].items() if k != "checks"}})
 
 
 def test_bad_files_are_rejected_with_a_reason(tmp_path):

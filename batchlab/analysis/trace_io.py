@@ -14,13 +14,17 @@ Small files by leaving out what can be worked out again. The engine's rules fix 
   finished, in the same order; such a step stores ``null`` instead of the list.
 
 So a step stores its idle gap and duration, the requests it decodes (or ``null``), and its
-prompt chunks as (request, number of tokens) pairs. ``save_trace`` checks that replaying the
-file gives back every token time; a trace where it would not (one made by hand, without steps)
-stores its token times explicitly instead.
+prompt chunks as (request, number of tokens) pairs. Under speculative decoding a decode may check
+a draft: the step's ``checks`` list says which, with how many tokens were drafted and accepted;
+the check emits ``1 + accepted`` tokens at the step's end, and its computed tokens grow by as
+many. ``save_trace`` checks that replaying the file gives back every token time; a trace where it
+would not (one made by hand, without steps, or a stop token inside a check) stores its token
+times explicitly instead.
 
-Schema (``format`` ``"batchlab-trace"``, ``version`` 1; times are integer microseconds)::
+Schema (``format`` ``"batchlab-trace"``, ``version`` 1, or 2 when a step checks a draft; times
+are integer microseconds)::
 
-    {"format": "batchlab-trace", "version": 1, "time_unit": "us",
+    {"format": "batchlab-trace", "version": 1 or 2, "time_unit": "us",
      "meta": {...},                          # free-form, JSON-able
      "requests": {                           # one list per column, one item per request
         "request_id", "arrival", "prompt_len", "max_new_tokens", "status", "finish_reason",
@@ -32,10 +36,13 @@ Schema (``format`` ``"batchlab-trace"``, ``version`` 1; times are integer micros
         "idle_before" (gap since the previous step's end; the first: since t = 0),
         "duration", "held_slots", "batch_id" (or null),
         "decodes"  (request indices, or null: "the requests that sampled last step, unfinished"),
-        "prefills" (flat list [request index, num_tokens, ...])}}
+        "prefills" (flat list [request index, num_tokens, ...]),
+        "checks"   (version 2 only: flat list [request index, drafted, accepted, ...], for the
+                    decodes of the step that checked a speculative draft)}}
 
 Request indices point into the ``requests`` columns. A loaded step lists its decodes first, then
-its prompt chunks; the order of chunks inside a step changes no metric.
+its prompt chunks; the order of chunks inside a step changes no metric. A loaded check's drafted
+tokens are placeholders (``-1``): the file keeps how many there were, not which.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from batchlab.trace import RequestRecord, StepRecord, Trace
 
 TRACE_FILE_FORMAT = "batchlab-trace"
 TRACE_FILE_VERSION = 1
+SPECULATIVE_FILE_VERSION = 2            # a trace with checked drafts (the "checks" column)
 PLACEHOLDER_TOKEN = -1                  # the simulator's output token (backends.sim)
 _US = 1_000_000                         # microseconds per second
 
@@ -82,9 +90,11 @@ class _Replay:
         self.expected_decodes: list[int] = []     # sampled last step and not finished
 
     def step(self, decodes: list[int], prefills: list[tuple[int, int]], end_us: int,
-             max_new_tokens: list[int], where: str) -> list[tuple[int, int, int, bool]]:
-        """Apply one step; returns its chunks as (request index, start, num_tokens, samples)."""
-        chunks, sampled = [], []
+             max_new_tokens: list[int], where: str,
+             checks: dict[int, tuple[int, int]] | None = None) -> list[tuple[int, int, int, bool, int]]:
+        """Apply one step; returns its chunks as (request index, start, num_tokens, samples,
+        drafted). ``checks``: request index -> (drafted, accepted) for decodes that checked a draft."""
+        chunks, sampled, checks = [], [], checks or {}
         for r, num_tokens in [(r, 1) for r in decodes] + prefills:
             if not 0 <= r < len(self.computed):
                 raise ValueError(f"{where}: request index {r} is outside 0..{len(self.computed) - 1}")
@@ -94,12 +104,13 @@ class _Replay:
                 raise ValueError(f"{where}: request {r} computes tokens [{start}, {start + num_tokens}) "
                                  f"but has only {known} known tokens")
             samples = start + num_tokens == known
-            self.computed[r] = start + num_tokens
+            drafted, accepted = checks.get(r, (0, 0)) if num_tokens == 1 else (0, 0)
+            self.computed[r] = start + num_tokens + accepted      # a check's accepted drafts are computed too
             if samples:
-                self.num_out[r] += 1
-                self.token_times_us[r].append(end_us)
+                self.num_out[r] += 1 + accepted                   # ... and emitted at the step's end
+                self.token_times_us[r] += [end_us] * (1 + accepted)
                 sampled.append(r)
-            chunks.append((r, start, num_tokens, samples))
+            chunks.append((r, start, num_tokens + drafted, samples, drafted))
         self.expected_decodes = [r for r in sampled if self.num_out[r] < max_new_tokens[r]]
         return chunks
 
@@ -126,11 +137,12 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
     replay = _Replay([r.prompt_len for r in reqs])
     max_new = [r.max_new_tokens for r in reqs]
     columns: dict[str, list] = {k: [] for k in ("idle_before", "duration", "held_slots", "batch_id",
-                                                 "decodes", "prefills")}
+                                                 "decodes", "prefills", "checks")}
+    checks_seen = [0] * len(reqs)           # each request's checks, in order, from its spec_checks
     previous_end_us = 0
     for s in sorted(trace.steps, key=lambda s: s.start):
         start_us, end_us = _to_us(s.start), _to_us(s.end)
-        decodes, prefills = [], []
+        decodes, prefills, checks = [], [], {}
         for c in s.chunks:
             if c.request_id not in index:
                 raise ValueError(f"step {s.index} computes {c.request_id!r}, which is not a request "
@@ -140,21 +152,26 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
                                  "its computed tokens end; traces with preemptions or prefix-cache "
                                  "hits (paged KV) cannot be saved in this format yet")
             if c.draft:
-                raise ValueError(f"step {s.index} checks a speculative draft of {c.request_id!r}; traces with "
-                                 "speculative decoding cannot be saved in this format yet")
+                i = index[c.request_id]
+                checks[i] = _check_of(reqs[i], c, checks_seen[i], s.index)
+                checks_seen[i] += 1
             if c.is_decode:
                 decodes.append(index[c.request_id])
             else:
                 prefills.append((index[c.request_id], c.num_tokens))
         expected = replay.expected_decodes
-        replay.step(decodes, prefills, end_us, max_new, f"step {s.index}")
+        replay.step(decodes, prefills, end_us, max_new, f"step {s.index}", checks)
         columns["idle_before"].append(start_us - previous_end_us)
         columns["duration"].append(end_us - start_us)
         columns["held_slots"].append(s.held_slots)
         columns["batch_id"].append(s.batch_id)
         columns["decodes"].append(None if decodes == expected else decodes)
         columns["prefills"].append([x for pair in prefills for x in pair])
+        columns["checks"].append([x for r, pair in checks.items() for x in (r, *pair)])
         previous_end_us = end_us
+    speculative = any(columns["checks"])
+    if not speculative:
+        del columns["checks"]
 
     requests: dict[str, list] = {
         "request_id": [r.request_id for r in reqs],
@@ -177,8 +194,17 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
                                   for arr, ts in zip(requests["arrival"], stored_us)]
     if any(t != PLACEHOLDER_TOKEN for r in reqs for t in r.output_ids):
         requests["output_ids"] = [[int(t) for t in r.output_ids] for r in reqs]
-    return {"format": TRACE_FILE_FORMAT, "version": TRACE_FILE_VERSION, "time_unit": "us",
+    version = SPECULATIVE_FILE_VERSION if speculative else TRACE_FILE_VERSION
+    return {"format": TRACE_FILE_FORMAT, "version": version, "time_unit": "us",
             "meta": meta, "requests": requests, "steps": columns}
+
+
+def _check_of(record: RequestRecord, chunk: ScheduledChunk, nth: int, step: int) -> tuple[int, int]:
+    """The (drafted, accepted) pair of a chunk's checked draft: its request's ``nth`` check."""
+    if nth >= len(record.spec_checks) or record.spec_checks[nth][0] != len(chunk.draft):
+        raise ValueError(f"step {step} checks a draft of {len(chunk.draft)} tokens of {record.request_id!r}, but "
+                         f"its spec_checks {shown(record.spec_checks)} have no such check #{nth}")
+    return record.spec_checks[nth]
 
 
 def _column(table: dict, key: str, length: int | None, where: str) -> list:
@@ -195,9 +221,10 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
     if not isinstance(data, dict) or data.get("format") != TRACE_FILE_FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{where}: not a {TRACE_FILE_FORMAT} file (format={found!r})")
-    if data.get("version") != TRACE_FILE_VERSION:
-        raise ValueError(f"{where}: version={data.get('version')!r}; this code reads version "
-                         f"{TRACE_FILE_VERSION}")
+    version = data.get("version")
+    if version not in (TRACE_FILE_VERSION, SPECULATIVE_FILE_VERSION):
+        raise ValueError(f"{where}: version={version!r}; this code reads versions "
+                         f"{TRACE_FILE_VERSION} and {SPECULATIVE_FILE_VERSION}")
     if data.get("time_unit") != "us":
         raise ValueError(f"{where}: time_unit={data.get('time_unit')!r}; expected 'us'")
     req_table, step_table = data.get("requests"), data.get("steps")
@@ -214,7 +241,9 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
     m = len(_column(step_table, "duration", None, where))
     st = {k: _column(step_table, k, m, where) for k in
           ("idle_before", "duration", "held_slots", "batch_id", "decodes", "prefills")}
+    st["checks"] = _column(step_table, "checks", m, where) if version == SPECULATIVE_FILE_VERSION else [[]] * m
     replay = _Replay(req["prompt_len"])
+    spec_checks: list[list[tuple[int, int]]] = [[] for _ in ids]
     steps, end_us = [], 0
     for k in range(m):
         step_where = f"{where}: step {k}"
@@ -226,9 +255,13 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
         if not isinstance(flat, list) or len(flat) % 2:
             raise ValueError(f"{step_where}: prefills must be a flat list of (request, num_tokens) pairs")
         prefills = list(zip(flat[0::2], flat[1::2]))
-        chunks = replay.step(decodes, prefills, end_us, req["max_new_tokens"], step_where)
+        checks = _step_checks(st["checks"][k], decodes, step_where)
+        chunks = replay.step(decodes, prefills, end_us, req["max_new_tokens"], step_where, checks)
+        for r, pair in checks.items():
+            spec_checks[r].append(pair)
         steps.append(StepRecord(k, start_us / _US, (end_us - start_us) / _US,
-                                [ScheduledChunk(ids[r], s, num, samples) for r, s, num, samples in chunks],
+                                [ScheduledChunk(ids[r], s, num, samples, (PLACEHOLDER_TOKEN,) * drafted)
+                                 for r, s, num, samples, drafted in chunks],
                                 st["held_slots"][k], st["batch_id"][k]))
 
     if "token_gaps" in req_table:
@@ -269,8 +302,22 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
             finish_reason=reason, finish_detail=details[i] if details[i] is not None else detail,
             first_scheduled_time=_from_us(req["first_scheduled"][i]),
             token_times=[t / _US for t in token_us[i]], release_time=_from_us(req["release"][i]),
-            streamed=bool(req["streamed"][i]), output_ids=outs))
+            streamed=bool(req["streamed"][i]), output_ids=outs, spec_checks=spec_checks[i]))
     return Trace(requests=records, steps=steps, meta=dict(data.get("meta") or {}))
+
+
+def _step_checks(flat: object, decodes: list[int], where: str) -> dict[int, tuple[int, int]]:
+    """A step's ``checks`` column: request index -> (drafted, accepted), each a decode of the step
+    with 0 <= accepted <= drafted, drafted >= 1."""
+    if not isinstance(flat, list) or len(flat) % 3 or not all(is_int(x) for x in flat):
+        raise ValueError(f"{where}: checks={shown(flat)}; must be a flat list of (request, drafted, accepted) ints")
+    checks = {}
+    for r, drafted, accepted in zip(flat[0::3], flat[1::3], flat[2::3]):
+        if r not in decodes or r in checks or not 0 <= accepted <= drafted or drafted < 1:
+            raise ValueError(f"{where}: check ({r}, {drafted}, {accepted}) must be one of the step's decodes "
+                             "(once) with 1 <= drafted and 0 <= accepted <= drafted")
+        checks[r] = (drafted, accepted)
+    return checks
 
 
 # --- files -------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from batchlab.backends.base import Backend, KVCopy, StepResult
 from batchlab.checks import check_bool, check_int
 from batchlab.kv_blocks import check_block_size
 from batchlab.model import LoadedModel, load_model
+from batchlab.model.early_exit import draft_early_exit
 from batchlab.model.environment import synchronize
 from batchlab.model.kv_cache import KVCache
 from batchlab.model.llama import LlamaWeights, forward_step
@@ -76,6 +77,10 @@ class ModelBackend(Backend):
         if self.speculative is not None and self.speculative.num_speculative_tokens >= max_seq_len:
             raise ValueError(f"num_speculative_tokens={self.speculative.num_speculative_tokens}; must be below "
                              f"max_seq_len={max_seq_len} (a check computes k + 1 positions of one sequence)")
+        exit_layer = None if self.speculative is None else self.speculative.early_exit_layer
+        if exit_layer is not None and not exit_layer < cfg.num_layers:
+            raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{cfg.num_layers - 1} (the draft runs "
+                             f"fewer layers than the model's {cfg.num_layers})")
 
     def _paged_cache(self, num_slots: int, max_seq_len: int, kv_memory_bytes: int | None,
                      block_size: int, num_kv_blocks: int | None, enable_prefix_caching: bool,
@@ -146,15 +151,38 @@ class ModelBackend(Backend):
 
     def _draft(self, result: StepResult, sampling: list[tuple[Request, tuple[int, ...]]],
                batch_size: int) -> dict[str, list[int]]:
-        """Draft each sampling request's next tokens from its text after this step (prompt lookup),
-        ``k`` as the config's batch-size schedule says, no more than its remaining tokens allow."""
-        spec, drafts = self.speculative, {}
+        """Draft each sampling request's next tokens from its text after this step, ``k`` as the
+        config's batch-size schedule says, no more than its remaining tokens allow: by prompt
+        lookup, or by the model's first layers (``_draft_early_exit``)."""
+        spec, wanted = self.speculative, []
         k = spec.tokens_for_batch(batch_size)
-        for req, _ in sampling:
-            rid = req.request_id
-            emitted = result.verified.get(rid) or [result.new_tokens[rid]]
+        for req, draft in sampling:
+            emitted = result.verified.get(req.request_id) or [result.new_tokens[req.request_id]]
             room = min(k, req.max_new_tokens - len(req.output_ids) - len(emitted) - 1)
+            if room > 0 and not any(req.stops_on(t) for t in emitted):
+                wanted.append((req, draft, emitted, room))
+        if spec.method == "early_exit":
+            return self._draft_early_exit(wanted)
+        return {req.request_id: propose_ngram(req.prompt_ids + req.output_ids + emitted, room,
+                                              spec.prompt_lookup_min, spec.prompt_lookup_max)
+                for req, _, emitted, room in wanted}
+
+    def _draft_early_exit(self, wanted: list) -> dict[str, list[int]]:
+        """Early-exit drafts. A pass writes its layers' keys and values at the positions the next
+        step checks, up to ``room - 1`` past the newest token: the step's chunk had room up to its
+        own end, so each sequence borrows what more it needs (fewer drafts where the paged cache
+        has no free block) and gives it back before the step ends, as vLLM's scheduler sets
+        lookahead slots aside for a model drafter."""
+        seqs, borrowed = [], []
+        for req, draft, emitted, room in wanted:
+            newest = req.prompt_len + len(req.output_ids) + len(emitted) - 1    # the newest token's position
+            extra = len(emitted) + room - 1 - len(draft)                          # past the chunk's end
+            while extra > 0 and not self.kv.grow(req.request_id, extra):
+                room, extra = room - 1, extra - 1
             if room > 0:
-                text = req.prompt_ids + req.output_ids + emitted
-                drafts[rid] = propose_ngram(text, room, spec.prompt_lookup_min, spec.prompt_lookup_max)
-        return drafts
+                seqs.append((req.request_id, emitted[-1], newest, room))
+            borrowed.append((req.request_id, max(extra, 0)))
+        drafts = draft_early_exit(self.weights, self.kv, self.speculative.early_exit_layer, seqs) if seqs else []
+        for rid, extra in borrowed:
+            self.kv.rollback(rid, extra)
+        return {rid: d for (rid, *_), d in zip(seqs, drafts)}

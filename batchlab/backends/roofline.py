@@ -164,6 +164,18 @@ class RooflineCostModel(StepTimeModel):
     def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
         return self.roofline_seconds(num_seqs, num_tokens, attention_pairs) + self.overhead_s
 
+    def early_exit(self, exit_layer: int) -> "RooflineCostModel":
+        """The cost of a self-draft's pass (``method="early_exit"``): this model cut to its first
+        ``exit_layer`` layers, with its final norm and LM head, and no per-step overhead (the pass
+        runs inside a step the engine has already scheduled)."""
+        layers = self.shape.num_layers
+        check_int("early_exit_layer", exit_layer, hint=f"1..{layers - 1}, the layers a draft pass runs")
+        if exit_layer >= layers:
+            raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{layers - 1} ({self.shape.name} "
+                             f"has {layers} layers)")
+        shape = replace(self.shape, name=f"{self.shape.name}, first {exit_layer} layers", num_layers=exit_layer)
+        return replace(self, shape=shape, overhead_s=0.0, source=f"{self.source}; first {exit_layer} layers")
+
     def predict_df(self, features: pd.DataFrame) -> np.ndarray:
         return np.array([self.predict_features(*row) for row in _feature_rows(features)])
 

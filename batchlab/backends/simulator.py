@@ -14,6 +14,12 @@ a ``StepPlan`` and answers with a ``StepResult``. The differences:
   ``enable_prefix_caching``, prefix hits for requests that carry ``prompt_ids``). For a device's
   capacity from a model's shape and a memory budget, see ``batchlab.shapes``.
 
+Speculative decoding (``speculative_config`` with an ``acceptance`` model): each check accepts as
+its request's acceptance stream draws, and the check's ``k + 1`` positions are priced like any
+tokens of a step. Prompt lookup's drafts cost nothing here (vLLM drafts them on the host); an
+early-exit draft's ``k`` passes are priced by the cost model cut to its first layers
+(``RooflineCostModel.early_exit``) and added to the step that drafts them.
+
 Noise: with ``noise = sigma > 0`` each step's duration is multiplied by ``exp(sigma*z - sigma**2/2)``
 with ``z`` standard normal, a lognormal factor whose mean is 1 (so noise does not change average
 throughput) and whose spread is about ``sigma`` (0.1 → roughly ±10 %). The draws come from one
@@ -71,6 +77,12 @@ class SimBackend(Backend):
         if (self.speculative is None) != (acceptance is None) or not isinstance(acceptance, (AcceptanceModel, type(None))):
             raise ValueError(f"acceptance={acceptance!r}: a speculative config needs an AcceptanceModel (how many "
                              "drafted tokens a check accepts), and an AcceptanceModel needs a speculative config")
+        self._draft_pass = None            # an early-exit draft's pass: the model cut short
+        if self.speculative is not None and self.speculative.method == "early_exit":
+            if not hasattr(cost_model, "early_exit"):
+                raise ValueError(f"method='early_exit' needs a cost model that knows the model's layers (a "
+                                 f"RooflineCostModel), not {type(cost_model).__name__}")
+            self._draft_pass = cost_model.early_exit(self.speculative.early_exit_layer)
         self.acceptance = acceptance
         self._streams: dict[str, AcceptanceStream] = {}
         self._noise_factors: list[float] = []
@@ -104,6 +116,7 @@ class SimBackend(Backend):
         each sampling request drafts ``k`` placeholders for its next step when its stream drafts
         (``k`` from the config's batch-size schedule, within its remaining tokens)."""
         k, token = self.speculative.tokens_for_batch(len(chunks)), self.placeholder_token
+        drafting = []                      # (context after this step, tokens drafted) per drafting request
         for c in chunks:
             if not c.samples:
                 continue
@@ -117,6 +130,18 @@ class SimBackend(Backend):
             room = min(k, req.max_new_tokens - len(req.output_ids) - emitted - 1)
             if room > 0 and stream.drafts():
                 result.drafts[rid] = [token] * room
+                drafting.append((req.prompt_len + len(req.output_ids) + emitted, room))
+        if self._draft_pass is not None:
+            result.duration += self._draft_seconds(drafting)
+
+    def _draft_seconds(self, drafting: list[tuple[int, int]]) -> float:
+        """Early-exit drafts: pass ``j`` computes one token of each request drafting more than
+        ``j``, attending to its context so far (no noise drawn)."""
+        seconds = 0.0
+        for j in range(max((room for _, room in drafting), default=0)):
+            contexts = [context + j for context, room in drafting if room > j]
+            seconds += self._draft_pass.predict_features(len(contexts), len(contexts), sum(contexts))
+        return seconds
 
     def release(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

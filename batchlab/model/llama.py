@@ -188,10 +188,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 @torch.inference_mode()
 def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
-                 chunks: list[SeqChunk] | list[PagedSeqChunk]) -> torch.Tensor:
+                 chunks: list[SeqChunk] | list[PagedSeqChunk], exit_layer: int | None = None) -> torch.Tensor:
     """Run one mixed step; write every token's K/V into ``cache``; return logits (S, V) for the
     chunks with ``want_logits``, in the order they were given (``num_logits`` rows for a chunk
     that asks for more than its last: a speculative draft's check).
+
+    ``exit_layer``: run only the first ``exit_layer`` layers (writing only their K/V), then the
+    final norm and LM head: an early exit, the self-draft of ``batchlab.model.early_exit``.
 
     On the slot cache (``KVCache``) the chunks are ``SeqChunk``s and each sequence's past is its
     slot; on a ``PagedKVCache`` they are ``PagedSeqChunk``s and each sequence's past is read
@@ -207,7 +210,7 @@ def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
 
     mm = weights.project                                           # x @ w, by the fastest route here
     x = weights.embed[lay.ids]                                     # (T, D)
-    for li, lw in enumerate(weights.layers):
+    for li, lw in enumerate(weights.layers[:exit_layer]):
         h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
         qkv = mm(h, lw.w_qkv).view(T, H + 2 * KV, hd)              # (T, H + 2KV, hd)
         qk = apply_rope(qkv[:, :H + KV], cos, sin)                 # rotate q and k heads at once

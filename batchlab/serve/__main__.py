@@ -69,7 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "'{\"kv_connector\": \"HTTPKVConnector\", \"kv_role\": \"kv_both\"}' (needs --paged)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="speculative decoding, vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": "
-                        "4, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 3}' (continuous batching only)")
+                        "4, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 3}', or batchlab's early exit, "
+                        "'{\"method\": \"early_exit\", \"num_speculative_tokens\": 3, \"early_exit_layer\": 27}' "
+                        "(continuous batching only)")
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
 

@@ -74,7 +74,8 @@ class ServerConfig:
     prefill or decode part of disaggregated serving (``kv_transfer.py``); needs continuous
     batching on a paged cache.
     ``speculative_config``: vLLM's ``--speculative-config`` JSON (or a dict): speculative decoding
-    with prompt lookup (``batchlab.speculative``); needs continuous batching and the real model.
+    by prompt lookup or an early exit (``batchlab.speculative``); needs continuous batching and
+    the real model.
     """
 
     policy: str = "continuous"

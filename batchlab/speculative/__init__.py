@@ -3,6 +3,8 @@
 - ``config.py``: ``SpeculativeConfig``, vLLM's ``--speculative-config`` by its names and
   defaults, with the batch-size schedule that shortens or turns off drafting in a large batch.
 - ``ngram.py``: prompt lookup (vLLM's ``ngram`` method), a drafter that needs no weights.
+  The other drafter, the model's own first layers (``method="early_exit"``), runs the model, so
+  it lives with it: ``batchlab.model.early_exit``.
 - ``acceptance.py``: how many drafted tokens a check accepts, as a distribution per request, for
   the simulator (fitted to measured runs).
 

@@ -1,9 +1,14 @@
 """``SpeculativeConfig``: vLLM's ``--speculative-config``, by its names, defaults and rules.
 
-``method``: ``"ngram"`` (prompt lookup, ``ngram.py``). ``num_speculative_tokens``: ``k``, the most
-tokens drafted for a request per step; a step then verifies up to ``k + 1`` positions of it.
-``prompt_lookup_min`` / ``prompt_lookup_max``: the n-gram lengths searched (vLLM 0.32: both 5 when
-neither is given; one given, the other takes its value).
+``method``: ``"ngram"`` (prompt lookup, ``ngram.py``) or ``"early_exit"`` (a self-draft: the
+model's own first ``early_exit_layer`` layers, then its final norm and LM head, drafting greedily;
+``batchlab.model.early_exit``). ``early_exit`` is batchlab's, not vLLM's: vLLM 0.32 refuses it as
+an unknown method (its model-based drafters, ``draft_model``, ``eagle``, ``medusa``, need weights
+of their own). ``num_speculative_tokens``: ``k``, the most tokens drafted for a request per step;
+a step then verifies up to ``k + 1`` positions of it. ``prompt_lookup_min`` /
+``prompt_lookup_max`` (``ngram`` only): the n-gram lengths searched (vLLM 0.32: both 5 when
+neither is given; one given, the other takes its value). ``early_exit_layer`` (``early_exit``
+only, required): how many layers the draft runs, 1 to the model's layers - 1.
 
 ``num_speculative_tokens_per_batch_size``: the policy that shortens ``k`` or turns drafting off
 in a large batch (vLLM 0.32's dynamic speculative decoding, ``v1/spec_decode/dynamic/utils.py``):
@@ -24,7 +29,7 @@ from dataclasses import dataclass, fields
 
 from batchlab.checks import check_choice, check_int, fail, is_int
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "early_exit")
 DEFAULT_PROMPT_LOOKUP = 5          # vLLM 0.32's value when neither bound is given
 
 
@@ -38,12 +43,29 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    early_exit_layer: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS, hint="the drafters batchlab has")
         check_int("num_speculative_tokens", self.num_speculative_tokens, hint="k, the tokens drafted per step")
         check_int("prompt_lookup_min", self.prompt_lookup_min, allow_none=True)
         check_int("prompt_lookup_max", self.prompt_lookup_max, allow_none=True)
+        check_int("early_exit_layer", self.early_exit_layer, allow_none=True,
+                  hint="the layers an early-exit draft runs")
+        if self.num_speculative_tokens_per_batch_size is not None:
+            object.__setattr__(self, "num_speculative_tokens_per_batch_size",
+                               _check_schedule(self.num_speculative_tokens_per_batch_size))
+        if self.method == "early_exit":
+            if self.early_exit_layer is None:
+                raise ValueError('method "early_exit" needs early_exit_layer: how many of the model\'s '
+                                 "layers the draft runs (1 to its layers - 1)")
+            for name in ("prompt_lookup_min", "prompt_lookup_max"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f'{name}={getattr(self, name)!r} belongs to method "ngram", not "early_exit"')
+            return
+        if self.early_exit_layer is not None:
+            raise ValueError(f'early_exit_layer={self.early_exit_layer!r} belongs to method "early_exit", '
+                             f"not {self.method!r}")
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is None and high is None:
             low = high = DEFAULT_PROMPT_LOOKUP
@@ -52,9 +74,6 @@ class SpeculativeConfig:
             raise ValueError(f"prompt_lookup_min={low} must be <= prompt_lookup_max={high}")
         object.__setattr__(self, "prompt_lookup_min", low)
         object.__setattr__(self, "prompt_lookup_max", high)
-        if self.num_speculative_tokens_per_batch_size is not None:
-            object.__setattr__(self, "num_speculative_tokens_per_batch_size",
-                               _check_schedule(self.num_speculative_tokens_per_batch_size))
 
     def tokens_for_batch(self, batch_size: int) -> int:
         """``k`` for a step of ``batch_size`` requests: the schedule's, at most
