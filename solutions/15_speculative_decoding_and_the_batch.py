@@ -29,5 +29,13 @@ def solve_15_2() -> int:
     return crossover(table, "ngram")
 
 
-SOLUTIONS = {"15.1": solve_15_1, "15.2": solve_15_2}
-WRONG = {"15.1": 3.5, "15.2": 1}
+def solve_15_3() -> float:
+    """A check emits 1 + alpha + ... + alpha^k tokens on average and costs 1 + k·c plain steps;
+    it pays while 1 + k·c is below the tokens, so c must stay below (tokens - 1) / k."""
+    alpha, k = 0.6, 3
+    tokens = 1 + sum(alpha ** i for i in range(1, k + 1))
+    return (tokens - 1) / k
+
+
+SOLUTIONS = {"15.1": solve_15_1, "15.2": solve_15_2, "15.3": solve_15_3}
+WRONG = {"15.1": 3.5, "15.2": 1, "15.3": 0.6}

@@ -1,7 +1,7 @@
 """Checkers for notebook 15 (speculative decoding and the batch).
 
-15.1 is a formula (instant); 15.2 runs the GPU simulator over five batch sizes (about a second,
-once per session: cached).
+15.1 and 15.3 are formulas (instant); 15.2 runs the GPU simulator over five batch sizes (about a
+second, once per session: cached).
 """
 
 from __future__ import annotations
@@ -18,6 +18,12 @@ def tokens_per_check(alpha: float = 0.7, k: int = 4) -> float:
     """15.1: tokens a check of ``k`` drafts emits on average, each accepted with chance ``alpha``."""
     from batchlab.speculative import expected_accepted
     return 1 + expected_accepted(alpha, k)
+
+
+def break_even_pass_cost(alpha: float = 0.6, k: int = 3) -> float:
+    """15.3: the largest cost of one draft pass, as a share of a plain step, at which a check of
+    ``k`` drafts (each accepted with chance ``alpha``) still pays: ``1 + k·c < tokens per check``."""
+    return (tokens_per_check(alpha, k) - 1) / k
 
 
 @lru_cache(maxsize=1)
@@ -55,3 +61,8 @@ def check_15_2(answer) -> Verdict:
     best = first_losing_batch()
     return Verdict("correct", f"from batch {best} on it costs more than it saves") if answer == best else Verdict(
         "wrong", f"speculation {'still pays' if answer < best else 'already loses before'} at batch {answer}")
+
+
+@exercise("15.3")
+def check_15_3(answer) -> Verdict:
+    return compare(answer, break_even_pass_cost(), rtol=0.01, what="the break-even cost of a draft pass")

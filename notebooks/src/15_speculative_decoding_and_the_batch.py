@@ -22,6 +22,8 @@
 # - **Acceptance depends on the task**: copying code is easy to guess, open chat is not.
 # - **The batch spends the spare compute**: the speedup at batch 1 and what is left at batch 32 on
 #   this CPU, why, and a policy that turns drafting off in a large batch (vLLM's).
+# - **A drafter inside the model**: the model's own first layers as a draft (an early exit),
+#   measured by exit layer: why it needs a model trained for it.
 # - **Bursts**: several tokens arrive in one chunk, so ITL and TPOT stop agreeing.
 # - **On a GPU**: the batch size at which speculation stops paying for Llama-3-8B on an H100,
 #   predicted by the simulator, and vLLM's CPU build doing the same on this machine.
@@ -153,7 +155,7 @@ for paged in (False, True):
 #
 # Prompt lookup can only guess what the text already holds. Three tasks (`batchlab.workloads.tasks`),
 # three requests each, served one at a time (batch 1) with and without speculation (the runs
-# alternate, so a busy moment of the CPU hits both alike):
+# alternate twice and each keeps its faster run, so a busy moment of the CPU does not decide it):
 #
 # - `code_edit`: edit a short Python function and reply with all of it: the answer copies the prompt;
 # - `quote`: copy a paragraph out, then say what it is about: half copied;
@@ -167,7 +169,7 @@ KINDS = ("code_edit", "quote", "chat")
 by_task, task_traces = [], {}
 for kind in tqdm(KINDS, desc="tasks"):
     table, traces = serve_batches(lambda spec, b: backend(spec, b), lambda n: task_requests(kind, n, tok, MAX_NEW),
-                                  [1], {"none": None, "ngram": SPEC}, min_requests=3)
+                                  [1], {"none": None, "ngram": SPEC}, min_requests=3, rounds=2)
     task_traces[kind] = traces[1, "ngram"]
     if kind == "code_edit":
         code_traces_1 = {"none": traces[1, "none"], "ngram": traces[1, "ngram"]}
@@ -276,7 +278,87 @@ expect_true("at batch 32 the policy drafted nothing: every step is the plain run
 # With no drafts the policy's steps are exactly the plain run's, so its speed is the plain run's
 # up to the CPU's noise; at batch 1 to 4 it drafts as much as `k = 4` always. Where to put the
 # turn is a measurement: the machine, the model and the task's acceptance all move it.
+
+# %% [markdown]
+# ## A drafter inside the model: early exit
 #
+# Prompt lookup needs text to copy. A drafter that always has a guess is the model itself, cut
+# short: run only its first `L` of its 30 layers, then its final norm and LM head (an *early
+# exit*), and take that shortened model's choice as the draft. It needs no weights and no cache
+# of its own: layer `i`'s keys and values depend only on the layers below it, so the cache's first
+# `L` layers already hold what the shortened model would have computed for the text so far.
+# Drafting `k` tokens takes `k` passes through `L` layers (one token per request each, the batch's
+# requests together), and the check is the same step as before. batchlab takes it as
+# `{"method": "early_exit", "early_exit_layer": L}`; vLLM has no such method (its model drafters,
+# `draft_model`, `eagle`, `medusa`, bring weights of their own).
+#
+# The code edits at batch 1 again, drafting `k = 3` tokens from layer 8, 20 and 27:
+
+# %%
+EXITS = (8, 20, 27)
+exit_specs = {"none": None, **{f"exit {L}": {"method": "early_exit", "num_speculative_tokens": 3,
+                                             "early_exit_layer": L} for L in EXITS}}
+bar = tqdm(total=2 * len(exit_specs), desc="runs")
+exits, exit_traces = serve_batches(lambda spec, b: backend(spec, b), lambda n: task_requests("code_edit", n, tok, MAX_NEW),
+                                   [1], exit_specs, min_requests=3, progress=bar.update, rounds=2)
+bar.close()
+code_prompts = {r.request_id: r.prompt_ids for r in task_requests("code_edit", 3, tok, MAX_NEW)}
+for name in exit_specs:
+    if name != "none":
+        parted = parted_between(weights, code_prompts, {"plain": outputs(exit_traces[1, "none"]),
+                                                        "spec": outputs(exit_traces[1, name])})
+        expect_same_answers(f"{name}: answers with early-exit drafts are those without", parted, len(code_prompts),
+                            exact=lm.dtype == "float32", near_tie=NEAR_TIE)
+
+# %% [markdown]
+# How many steps' worth does a check cost? A step with a check runs the `k` draft passes and
+# then `k + 1` positions of the whole model; divided by a plain decode step's time, that is its
+# cost in plain steps. A check pays only if it emits more tokens than it costs steps.
+
+# %%
+def decode_ms(trace):
+    return 1e3 * np.mean([s.duration for s in trace.steps if s.num_prefill_tokens == 0])
+
+
+plain_ms = decode_ms(exit_traces[1, "none"])
+by_exit = exits[exits["config"] != "none"].assign(
+    layer=list(EXITS), check_cost=[decode_ms(exit_traces[1, n]) / plain_ms for n in list(exit_specs)[1:]])
+print(by_exit[["layer", "acceptance", "tokens_per_check", "check_cost", "speedup"]].round(2).to_string(index=False))
+
+# %%
+fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
+left.plot(by_exit["layer"], by_exit["acceptance"], "o-")
+left.set_xlabel("exit layer L (of 30)")
+left.set_ylabel("acceptance")
+right.plot(by_exit["layer"], by_exit["tokens_per_check"], "o-", label="tokens per check")
+right.plot(by_exit["layer"], by_exit["check_cost"], "s--", label="check cost (plain steps)")
+right.set_xlabel("exit layer L (of 30)")
+right.legend()
+top = by_exit.set_index("layer").loc[EXITS[-1]]
+fig.suptitle(f"Exiting at layer {EXITS[-1]}, drafts are accepted {top['acceptance']:.0%} of the time, but a check "
+             f"costs {top['check_cost']:.1f} steps for {top['tokens_per_check']:.1f} tokens: {top['speedup']:.2f}x")
+plt.tight_layout()
+plt.show()
+expect("drafts from layer 27 are accepted more often than drafts from layer 8",
+       top["acceptance"] - by_exit.set_index("layer").loc[EXITS[0], "acceptance"], above=0.15)
+expect_true("at every exit layer a check costs more plain steps than it emits tokens",
+            list(by_exit["check_cost"] > by_exit["tokens_per_check"]),
+            "; ".join(f"layer {r.layer}: {r.check_cost:.2f} steps for {r.tokens_per_check:.2f} tokens"
+                      for r in by_exit.itertuples()))
+expect("on this CPU no exit layer pays: the best speedup", by_exit["speedup"].max(), below=0.8)
+
+# %% [markdown]
+# SmolLM2 was not trained to answer from its middle layers: from layer 8 it agrees with itself
+# almost never, and only near its last layers does it agree often, where a draft pass costs
+# nearly a whole step. A check of `k` drafts, each pass costing `c` of a step, emits `E` tokens
+# and costs about `1 + k·c` steps, so it pays only if `E > 1 + k·c`. On a GPU at batch 1 a pass
+# reads `L/30` of the layers' weights, so `c` is about the same share there, and the arithmetic
+# is no kinder. LayerSkip (Elhoushi et al. 2024) makes it pay by training for it: layer dropout
+# and an early-exit loss teach the middle layers to predict, and its check reuses the draft's
+# first layers instead of computing them again; it reports up to 2.16x on summarization and
+# 1.82x on coding with Llama models trained that way. The drafter has to be cheap *and* right.
+
+# %% [markdown]
 # ## Bursts: what ITL and TPOT see
 #
 # A check that accepts three drafts hands out four tokens at the same moment. A client receives
@@ -333,13 +415,13 @@ cost = RooflineCostModel.for_device("Llama-3-8B", "H100")
 GPU_BATCHES = [1, 4, 16, 64, 128, 256, 512]
 
 
-def gpu_speedups(model, batches=GPU_BATCHES):
+def gpu_speedups(model, batches=GPU_BATCHES, spec=SPEC):
     """Predicted tokens/s with speculation / without, by batch size, for Llama-3-8B on the H100 preset."""
-    def make(spec, batch):
-        return SimBackend(cost, 10**7, block_size=16, speculative_config=spec, acceptance=model if spec else None)
+    def make(config, batch):
+        return SimBackend(cost, 10**7, block_size=16, speculative_config=config, acceptance=model if config else None)
     table, _ = serve_batches(make, lambda n: [Request(f"r{i}", None, 256, prompt_len=512) for i in range(n)],
-                             batches, {"none": None, "ngram": SPEC}, min_requests=8)
-    return table[table["config"] == "ngram"].set_index("batch")["speedup"]
+                             batches, {"none": None, "spec": spec}, min_requests=8)
+    return table[table["config"] == "spec"].set_index("batch")["speedup"]
 
 
 fitted = pd.DataFrame({kind: gpu_speedups(model, [1, 512]) for kind, model in acceptance.items()})
@@ -383,8 +465,32 @@ expect("predicted for an H100: very good drafts (alpha 0.8) pay at every batch s
 # high rate, where the batch had already used the spare compute; a draft model 1.5x faster and
 # 1.4x slower. The conditions differ (larger models, several GPUs, an older engine), so compare
 # the shape: a large gain while the batch is small, a loss once it is large, and a turn that comes
-# later the more of the drafts are accepted. The simulator also charges nothing for drafting
-# itself, so its losses are a floor.
+# later the more of the drafts are accepted. The simulator charges nothing for prompt lookup's
+# drafting itself (vLLM does it on the host), so these losses are a floor.
+#
+# A self-draft is not free on a GPU: each pass reads the first `L` layers' weights and the LM
+# head. The simulator prices a pass as the model cut to its first `L` layers, kernel by kernel,
+# without the per-step overhead (the pass runs inside a step already scheduled). Llama-3-8B has
+# 32 layers; exits at layer 8 and 16, with acceptance rates a model trained for early exit might
+# reach:
+
+# %%
+gpu_exits = pd.DataFrame({
+    (layer, alpha): gpu_speedups(AcceptanceModel(alpha), [1, 16, 64], {"method": "early_exit", "num_speculative_tokens": 3,
+                                                                      "early_exit_layer": layer})
+    for layer in (8, 16) for alpha in (0.6, 0.8)})
+gpu_exits.columns = [f"exit {layer}, alpha {alpha}" for layer, alpha in gpu_exits.columns]
+print(gpu_exits.round(2).to_string())
+expect("predicted for an H100: drafts from layer 8 accepted at 0.8 gain at least 1.5x at batch 1",
+       gpu_exits.loc[1, "exit 8, alpha 0.8"], above=1.5)
+expect("predicted for an H100: the same acceptance from layer 16 gains less at batch 1",
+       gpu_exits.loc[1, "exit 8, alpha 0.8"] - gpu_exits.loc[1, "exit 16, alpha 0.8"], above=0.2)
+
+# %% [markdown]
+# An early exit pays on a GPU only with both: an early layer, so a pass is cheap, and drafts that
+# layer gets right. LayerSkip's trained Llama models have both (its reported 1.8-2.2x); SmolLM2,
+# measured above, has neither: its early layers are rarely right, and its late ones cost almost a
+# step.
 #
 # ## vLLM's CPU build, side by side
 #
@@ -448,6 +554,9 @@ if vllm_counts:
 # - On this CPU every drafted position costs its share of the step from the first, so the gain
 #   is largest at batch 1 and shrinks as the batch grows; vLLM's batch-size schedule
 #   (`num_speculative_tokens_per_batch_size`) turns drafting off where it stops paying.
+# - A drafter must be cheap and right: the model's own first layers (an early exit) are right only
+#   near its last layers, where a draft costs almost a step, so on SmolLM2 no exit layer pays;
+#   models trained for early exit (LayerSkip) make it pay.
 # - Accepted drafts arrive as bursts: TPOT falls, while the gaps between chunks (vLLM's ITL) grow.
 # - On a GPU the small batch's step is a weight read, so drafts are nearly free there; the
 #   simulator predicts large gains at small batches for Llama-3-8B on an H100, and a loss at large
@@ -474,3 +583,13 @@ check("15.1", answer)
 # %%
 answer = None  # your code here
 check("15.2", answer)
+
+# %% [markdown]
+# **15.3** An early-exit drafter drafts `k = 3` tokens per check, each accepted with chance 0.6
+# independently until the first rejection, and each draft pass costs `c` of a plain step (the
+# check's own step counts as one). Up to what `c` does a check still pay at batch 1? Answer with
+# a number.
+
+# %%
+answer = None  # your code here
+check("15.3", answer)
