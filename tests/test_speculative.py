@@ -1,6 +1,7 @@
 """Speculative decoding: prompt lookup drafts, checks in the batched step, and the invariant that
 proves it (greedy outputs with speculation equal those without, in fp32, on both caches)."""
 
+import copy
 import json
 import math
 import random
@@ -219,7 +220,8 @@ def test_an_early_exit_draft_is_what_the_models_first_layers_predict(lm):
     the tokens drafted before it appended."""
     from batchlab.model.early_exit import draft_early_exit
 
-    weights, model = LlamaWeights.from_hf(lm.model), lm.model
+    model = lm.model if lm.dtype == "float32" else copy.deepcopy(lm.model).float()   # (bf16 ties would differ)
+    weights = LlamaWeights.from_hf(model)
     prompt = task_requests("chat", 1, lm.tokenizer, 8)[0].prompt_ids
     for layer in (6, 27):
         cache = weights.new_kv_cache(1, 256)
