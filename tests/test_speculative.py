@@ -403,6 +403,28 @@ def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
         SimBackend(cost, 10**6, speculative_config={**EARLY_EXIT, "early_exit_layer": 32}, acceptance=acceptance)
 
 
+def test_by_request_rate_a_poor_drafter_helps_a_light_load_and_hurts_a_heavy_one():
+    from batchlab.backends import SimBackend
+    from batchlab.backends.roofline import RooflineCostModel
+    from batchlab.experiments.speculation import serve_rates
+    from batchlab.speculative import AcceptanceModel
+    from batchlab.workloads import make_workload
+
+    cost = RooflineCostModel.for_device("Llama-3-8B", "H100")
+
+    def backend(spec):
+        return SimBackend(cost, 10**7, block_size=16, speculative_config=spec,
+                          acceptance=AcceptanceModel(0.2) if spec else None)
+
+    table = serve_rates(backend, lambda rate: make_workload(200, prompt_len=512, output_len=128, rate=rate, seed=1),
+                        [1, 32], {"none": None, "ngram": SPEC})
+    spec = table[table["config"] == "ngram"].set_index("rate")
+    assert spec.loc[1, "tpot_speedup"] > 1.05 and spec.loc[32, "tpot_speedup"] < 0.9
+    assert spec.loc[32, "mean_batch"] > 10 * spec.loc[1, "mean_batch"]
+    with pytest.raises(ValueError, match="one config must be None"):
+        serve_rates(backend, lambda rate: [], [1], {"ngram": SPEC})
+
+
 def test_the_simulator_prices_an_early_exit_drafts_passes():
     """A pass of the first L layers costs what a step of a model of L layers costs, without the
     per-step overhead; deeper exits cost more for the same acceptance."""

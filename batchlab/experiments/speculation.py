@@ -12,6 +12,9 @@ CPU a step's cost grows with its tokens from the start (notebook 01), so the tur
   config's fastest run kept); one row per (batch, config):
   output tokens/s, its ratio to no speculation, TPOT, the drafts' acceptance, and tokens a check.
   With the real model it measures (wall time); with a ``SimBackend`` it predicts.
+- ``serve_rates(make_backend, make_requests, rates, specs)``: the same by request rate, as a
+  server meets it (arrivals at ``rate`` requests/s, ``ContinuousBatcher(max_num_seqs)``): one row
+  per (rate, config): median TPOT and TTFT, the mean batch, and the TPOT speedup (without / with).
 - ``crossover(table, spec)``: the smallest batch size at which a config no longer pays.
 - ``fit_acceptance(traces)``: an ``AcceptanceModel`` from measured runs, for the simulator.
 """
@@ -81,6 +84,32 @@ def serve_batches(make_backend: Callable[[dict | None, int], Backend], make_requ
     base = table[table["config"] == next(n for n, s in specs.items() if s is None)].set_index("batch")["tok_s"]
     table.insert(3, "speedup", table["tok_s"] / table["batch"].map(base))
     return table, traces
+
+
+def serve_rates(make_backend: Callable[[dict | None], Backend], make_requests: Callable[[float], list[Request]],
+                rates: Sequence[float], specs: Mapping[str, dict | None], max_num_seqs: int = 256,
+                max_num_batched_tokens: int = 8192) -> pd.DataFrame:
+    """One row per (rate, config): ``make_requests(rate)`` (arrivals at ``rate`` requests/s)
+    served by ``ContinuousBatcher(max_num_seqs, max_num_batched_tokens)`` on a fresh
+    ``make_backend(spec)``. ``tpot_speedup``: the baseline's median TPOT / the config's (above 1:
+    tokens come faster); ``mean_batch``: requests per step, what the rate turned into."""
+    check_list("rates", rates, "a non-empty list of request rates")
+    if None not in specs.values():
+        raise ValueError(f"specs={list(specs)}; one config must be None (without speculation), the baseline")
+    rows = []
+    for rate in rates:
+        for name, spec in specs.items():
+            trace = Engine(ContinuousBatcher(max_num_seqs, max_num_batched_tokens), make_backend(spec)).run(
+                make_requests(rate))
+            per_request = per_request_metrics(trace)
+            rows.append({"rate": rate, "config": name, "tpot_ms": per_request["tpot"].median() * 1e3,
+                         "ttft_ms": per_request["ttft"].median() * 1e3,
+                         "mean_batch": sum(len(s.chunks) for s in trace.steps) / max(len(trace.steps), 1),
+                         "acceptance": spec_stats(trace)["acceptance"]})
+    table = pd.DataFrame(rows)
+    base = table[table["config"] == next(n for n, s in specs.items() if s is None)].set_index("rate")["tpot_ms"]
+    table["tpot_speedup"] = table["rate"].map(base) / table["tpot_ms"]
+    return table
 
 
 def _serve(backend: Backend, batch: int, requests: list[Request]) -> tuple[float, Trace]:
