@@ -2,9 +2,9 @@
 
 ``method``: ``"ngram"`` (prompt lookup, ``ngram.py``) or ``"early_exit"`` (a self-draft: the
 model's own first ``early_exit_layer`` layers, then its final norm and LM head, drafting greedily;
-``batchlab.model.early_exit``). ``early_exit`` is batchlab's, not vLLM's: vLLM 0.32 refuses it as
-an unknown method (its model-based drafters, ``draft_model``, ``eagle``, ``medusa``, need weights
-of their own). ``num_speculative_tokens``: ``k``, the most tokens drafted for a request per step;
+``batchlab.model.early_exit``). ``early_exit`` is batchlab's, not vLLM's: vLLM 0.32's methods
+(``SpeculativeMethod`` in its ``config/speculative.py``) have none like it; its model drafters
+(``draft_model``, ``eagle``, ``medusa``, MTP heads) need weights of their own. ``num_speculative_tokens``: ``k``, the most tokens drafted for a request per step;
 a step then verifies up to ``k + 1`` positions of it. ``prompt_lookup_min`` /
 ``prompt_lookup_max`` (``ngram`` only): the n-gram lengths searched (vLLM 0.32: both 5 when
 neither is given; one given, the other takes its value). ``early_exit_layer`` (``early_exit``
