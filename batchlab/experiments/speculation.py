@@ -59,8 +59,7 @@ def serve_batches(make_backend: Callable[[dict | None, int], Backend], make_requ
     for b in sizes:
         check_int("batch size", b)
     check_int("rounds", rounds, hint="alternations of the configs; each config's fastest run is kept")
-    if None not in specs.values():
-        raise ValueError(f"specs={list(specs)}; one config must be None (without speculation), the baseline")
+    baseline = _baseline(specs)
     rows, traces = [], {}
     for batch in sizes:
         requests = make_requests(max(batch, min_requests))
@@ -81,7 +80,7 @@ def serve_batches(make_backend: Callable[[dict | None, int], Backend], make_requ
                          "acceptance": stats["acceptance"], "tokens_per_check": stats["tokens_per_check"],
                          "seconds": seconds})
     table = pd.DataFrame(rows, columns=[c for c in SPEC_COLUMNS if c != "speedup"])
-    base = table[table["config"] == next(n for n, s in specs.items() if s is None)].set_index("batch")["tok_s"]
+    base = table[table["config"] == baseline].set_index("batch")["tok_s"]
     table.insert(3, "speedup", table["tok_s"] / table["batch"].map(base))
     return table, traces
 
@@ -94,8 +93,7 @@ def serve_rates(make_backend: Callable[[dict | None], Backend], make_requests: C
     ``make_backend(spec)``. ``tpot_speedup``: the baseline's median TPOT / the config's (above 1:
     tokens come faster); ``mean_batch``: requests per step, what the rate turned into."""
     check_list("rates", rates, "a non-empty list of request rates")
-    if None not in specs.values():
-        raise ValueError(f"specs={list(specs)}; one config must be None (without speculation), the baseline")
+    baseline = _baseline(specs)
     rows = []
     for rate in rates:
         for name, spec in specs.items():
@@ -107,9 +105,17 @@ def serve_rates(make_backend: Callable[[dict | None], Backend], make_requests: C
                          "mean_batch": sum(len(s.chunks) for s in trace.steps) / max(len(trace.steps), 1),
                          "acceptance": spec_stats(trace)["acceptance"]})
     table = pd.DataFrame(rows)
-    base = table[table["config"] == next(n for n, s in specs.items() if s is None)].set_index("rate")["tpot_ms"]
+    base = table[table["config"] == baseline].set_index("rate")["tpot_ms"]
     table["tpot_speedup"] = table["rate"].map(base) / table["tpot_ms"]
     return table
+
+
+def _baseline(specs: Mapping[str, dict | None]) -> str:
+    """The name of the config without speculation (None), which the others are compared with."""
+    names = [name for name, spec in specs.items() if spec is None]
+    if not names:
+        raise ValueError(f"specs={list(specs)}; one config must be None (without speculation), the baseline")
+    return names[0]
 
 
 def _serve(backend: Backend, batch: int, requests: list[Request]) -> tuple[float, Trace]:
