@@ -8,17 +8,19 @@ failure; elsewhere they skip with the command that sets it up.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from batchlab.analysis.metrics import latency_values
 from batchlab.backends.cost_model import CostModel
 from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, prom, run_load
-from batchlab.loadgen.calibrate import OutsideInConfig, calibrate_outside_in
+from batchlab.loadgen.calibrate import OutsideInConfig, calibrate_outside_in, fastest_rounds
 from batchlab.loadgen.predict import compare, load_figures, simulate_load
 from batchlab.vllm_ref import FLAG_TABLE, VLLMFlags, VLLMUnavailable, ensure_running, start_vllm
 
 COST = CostModel(0.045, 0.0005, 0.0022, 1e-6)
-SMALL_CONFIG = OutsideInConfig(prompt_lens=(16, 128), prompt_repeats=2, decode_batches=(1, 4), decode_output_len=16)
+SMALL_CONFIG = OutsideInConfig(prompt_lens=(16, 128), prompt_repeats=2, decode_batches=(1, 4), decode_output_len=16,
+                               rounds=1)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +56,22 @@ def test_start_vllm_refuses_knobs_given_twice():
 @pytest.mark.parametrize("kwargs, named", [({"prompt_lens": (16,)}, "prompt_lens"),
                                            ({"decode_batches": (1, 0)}, "decode_batches"),
                                            ({"decode_output_len": 4}, "decode_output_len"),
-                                           ({"prompt_repeats": 0}, "prompt_repeats")])
+                                           ({"prompt_repeats": 0}, "prompt_repeats"),
+                                           ({"rounds": 0}, "rounds")])
 def test_outside_in_config_checks_its_fields(kwargs, named):
     with pytest.raises(ValueError, match=named):
         OutsideInConfig(**kwargs)
+
+
+def test_each_row_keeps_its_fastest_round():
+    def round_of(prefill_s, decode_s):
+        return pd.DataFrame([("prefill", 16, 1, 16, 136, prefill_s), ("decode", 4, 4, 4, 228, decode_s)],
+                            columns=["kind", "size", "num_seqs", "num_tokens", "attention_pairs", "duration"])
+    # A burst of other work slowed the first round's prefill and the second round's decode.
+    points = fastest_rounds([round_of(0.09, 0.040), round_of(0.06, 0.050), round_of(0.07, 0.045)])
+    assert list(points["kind"]) == ["prefill", "decode"] and list(points["size"]) == [16, 4]
+    assert points["duration"].tolist() == [0.06, 0.040]
+    assert points["spread"].to_numpy() == pytest.approx([1.5, 1.25])
 
 
 def test_simulated_load_shows_both_knobs_effects(tok):

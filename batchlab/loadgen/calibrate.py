@@ -13,9 +13,11 @@ still give step times:
   ``k * context`` attention pairs).
 
 Each measurement becomes one row of the table ``CostModel.fit`` reads (median of its repeats),
-and the four coefficients are fitted to them. The fixed cost then holds the server's per-step
-overhead and, for prefill rows, the round trip: what a reader of the server feels, not the bare
-step. Every prompt is a different stretch of the corpus, picked afresh on every call (a nonce in
+and the four coefficients are fitted to them. The whole set is measured ``rounds`` times, one
+round after another, and each row keeps its fastest round: another process on a shared CPU only
+ever slows a measurement, so a burst of it spoils one round's row, not the fit. The fixed cost
+then holds the server's per-step overhead and, for prefill rows, the round trip: what a reader of
+the server feels, not the bare step. Every prompt is a different stretch of the corpus, picked afresh on every call (a nonce in
 its request id), so a prefix cache finds nothing to reuse, even from an earlier calibration.
 """
 
@@ -36,13 +38,15 @@ from batchlab.plan import chunk_attention_pairs
 @dataclass(frozen=True)
 class OutsideInConfig:
     """What to measure: ``prompt_lens`` served alone ``prompt_repeats`` times each; ``decode_batches``
-    (k) concurrent decodes of ``decode_output_len`` tokens from prompts of ``decode_prompt_len``."""
+    (k) concurrent decodes of ``decode_output_len`` tokens from prompts of ``decode_prompt_len``;
+    all of it ``rounds`` times over (each row keeps its fastest round)."""
 
     prompt_lens: tuple[int, ...] = (16, 128, 256, 512)
     prompt_repeats: int = 3
     decode_batches: tuple[int, ...] = (1, 2, 4, 16)
     decode_prompt_len: int = 32
     decode_output_len: int = 40
+    rounds: int = 2
 
     def __post_init__(self) -> None:
         for name in ("prompt_lens", "decode_batches"):
@@ -54,13 +58,14 @@ class OutsideInConfig:
         check_int("prompt_repeats", self.prompt_repeats)
         check_int("decode_prompt_len", self.decode_prompt_len)
         check_int("decode_output_len", self.decode_output_len, 8, hint="enough tokens to see steady decode gaps")
+        check_int("rounds", self.rounds, hint="times the whole set is measured; each row keeps its fastest round")
 
 
 @dataclass(frozen=True)
 class OutsideInCalibration:
     """The fitted cost model and its measurements: ``points`` has one row per measurement
-    (``kind``: prefill or decode, ``size``: prompt tokens or k, the features, ``duration`` measured,
-    ``spread`` (max/min of its repeats), ``predicted``, ``rel_error``)."""
+    (``kind``: prefill or decode, ``size``: prompt tokens or k, the features, ``duration`` measured
+    (its fastest round), ``spread`` (its slowest round over its fastest), ``predicted``, ``rel_error``)."""
 
     cost_model: CostModel
     points: pd.DataFrame
@@ -89,9 +94,8 @@ def prefill_points(url: str, tokenizer, prompt_lens: tuple[int, ...], repeats: i
         ttfts = np.array([r.ttft for r in result.records if r.ok and r.ttft is not None])
         if len(ttfts) < repeats:
             raise RuntimeError(f"lone {n}-token prompts at {url}: {result.status_counts()}; every one must succeed")
-        rows.append(("prefill", n, 1, n, chunk_attention_pairs(0, n), float(np.median(ttfts)),
-                     float(ttfts.max() / ttfts.min())))
-    return pd.DataFrame(rows, columns=["kind", "size", *FEATURES, "duration", "spread"])
+        rows.append(("prefill", n, 1, n, chunk_attention_pairs(0, n), float(np.median(ttfts))))
+    return pd.DataFrame(rows, columns=["kind", "size", *FEATURES, "duration"])
 
 
 def decode_points(url: str, tokenizer, batches: tuple[int, ...], prompt_len: int, output_len: int) -> pd.DataFrame:
@@ -107,10 +111,17 @@ def decode_points(url: str, tokenizer, batches: tuple[int, ...], prompt_len: int
                                f"finish with {output_len} tokens (does the server take ignore_eos?)")
         skip = output_len // 4
         gaps = np.concatenate([np.diff(r.token_times())[skip:] for r in result.records])
-        halves = [np.median(g) for g in np.array_split(gaps, 2)]
         context = prompt_len + (skip + output_len) / 2            # the middle of the measured gaps
-        rows.append(("decode", k, k, k, int(round(k * context)), float(np.median(gaps)), float(max(halves) / min(halves))))
-    return pd.DataFrame(rows, columns=["kind", "size", *FEATURES, "duration", "spread"])
+        rows.append(("decode", k, k, k, int(round(k * context)), float(np.median(gaps))))
+    return pd.DataFrame(rows, columns=["kind", "size", *FEATURES, "duration"])
+
+
+def fastest_rounds(rounds: list[pd.DataFrame]) -> pd.DataFrame:
+    """One row per measurement from several rounds of the same rows: the fastest round's duration,
+    and ``spread``, its slowest round over its fastest."""
+    keys = ["kind", "size", *FEATURES]
+    table = pd.concat(rounds, ignore_index=True).groupby(keys, sort=False)["duration"]
+    return table.agg(duration="min", spread=lambda d: d.max() / d.min()).reset_index()
 
 
 def calibrate_outside_in(url: str, tokenizer, config: OutsideInConfig | None = None,
@@ -119,16 +130,19 @@ def calibrate_outside_in(url: str, tokenizer, config: OutsideInConfig | None = N
 
     Works on any OpenAI-compatible server that streams and takes ``ignore_eos`` (vLLM, batchlab's,
     SGLang). One warm-up request is sent first, so no measurement meets the first step's one-time
-    costs. Returns the fit and its error on every measured point.
+    costs; every round draws new prompts, so none is served from a prefix cache. Returns the fit
+    and its error on every measured point.
     """
     config = config or OutsideInConfig()
     if not isinstance(config, OutsideInConfig):
         raise ValueError(f"config={config!r}; must be an OutsideInConfig or None")
     warm = [LoadRequest("warmup", fresh_prompts(tokenizer, 1, max(config.prompt_lens))[0], 4)]
     run_load(url, warm, mode="closed", concurrency=1, max_duration=300)
-    points = pd.concat([prefill_points(url, tokenizer, config.prompt_lens, config.prompt_repeats),
-                        decode_points(url, tokenizer, config.decode_batches, config.decode_prompt_len,
-                                      config.decode_output_len)], ignore_index=True)
+    points = fastest_rounds([
+        pd.concat([prefill_points(url, tokenizer, config.prompt_lens, config.prompt_repeats),
+                   decode_points(url, tokenizer, config.decode_batches, config.decode_prompt_len,
+                                 config.decode_output_len)], ignore_index=True)
+        for _ in range(config.rounds)])
     model = CostModel.fit(points, source=source or f"outside-in calibration of {url}")
     points["predicted"] = model.predict_df(points)
     points["rel_error"] = points["predicted"] / points["duration"] - 1

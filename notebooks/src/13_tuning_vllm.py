@@ -178,7 +178,9 @@ if server is not None:
 #
 # Each gives one row of features (sequences, tokens, attention pairs) and a duration, and the
 # course's cost model is fitted to the eight rows. Every prompt is a new stretch of the corpus,
-# so the prefix cache has nothing to serve.
+# so the prefix cache has nothing to serve. The whole set is measured twice and each row keeps
+# its faster round: other work on the machine only ever slows a measurement down, so a burst of
+# it spoils one round, not the fit (the `spread` column says how far the two rounds differed).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -202,12 +204,16 @@ if cal is not None:
         ax.plot(pts["size"], pts["predicted"] * 1e3, "x-", label="fitted cost model")
         ax.set(xlabel=xlabel, ylabel="ms", title=f"{kind}: worst error {pts['rel_error'].abs().max():.0%}")
         ax.legend()
-    fig.suptitle(f"Eight outside measurements fit the four-term cost model within "
-                 f"{cal.median_rel_error:.0%} at the median")
+    error = cal.points.groupby("kind", sort=False)["rel_error"].agg(lambda e: e.abs().median())
+    fig.suptitle(f"The four-term cost model fits the lone prompts within {error['prefill']:.0%} and the "
+                 f"decode steps within {error['decode']:.0%} at the median")
     plt.tight_layout()
     plt.show()
     duration = cal.points.set_index(["kind", "size"])["duration"]
-    expect("median error of the outside-in fit", cal.median_rel_error, below=0.15)
+    errors = ", ".join(f"{kind} {size}: {err:+.0%}"                        # every point, in each claim's line
+                       for kind, size, err in cal.points[["kind", "size", "rel_error"]].itertuples(index=False))
+    expect(f"median error of the fit over the lone prompts ({errors})", error["prefill"], below=0.15)
+    expect(f"median error of the fit over the decode steps ({errors})", error["decode"], below=0.25)
     step16 = duration["decode", 16] / duration["decode", 1]
     print(f"a decode step of 16 sequences costs {step16:.2f}x one of 1 sequence on this CPU")
     expect("decode step of 16 sequences / of 1", step16, above=1, below=8)
@@ -223,7 +229,11 @@ if cal is not None:
 # tokens: that is what `--max-num-seqs` trades on. How much longer (printed above) is this CPU's
 # answer: its kernels set the price per token (about 1.7x on an AMD EPYC with AVX-512 kernels,
 # 2.3x on the same CPU with oneDNN held to AVX2).
-# Each panel's title names the fit's worst point.
+# Each panel's title names the fit's worst point. The prompts lie close to the line; the decode
+# steps of a few sequences scatter around it, because the kernels switch paths by batch size: on
+# an AMD EPYC with AVX-512 kernels a decode step of 2 sequences measured slower than one of 4
+# (about 57 against 43 ms), which no straight line follows, while with oneDNN held to AVX2 the same
+# four points lie within 7% of the line. Hence the looser bound on the decode steps.
 #
 # ## Predict first: three knobs on the simulator
 #
@@ -627,7 +637,9 @@ expect("KV bytes of 64 x 2,048 tokens / weight bytes, Llama-3-8B in bf16", kv_by
 #   turns prefix caching and chunked prefill on by default, with a budget of 2,048 tokens per
 #   step and 128 sequences on a CPU.
 # - A server you can only reach over HTTP can still be calibrated: lone prompts price prefill,
-#   concurrent decodes price the per-sequence decode, and the four-term cost model fits both.
+#   concurrent decodes price the per-sequence decode, and the four-term cost model fits both:
+#   the prompts closely, the decode steps of a few sequences within the scatter of the kernels'
+#   choices by batch size. Each point is measured twice and keeps its faster round.
 # - At the same offered load, `--max-num-seqs 128` against `2` served more tokens per second and
 #   gave the first token more than five times sooner; the queue it avoided shows in
 #   `vllm:num_requests_waiting`.
