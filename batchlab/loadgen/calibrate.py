@@ -17,8 +17,9 @@ and the four coefficients are fitted to them. The whole set is measured ``rounds
 round after another, and each row keeps its fastest round: another process on a shared CPU only
 ever slows a measurement, so a burst of it spoils one round's row, not the fit. The fixed cost
 then holds the server's per-step overhead and, for prefill rows, the round trip: what a reader of
-the server feels, not the bare step. Every prompt is a different stretch of the corpus, picked afresh on every call (a nonce in
-its request id), so a prefix cache finds nothing to reuse, even from an earlier calibration.
+the server feels, not the bare step. Every prompt is a different stretch of the corpus, picked
+afresh on every call (a nonce in its request id), so a prefix cache finds nothing to reuse, even
+from an earlier calibration.
 """
 
 from __future__ import annotations
