@@ -35,7 +35,7 @@ SMALL_OPS_PER_LAYER = 5   # input norm, post-attention norm, rope, activation, r
 # Hugging Face architectures that are dense Llama-style decoders (Qwen2's q/k/v biases are a few
 # thousand parameters a layer: left out of the counts here).
 DENSE_DECODERS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+MOE_DECODERS = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -67,19 +67,25 @@ class LayerShape:
                 f"MLP {self.intermediate_size}{' gated' if self.gated_mlp else ''}")
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
-        """``tensor_parallel`` GPUs can split this layer: it divides the heads and the MLP."""
+        """``tensor_parallel`` GPUs can split this layer: it divides the heads and the MLP, and it
+        divides the KV heads or is a multiple of them (vLLM then replicates each KV head)."""
         check_int("tensor_parallel", tensor_parallel)
-        sizes = {"num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
-                 "intermediate_size": self.intermediate_size}
-        if any(size % tensor_parallel for size in sizes.values()):
+        sizes = {"num_heads": self.num_heads, "intermediate_size": self.intermediate_size}
+        kv = self.num_kv_heads
+        if any(size % tensor_parallel for size in sizes.values()) or (kv % tensor_parallel and tensor_parallel % kv):
             raise ValueError(f"tensor_parallel={tensor_parallel}; must divide "
-                             + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+                             + ", ".join(f"{k}={v}" for k, v in sizes.items())
+                             + f", and divide num_kv_heads={kv} or be a multiple of it")
+
+    def kv_heads_per_gpu(self, tensor_parallel: int = 1) -> int:
+        """KV heads each of ``tensor_parallel`` GPUs holds: a share, or one replicated head."""
+        return max(1, self.num_kv_heads // tensor_parallel)
 
     def projections(self, tensor_parallel: int = 1) -> tuple[tuple[int, int], ...]:
         """(input, output) sizes of the four matrix multiplies one GPU runs: qkv, o, up, down."""
         self.check_tensor_parallel(tensor_parallel)
         h, tp = self.hidden_size, tensor_parallel
-        q, kv = self.num_heads * self.head_dim // tp, self.num_kv_heads * self.head_dim // tp
+        q, kv = self.num_heads * self.head_dim // tp, self.kv_heads_per_gpu(tp) * self.head_dim
         inter = self.intermediate_size // tp
         up = 2 * inter if self.gated_mlp else inter
         return (h, q + 2 * kv), (q, h), (h, up), (inter, h)
@@ -95,9 +101,30 @@ class LayerShape:
         one out; plain MLP: one in, one out) and the residual add (two in, one out)."""
         self.check_tensor_parallel(tensor_parallel)
         h, tp = self.hidden_size, tensor_parallel
-        q, kv = self.num_heads * self.head_dim // tp, self.num_kv_heads * self.head_dim // tp
+        q, kv = self.num_heads * self.head_dim // tp, self.kv_heads_per_gpu(tp) * self.head_dim
         act = (3 if self.gated_mlp else 2) * self.intermediate_size // tp
         return 2 * (2 * h) + 2 * (q + kv) + act + 3 * h
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """A mixture-of-experts MLP: ``num_experts`` gated experts of ``intermediate_size``, each token
+    routed to ``experts_per_token`` of them (Mixtral's and Qwen-MoE's layout, no shared expert)."""
+
+    num_experts: int
+    experts_per_token: int
+    intermediate_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "experts_per_token", "intermediate_size"):
+            check_int(name, getattr(self, name))
+        if self.experts_per_token > self.num_experts:
+            fail("experts_per_token", self.experts_per_token, f"<= num_experts={self.num_experts}")
+
+    @property
+    def params_per_layer(self) -> int:
+        """Every expert's gate, up and down weights, and the router."""
+        return self.num_experts * 3 * self.intermediate_size
 
 
 @dataclass(frozen=True)
@@ -117,6 +144,7 @@ class ModelShape:
     source: str
     dtype: str = "bfloat16"
     max_model_len: int | None = None    # the context it was trained for (max_position_embeddings)
+    moe: MoEShape | None = None         # experts in place of the dense MLP
 
     def __post_init__(self) -> None:
         hint = f"model shape {self.name!r}"
@@ -137,9 +165,14 @@ class ModelShape:
     # --- weights and work -----------------------------------------------------------------------
     @property
     def matmul_params(self) -> int:
-        """Weights of every matrix multiply: per layer q, k, v, o and the MLP's three; the LM head.
-        (The embedding lookup reads a few rows only; tied, the LM head *is* the embedding table.)"""
-        return self.num_layers * self.layer.matmul_params + self.hidden_size * self.vocab_size
+        """Weights of every matrix multiply: per layer q, k, v, o and the MLP's three (every
+        expert's, with experts, and the router); the LM head. (The embedding lookup reads a few
+        rows only; tied, the LM head *is* the embedding table.)"""
+        per_layer = self.layer.matmul_params
+        if self.moe is not None:
+            dense_mlp = (3 if self.layer.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+            per_layer += self.hidden_size * (self.moe.params_per_layer + self.moe.num_experts) - dense_mlp
+        return self.num_layers * per_layer + self.hidden_size * self.vocab_size
 
     @property
     def num_params(self) -> int:
@@ -157,9 +190,11 @@ class ModelShape:
         return 4 * self.num_layers * self.num_heads * self.head_dim
 
     # --- the KV cache ---------------------------------------------------------------------------
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """A key and a value per KV head per layer, of ``dtype_bytes`` each element."""
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes)
+    def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+        """A key and a value per KV head per layer, of ``dtype_bytes`` each element; with
+        ``tensor_parallel``, on each GPU (its share of the KV heads, or one replicated head)."""
+        heads = self.num_kv_heads if tensor_parallel == 1 else self.layer.kv_heads_per_gpu(tensor_parallel)
+        return kv_bytes_per_token(self.num_layers, heads, self.head_dim, dtype_bytes)
 
     @property
     def bytes_per_token(self) -> int:
@@ -208,10 +243,11 @@ class ModelShape:
     def from_config(cls, config: dict, name: str, source: str) -> "ModelShape":
         """From the fields of a Hugging Face config (a ``config.json`` read as a dict)."""
         architectures = config.get("architectures") or [config.get("model_type", "unknown")]
-        experts = [k for k in EXPERT_KEYS if config.get(k)]
-        if experts or architectures[0] not in DENSE_DECODERS:
-            why = f"a mixture of experts ({', '.join(experts)})" if experts else "not a dense Llama-style decoder"
-            fail("architectures", architectures, f"one of {list(DENSE_DECODERS)}", f"{name}: {why}")
+        allowed = list(DENSE_DECODERS + MOE_DECODERS)
+        if architectures[0] not in allowed:
+            fail("architectures", architectures, f"one of {allowed}", f"{name}: not a Llama-style decoder "
+                 "(dense, or Mixtral/Qwen-MoE experts); MLA and other attention variants are not priced")
+        moe = moe_from_config(config, name) if architectures[0] in MOE_DECODERS else None
         missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
                                "vocab_size") if k not in config]
         if missing:
@@ -222,7 +258,24 @@ class ModelShape:
                    config.get("num_key_value_heads") or heads,
                    config.get("head_dim") or config["hidden_size"] // heads, config["intermediate_size"],
                    config["vocab_size"], bool(config.get("tie_word_embeddings", False)), source,
-                   dtype if dtype in DTYPE_BYTES else "bfloat16", config.get("max_position_embeddings"))
+                   dtype if dtype in DTYPE_BYTES else "bfloat16", config.get("max_position_embeddings"), moe)
+
+
+def moe_from_config(config: dict, name: str) -> MoEShape:
+    """The experts of a Mixtral- or Qwen-MoE-style config; a shared expert, or experts on only
+    some layers, are refused by name (not priced)."""
+    for key in ("shared_expert_intermediate_size", "n_shared_experts"):
+        if config.get(key):
+            fail(key, config[key], "0 or absent", f"{name}: shared experts are not priced")
+    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
+        fail("decoder_sparse_step", config.get("decoder_sparse_step"), "1 (experts on every layer)", name)
+    experts = config.get("num_local_experts") or config.get("num_experts")
+    per_token = config.get("num_experts_per_tok")
+    inter = config.get("moe_intermediate_size") or config.get("intermediate_size")
+    if not (experts and per_token and inter):
+        raise ValueError(f"{name}: an MoE config names num_local_experts (or num_experts), num_experts_per_tok "
+                         "and the experts' intermediate size")
+    return MoEShape(int(experts), int(per_token), int(inter))
 
 
 def load_model_shapes(path: str | Path = SHAPES_PATH) -> dict[str, ModelShape]:

@@ -13,6 +13,12 @@ and ``measured`` (``ttft_ms`` and ``e2e_ms`` as ``{"p50": ...}``). TPOT's median
 ``(e2e p50 - ttft p50) / (output p50 - 1)``, so that clients that count stream events instead of
 tokens compare alike. A stage whose measured median TTFT is over 10 s counts as saturated.
 
+``--inference-sim DIR`` reads the layout of inference-sim's ``training`` repository instead (a
+local clone: ``default_args/<run>/exp-config.yaml`` for the model, TP and flags,
+``results/config.yaml`` for the shared-prefix workload and its stages, and each stage's
+``results/stage_N_lifecycle_metrics.json`` for the measured medians); a model named there is read
+from its ``model_configs/<name>/config.json`` when the shapes table does not hold it.
+
 The last line is the median absolute error over TTFT, TPOT and E2E p50 of every stage the
 predictor can express, and how many saturation verdicts were right.
 """
@@ -39,11 +45,43 @@ FLAG_NAMES = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_
 SATURATED_TTFT_MS = 10_000
 
 
+def inference_sim_runs(root: Path) -> list[dict]:
+    """The stages of inference-sim's ``training`` layout, as this script's run objects."""
+    import yaml
+
+    runs = []
+    for exp in sorted((root / "default_args").iterdir()):
+        server = yaml.safe_load((exp / "exp-config.yaml").read_text(encoding="utf-8"))
+        config = yaml.safe_load((exp / "results" / "config.yaml").read_text(encoding="utf-8"))
+        shared = config["data"]["shared_prefix"]
+        local = root / "model_configs" / server["model"].split("/")[-1] / "config.json"
+        for i, stage in enumerate(config["load"]["stages"]):
+            path = exp / "results" / f"stage_{i}_lifecycle_metrics.json"
+            if not path.is_file():
+                continue
+            m = json.loads(path.read_text(encoding="utf-8"))["successes"]
+            runs.append({"model": server["model"], "config_path": str(local) if local.is_file() else None,
+                         "tensor_parallel": server["tensor_parallelism"],
+                         "flags": {k: server[k] for k in FLAG_NAMES if k in server},
+                         "workload": {"rate_rps": stage["rate"], "arrival": config["load"]["type"],
+                                      "num_requests": int(stage["rate"] * stage["duration"]),
+                                      "input_tokens": {"p50": m["prompt_len"]["median"]},
+                                      "output_tokens": {"p50": m["output_len"]["median"]},
+                                      "prefix_tokens": shared["system_prompt_len"],
+                                      "resolved_shared_prefix": {"num_groups": shared["num_groups"]}},
+                         "measured": {"ttft_ms": {"p50": 1e3 * m["latency"]["time_to_first_token"]["median"]},
+                                      "e2e_ms": {"p50": 1e3 * m["latency"]["request_latency"]["median"]}},
+                         "source": exp.name})
+    return runs
+
+
 def stage_prediction(run: dict, gpu: str, max_requests: int | None) -> dict:
     """Predicted and measured p50s of one stage (raises ValueError if it cannot be expressed)."""
     model = HF_NAMES.get(run["model"], run["model"])
     if model not in MODEL_SHAPES:
-        raise ValueError(f"model={run['model']!r}; not in the shapes table")
+        if not run.get("config_path"):
+            raise ValueError(f"model={run['model']!r}; not in the shapes table")
+        model = run["config_path"]
     flags = EngineFlags(**{k: int(run["flags"][k]) for k in FLAG_NAMES if k in run["flags"]})
     w = run["workload"]
     n = int(w["num_requests"]) if max_requests is None else min(int(w["num_requests"]), max_requests)
@@ -65,16 +103,26 @@ def stage_prediction(run: dict, gpu: str, max_requests: int | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", help="JSON Lines of measured stages (see the module docstring)")
+    parser.add_argument("runs", nargs="?", help="JSON Lines of measured stages (see the module docstring)")
+    parser.add_argument("--inference-sim", help="a local clone of inference-sim's training repository")
     parser.add_argument("--gpu", default="H100", help="the preset of runs that do not name one (H100)")
     parser.add_argument("--max-requests", type=int, help="predict at most this many requests per stage")
     args = parser.parse_args(argv)
-    path = Path(args.runs)
-    if not path.is_file():
-        print(f"check_predictor.py: runs={args.runs!r}; must be an existing JSON Lines file", file=sys.stderr)
-        return 2
+    if args.inference_sim:
+        root = Path(args.inference_sim)
+        if not (root / "default_args").is_dir():
+            print(f"check_predictor.py: --inference-sim={args.inference_sim!r}; must be a clone of inference-sim's "
+                  "training repository (a folder holding default_args/)", file=sys.stderr)
+            return 2
+        path, lines = root, [json.dumps(run) for run in inference_sim_runs(root)]
+    else:
+        path = Path(args.runs or "")
+        if not path.is_file():
+            print(f"check_predictor.py: runs={args.runs!r}; must be an existing JSON Lines file", file=sys.stderr)
+            return 2
+        lines = path.read_text(encoding="utf-8").splitlines()
     errors, verdicts = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

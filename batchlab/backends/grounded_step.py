@@ -74,6 +74,13 @@ class GroundedStep:
         flops = attention_pairs * self.shape.attention_flops_per_pair / split
         return self.shape.num_layers * float(self.kernels.kernel_seconds(kv_bytes, flops))
 
+    def step_attention_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int,
+                               query_tile: int = 128) -> float:
+        """Every layer's attention for a step's totals: each sequence's keys read once per tile of
+        ``query_tile`` query tokens."""
+        keys = attention_pairs / min(query_tile, max(1.0, num_tokens / num_seqs))
+        return self.attention_seconds(keys, attention_pairs)
+
     def edges_seconds(self, num_seqs: int, num_tokens: int) -> float:
         """The LM head for one row per sequence, the embedding lookup and the final norm
         (remembered per sequence and token count)."""

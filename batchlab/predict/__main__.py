@@ -42,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1, help="replicas behind a router")
     p.add_argument("--routing", default="least_outstanding", help=f"the router's policy: {list(ROUTING_POLICIES)}")
+    p.add_argument("--vllm-version", help="the vLLM version whose measured kernels to use: the newest measured at "
+                                          "or below it (default: the newest measured)")
     engine = p.add_argument_group("vLLM's flags (vLLM's names and defaults)")
     engine.add_argument("--max-num-seqs", type=int)
     engine.add_argument("--max-num-batched-tokens", type=int)
@@ -53,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--dtype", default="auto", choices=DTYPES)
     engine.add_argument("--enforce-eager", action="store_true")
     engine.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    engine.add_argument("--enable-expert-parallel", action="store_true", help="MoE: whole experts per GPU")
     load = p.add_argument_group("traffic: generated (vllm bench serve's random dataset) or --trace")
     load.add_argument("--trace", help="CSV (with a header) or JSONL: arrival_s, input_tokens, output_tokens"
                                       "[, prefix_group, prefix_len]")
@@ -74,9 +77,10 @@ def parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> list[str]:
     flags = EngineFlags(args.max_num_seqs, args.max_num_batched_tokens, args.enable_chunked_prefill,
                         args.enable_prefix_caching, args.block_size, args.gpu_memory_utilization,
-                        args.max_model_len, args.dtype, args.enforce_eager, args.async_scheduling)
+                        args.max_model_len, args.dtype, args.enforce_eager, args.async_scheduling,
+                        args.enable_expert_parallel)
     deployment = Deployment(args.model, args.gpu, args.tensor_parallel_size, args.data_parallel_size, flags,
-                            args.routing)
+                            args.routing, args.vllm_version)
     if args.trace:
         traffic = read_trace(args.trace)
     else:

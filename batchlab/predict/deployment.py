@@ -11,6 +11,7 @@ vLLM's budgets. ``predict(deployment, traffic)`` serves the traffic on one repli
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +20,8 @@ from batchlab.backends.collectives import all_reduce_model
 from batchlab.backends.device_presets import DevicePreset, load_device_presets
 from batchlab.backends.grounded_step import GroundedStep
 from batchlab.backends.kernels import KernelModel
+from batchlab.backends.measured_kernels import SYSTEMS, KernelTables
+from batchlab.backends.measured_step import MeasuredStep
 from batchlab.checks import check_choice, check_instance, check_int, fail
 from batchlab.cluster import Cluster, ClusterConfig, DisaggregatedCluster, DisaggregatedConfig
 from batchlab.cluster.policies import ROUTING_POLICIES
@@ -44,6 +47,7 @@ class Deployment:
     data_parallel_size: int = 1
     flags: EngineFlags = field(default_factory=EngineFlags)
     routing: str = "least_outstanding"
+    vllm_version: str | None = None      # the measured kernels' vLLM version (None: the newest)
 
     def __post_init__(self) -> None:
         try:
@@ -56,6 +60,8 @@ class Deployment:
         check_int("data_parallel_size", self.data_parallel_size, hint="--data-parallel-size")
         check_instance("flags", self.flags, EngineFlags, "an EngineFlags")
         check_choice("routing", self.routing, ROUTING_POLICIES)
+        if self.vllm_version is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(self.vllm_version)):
+            fail("vllm_version", self.vllm_version, "a version such as 0.24.0", hint="--vllm-version")
         shape.layer.check_tensor_parallel(self.tensor_parallel_size)
         preset = presets[self.gpu]
         flags = self.flags.resolved(preset.name, self.device_memory_bytes(preset) / GIB, shape)
@@ -93,14 +99,36 @@ class Deployment:
         return self.tensor_parallel_size * self.data_parallel_size
 
     def _step_model(self) -> VllmStepModel:
-        preset, tp, flags = self._preset, self.tensor_parallel_size, self._flags
+        """Measured vLLM kernels where AIConfigurator measured this GPU; else the preset's kernel
+        model fitted to 2024 profiles (``GroundedStep``), which prices dense models only."""
+        preset, tp, flags, shape = self._preset, self.tensor_parallel_size, self._flags, self._shape
         if preset.kernels is None:
             raise ValueError(f"gpu={self.gpu!r}; must have fitted kernels to predict a deployment")
         kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, flags.dtype_bytes, preset.kernels,
                               preset.num_sms)
-        all_reduce = all_reduce_model(preset.name, tp) if tp > 1 else None
-        gpu = GroundedStep(self._shape, kernels, tp, all_reduce)
-        return VllmStepModel(gpu, flags.cuda_graph_sizes(), flags.async_scheduling)
+        sizes = flags.cuda_graph_sizes()
+        if self.gpu in SYSTEMS:
+            tables = KernelTables.load(self.gpu, self.vllm_version)
+            gpu = MeasuredStep(shape, tables, kernels, tp, max(sizes, default=0), flags.enable_expert_parallel)
+        else:
+            if shape.moe is not None or flags.enable_expert_parallel or self.vllm_version is not None:
+                fail("gpu", self.gpu, f"one of {sorted(SYSTEMS)}", "experts, expert parallelism and "
+                     "--vllm-version need measured vLLM kernels")
+            all_reduce = all_reduce_model(preset.name, tp) if tp > 1 else None
+            gpu = GroundedStep(shape, kernels, tp, all_reduce)
+        return VllmStepModel(gpu, sizes, flags.async_scheduling)
+
+    @property
+    def kernel_source(self) -> str:
+        """Where the step's kernel times come from, in words."""
+        gpu = self._step.gpu
+        if isinstance(gpu, MeasuredStep):
+            fit = gpu.attention_fit
+            return (f"kernels: {gpu.tables.describe()}; attention fitted to the measured kernels of "
+                    f"{fit.measured_heads['prefill']} / {fit.measured_heads['decode']} heads (prefill / decode, "
+                    f"median error {fit.median_error['prefill']:.0%} / {fit.median_error['decode']:.0%})")
+        return (f"kernels: ROOFLINE-BASED ESTIMATE for {self.gpu} (no measured vLLM kernels: the preset's kernel "
+                "model fitted to 2024 profiles, NCCL all-reduces)")
 
     def engine(self, index: int = 0) -> Engine:
         """One replica's engine on the virtual clock."""
@@ -124,8 +152,9 @@ class Deployment:
                 f"--block-size {f.block_size} --gpu-memory-utilization {f.gpu_memory_utilization} --max-model-len "
                 f"{f.max_model_len}" + ("" if f.enable_chunked_prefill else " --no-enable-chunked-prefill")
                 + ("" if f.enable_prefix_caching else " --no-enable-prefix-caching")
-                + (" --enforce-eager" if f.enforce_eager else "") + ("" if f.async_scheduling else " --no-async-scheduling"),
-                *self._memory.lines()]
+                + (" --enforce-eager" if f.enforce_eager else "") + ("" if f.async_scheduling else " --no-async-scheduling")
+                + (" --enable-expert-parallel" if f.enable_expert_parallel else ""),
+                *self._memory.lines(), self.kernel_source]
 
 
 def predict(deployment: Deployment, traffic: Traffic, percentiles: tuple[float, ...] = (50, 90, 99)) -> Prediction:

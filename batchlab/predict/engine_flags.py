@@ -39,12 +39,14 @@ class EngineFlags:
     dtype: str = "auto"
     enforce_eager: bool = False
     async_scheduling: bool = True
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         check_int("max_num_seqs", self.max_num_seqs, allow_none=True, hint="--max-num-seqs")
         check_int("max_num_batched_tokens", self.max_num_batched_tokens, allow_none=True,
                   hint="--max-num-batched-tokens")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "async_scheduling"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "async_scheduling",
+                     "enable_expert_parallel"):
             check_bool(name, getattr(self, name))
         check_block_size(self.block_size)
         check_fraction("gpu_memory_utilization", self.gpu_memory_utilization, hint="--gpu-memory-utilization")

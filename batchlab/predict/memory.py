@@ -54,7 +54,7 @@ def activation_peak(model: ModelShape, flags: EngineFlags, tensor_parallel: int)
     """The profiling pass's peak (see ``vllm_v1.json``): one layer's largest live tensors for the
     token budget, plus the sampler's fp32 logits and probabilities for ``max_num_seqs`` rows."""
     layer, tp = model.layer, tensor_parallel
-    qkv = (layer.num_heads + 2 * layer.num_kv_heads) * layer.head_dim // tp
+    qkv = (layer.num_heads // tp + 2 * layer.kv_heads_per_gpu(tp)) * layer.head_dim
     per_token = qkv + 3 * layer.intermediate_size // tp + 2 * layer.hidden_size
     return flags.max_num_batched_tokens * per_token * flags.dtype_bytes + flags.max_num_seqs * model.vocab_size * 8
 
@@ -76,7 +76,7 @@ def plan_memory(model: ModelShape, device_memory_bytes: float, flags: EngineFlag
                          f"= {usable / GIB:.1f} GiB with {(activation + non_torch) / GIB:.1f} GiB for activations "
                          f"and CUDA ({model.name} at tensor_parallel={tp}"
                          + (f"; --tensor-parallel-size {need} fits" if need else "") + ")")
-    per_block = flags.block_size * model.kv_bytes_per_token(flags.dtype_bytes) // tp
+    per_block = flags.block_size * model.kv_bytes_per_token(flags.dtype_bytes, tp)
     plan = MemoryPlan(visible, usable, weights, activation, non_torch, kv_bytes, flags.block_size, per_block,
                       int(kv_bytes // per_block))
     need_blocks = -(-flags.max_model_len // flags.block_size)

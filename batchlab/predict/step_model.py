@@ -3,8 +3,8 @@
 ``VllmStepModel.predict_features(num_seqs, num_tokens, attention_pairs)`` (a ``StepTimeModel``, so
 ``SimBackend`` takes it) is::
 
-    gpu  = GroundedStep(tokens padded to a CUDA-graph size)     # kernels from measured profiles,
-                                                                # 1/tp of each layer, 2 all-reduces
+    gpu  = MeasuredStep(tokens padded to a CUDA-graph size)     # measured vLLM kernels (GroundedStep,
+                                                                # fitted 2024 profiles, on other GPUs)
     cpu  = fixed + per_seq * num_seqs                           # scheduling and input preparation
     step = max(gpu, cpu)  with async scheduling,  gpu + cpu  without
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from batchlab.backends.cost_model import StepTimeModel
 from batchlab.backends.grounded_step import GroundedStep
+from batchlab.backends.measured_step import MeasuredStep
 from batchlab.predict.engine_flags import ENGINE_DATA, padded_tokens
 
 CPU = ENGINE_DATA["cpu_per_step"]
@@ -29,10 +30,9 @@ CPU = ENGINE_DATA["cpu_per_step"]
 class VllmStepModel(StepTimeModel):
     """Seconds per engine step (see the module docstring)."""
 
-    gpu: GroundedStep
+    gpu: GroundedStep | MeasuredStep
     cuda_graph_sizes: tuple[int, ...]
     async_scheduling: bool = True
-    query_tile: int = 128
     cpu_fixed_s: float = CPU["fixed_ms"] * 1e-3
     cpu_per_seq_s: float = CPU["per_seq_ms"] * 1e-3
 
@@ -40,9 +40,9 @@ class VllmStepModel(StepTimeModel):
         """The kernels' time, at the padded size."""
         tokens = padded_tokens(num_tokens, self.cuda_graph_sizes)
         rows = tokens if num_tokens == num_seqs else num_seqs      # a decode step pads its rows too
-        keys = attention_pairs / min(self.query_tile, max(1.0, num_tokens / num_seqs))
         g = self.gpu
-        return g.layers_seconds(tokens) + g.attention_seconds(keys, attention_pairs) + g.edges_seconds(rows, tokens)
+        return (g.layers_seconds(tokens) + g.step_attention_seconds(num_seqs, num_tokens, attention_pairs)
+                + g.edges_seconds(rows, tokens))
 
     def cpu_seconds(self, num_seqs: int) -> float:
         return self.cpu_fixed_s + self.cpu_per_seq_s * num_seqs
