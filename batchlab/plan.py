@@ -164,6 +164,17 @@ def chunk_attention_pairs(start: int, num_tokens: int) -> int:
     return num_tokens * start + num_tokens * (num_tokens + 1) // 2
 
 
+def decode_split(chunks: Iterable[ScheduledChunk]) -> tuple[int, int]:
+    """``(decode_seqs, decode_pairs)``: the one-token chunks of a step and their query-key pairs
+    (the rest are prompt chunks, whose pairs reuse each key across a tile of queries)."""
+    seqs = pairs = 0
+    for c in chunks:
+        if c.num_tokens == 1:
+            seqs += 1
+            pairs += c.start + 1
+    return seqs, pairs
+
+
 def step_features(chunks: Iterable[ScheduledChunk]) -> tuple[int, int, int]:
     """``(num_seqs, num_tokens, attention_pairs)`` of one step's chunks (all exact integers)."""
     num_seqs = num_tokens = pairs = 0

@@ -111,6 +111,12 @@ class StepTimeModel:
     def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
         raise NotImplementedError
 
+    def predict_split(self, num_seqs: int, num_tokens: int, attention_pairs: int, decode_seqs: int,
+                      decode_pairs: int) -> float:
+        """The same, told which sequences decode and their pairs (``plan.decode_split``); a model
+        that prices decodes and prompt chunks apart overrides it."""
+        return self.predict_features(num_seqs, num_tokens, attention_pairs)
+
     def predict(self, step: StepPlan | StepRecord | Iterable[ScheduledChunk]) -> float:
         """Seconds for one step, given its plan, its record or its chunks. No chunks: 0 (no step runs)."""
         chunks = step.chunks if isinstance(step, (StepPlan, StepRecord)) else step

@@ -31,6 +31,7 @@ from batchlab.checks import check_int
 from batchlab.shapes import ModelShape
 
 ALL_REDUCES_PER_LAYER = 2     # attention's output projection and the MLP's down projection
+QUERY_TILE = 128              # query tokens that share one read of a sequence's keys
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,10 @@ class GroundedStep:
         return self.shape.num_layers * float(self.kernels.kernel_seconds(kv_bytes, flops))
 
     def step_attention_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int,
-                               query_tile: int = 128) -> float:
+                               split: tuple[int, int] | None = None) -> float:
         """Every layer's attention for a step's totals: each sequence's keys read once per tile of
-        ``query_tile`` query tokens."""
-        keys = attention_pairs / min(query_tile, max(1.0, num_tokens / num_seqs))
+        ``QUERY_TILE`` query tokens (``split``, which sequences decode, is not used)."""
+        keys = attention_pairs / min(QUERY_TILE, max(1.0, num_tokens / num_seqs))
         return self.attention_seconds(keys, attention_pairs)
 
     def edges_seconds(self, num_seqs: int, num_tokens: int) -> float:

@@ -125,6 +125,9 @@ class GemmTable:
         return max(nearest_ratio(self.m, m), nearest_ratio(self.n, n), nearest_ratio(self.k, k))
 
 
+QUERY_TILE = 128
+
+
 def phase_features(phase: str, seqs, tokens, pairs, heads: int, kv_heads: int, head_dim: int) -> np.ndarray:
     """One row per kernel call: 1, sequences, bytes moved, q·k and p·v FLOPs over every query-key
     pair. A decode's bytes are the cached keys and values it reads (one per pair); a prompt's are
@@ -140,11 +143,9 @@ class AttentionFit:
     measured decode kernels, and one for prompt chunks, fitted to the measured prefill kernels
     (each of the measured head configuration nearest to ``heads`` and ``kv_heads``).
 
-    A step is known by its totals (sequences, tokens, query-key pairs). One with more tokens than
-    sequences is read as vLLM's scheduler builds it: every sequence but one decodes, and the rest
-    of the tokens are prompt chunks whose own causal pairs are at most ``n (n + 1) / 2``; the
-    other pairs are the decodes' (and the chunks' cached prefixes', read like decodes). Both run
-    in one kernel launch, so the fixed cost is paid once."""
+    A step's decodes and prompt chunks run in one kernel launch, so the fixed cost is paid once.
+    A prompt chunk's pairs beyond its own causal triangle (a cached prefix, earlier chunks) read
+    those keys once per tile of ``QUERY_TILE`` queries, priced at the prompt line's byte rate."""
 
     decode: tuple[float, ...]
     prefill: tuple[float, ...]
@@ -159,14 +160,28 @@ class AttentionFit:
         x = phase_features(phase, seqs, tokens, pairs, self.heads, self.kv_heads, self.head_dim)
         return float(x[1:] @ np.array(coef[1:]))
 
-    def seconds(self, seqs: float, tokens: float, pairs: float) -> float:
-        if tokens <= seqs:
-            return self.decode[0] + self._phase("decode", seqs, tokens, pairs)
-        decodes = seqs - 1
-        n = tokens - decodes
-        chunk_pairs = min(n * (n + 1) / 2, pairs - decodes)
-        t = max(self.decode[0], self.prefill[0]) + self._phase("prefill", 1, n, chunk_pairs)
-        return t + (self._phase("decode", decodes, decodes, pairs - chunk_pairs) if decodes else 0.0)
+    def seconds(self, seqs: int, tokens: int, pairs: int, decode_seqs: int, decode_pairs: int) -> float:
+        """One layer's attention for a step of ``seqs`` sequences (``decode_seqs`` of them one-token
+        decodes with ``decode_pairs`` pairs), ``tokens`` tokens and ``pairs`` query-key pairs."""
+        t = 0.0
+        if decode_seqs:
+            t += self.decode[0] + self._phase("decode", decode_seqs, decode_seqs, decode_pairs)
+        chunks, n, chunk_pairs = seqs - decode_seqs, tokens - decode_seqs, pairs - decode_pairs
+        if chunks:
+            t = max(t, self.prefill[0]) + self._phase("prefill", chunks, n, chunk_pairs)
+            cached = max(0.0, chunk_pairs - n * (n / chunks + 1) / 2)      # beyond the causal triangles
+            tile = min(QUERY_TILE, max(1.0, n / chunks))
+            t += self.prefill[2] * cached / tile * 2 * self.kv_heads * self.head_dim * 2
+        return t
+
+
+def guess_split(seqs: int, tokens: int, pairs: int) -> tuple[int, int]:
+    """``(decode_seqs, decode_pairs)`` of a step known only by its totals, read as vLLM's scheduler
+    builds one: every sequence but one decodes, and the prompt chunk is a fresh prompt."""
+    if tokens <= seqs:
+        return seqs, pairs
+    n = tokens - seqs + 1
+    return seqs - 1, max(0, pairs - n * (n + 1) // 2)
 
 
 def fit_phase(table, phase: str, heads: int, kv_heads: int, head_dim: int):
@@ -314,4 +329,4 @@ def _load(gpu: str, vllm_version: str | None) -> KernelTables:
     return KernelTables(gpu, system, versions, GemmTable.from_frame(gemm), comm or None, context, generation, moe)
 
 
-__all__ = ["SYSTEMS", "AllReduceTable", "AttentionFit", "GemmTable", "KernelTables", "fit_attention"]
+__all__ = ["SYSTEMS", "AllReduceTable", "AttentionFit", "GemmTable", "KernelTables", "fit_attention", "guess_split"]

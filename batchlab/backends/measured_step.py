@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batchlab.backends.kernels import KernelModel
-from batchlab.backends.measured_kernels import KernelTables
+from batchlab.backends.measured_kernels import KernelTables, guess_split
 from batchlab.checks import check_int, fail
 from batchlab.shapes import SMALL_OPS_PER_LAYER, ModelShape
 
@@ -85,9 +85,12 @@ class MeasuredStep:
             seconds = self._layers[num_tokens] = self.shape.num_layers * t
         return seconds
 
-    def step_attention_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
-        """Every layer's attention for the step's totals (``AttentionFit.seconds``)."""
-        return self.shape.num_layers * self._attention.seconds(num_seqs, num_tokens, attention_pairs)
+    def step_attention_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int,
+                               split: tuple[int, int] | None = None) -> float:
+        """Every layer's attention (``AttentionFit.seconds``); ``split`` is ``(decode_seqs,
+        decode_pairs)``, guessed from the totals when not given (``guess_split``)."""
+        split = split or guess_split(num_seqs, num_tokens, attention_pairs)
+        return self.shape.num_layers * self._attention.seconds(num_seqs, num_tokens, attention_pairs, *split)
 
     def edges_seconds(self, num_rows: int, num_tokens: int) -> float:
         """The LM head for one row per sequence over 1/tp of the vocabulary, the embedding lookup

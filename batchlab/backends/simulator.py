@@ -37,7 +37,7 @@ from batchlab.backends.cost_model import CostModel, StepTimeModel
 from batchlab.checks import check_int, check_number
 from batchlab.kv_blocks import BlockManager
 from batchlab.kv_space import TokenKVSpace
-from batchlab.plan import StepPlan, step_features
+from batchlab.plan import StepPlan, decode_split, step_features
 from batchlab.requests import Request
 from batchlab.speculative import AcceptanceModel, AcceptanceStream, SpeculativeConfig
 
@@ -106,7 +106,8 @@ class SimBackend(Backend):
         new_tokens = dict.fromkeys([c.request_id for c in chunks if c.samples], self.placeholder_token)
         if not chunks:
             return StepResult(new_tokens, 0.0)
-        result = StepResult(new_tokens, self.step_duration(*step_features(chunks)))
+        split = decode_split(chunks) if self._coefficients is None else None
+        result = StepResult(new_tokens, self.step_duration(*step_features(chunks), split=split))
         if self.speculative is not None:
             self._speculate(result, chunks, requests)
         return result
@@ -155,14 +156,17 @@ class SimBackend(Backend):
         self._noise_next = 0
 
     # --- used by run() and by the serving loop's fast path (batchlab.fast_path) ------------------
-    def step_duration(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
-        """The duration of the next step with these features; consumes one noise draw.
+    def step_duration(self, num_seqs: int, num_tokens: int, attention_pairs: int,
+                      split: tuple[int, int] | None = None) -> float:
+        """The duration of the next step with these features; consumes one noise draw. ``split``
+        is ``(decode_seqs, decode_pairs)`` (``plan.decode_split``); None: every sequence decodes.
 
         The fast path (``batchlab.fast_path``) calls this directly for steps it does not build a
         plan for; the result is exactly what ``run`` would return for the same step.
         """
         if self._coefficients is None:
-            duration = self._cost_model.predict_features(num_seqs, num_tokens, attention_pairs)
+            decode_seqs, decode_pairs = split or (num_seqs, attention_pairs)
+            duration = self._cost_model.predict_split(num_seqs, num_tokens, attention_pairs, decode_seqs, decode_pairs)
         else:
             # cost_model.predict_features, written out: this runs once per simulated step.
             fixed, per_seq, per_token, per_pair = self._coefficients

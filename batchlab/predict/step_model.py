@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from batchlab.backends.cost_model import StepTimeModel
 from batchlab.backends.grounded_step import GroundedStep
+from batchlab.backends.measured_kernels import guess_split
 from batchlab.backends.measured_step import MeasuredStep
 from batchlab.predict.engine_flags import ENGINE_DATA, padded_tokens
 
@@ -36,22 +37,29 @@ class VllmStepModel(StepTimeModel):
     cpu_fixed_s: float = CPU["fixed_ms"] * 1e-3
     cpu_per_seq_s: float = CPU["per_seq_ms"] * 1e-3
 
-    def gpu_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
-        """The kernels' time, at the padded size."""
+    def gpu_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int, split: tuple[int, int]) -> float:
+        """The kernels' time, at the padded size; ``split`` is ``(decode_seqs, decode_pairs)``."""
         tokens = padded_tokens(num_tokens, self.cuda_graph_sizes)
         rows = tokens if num_tokens == num_seqs else num_seqs      # a decode step pads its rows too
         g = self.gpu
-        return (g.layers_seconds(tokens) + g.step_attention_seconds(num_seqs, num_tokens, attention_pairs)
+        return (g.layers_seconds(tokens) + g.step_attention_seconds(num_seqs, num_tokens, attention_pairs, split)
                 + g.edges_seconds(rows, tokens))
 
     def cpu_seconds(self, num_seqs: int) -> float:
         return self.cpu_fixed_s + self.cpu_per_seq_s * num_seqs
 
-    def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
+    def predict_split(self, num_seqs: int, num_tokens: int, attention_pairs: int, decode_seqs: int,
+                      decode_pairs: int) -> float:
         if num_seqs <= 0:
             return 0.0
-        gpu, cpu = self.gpu_seconds(num_seqs, num_tokens, attention_pairs), self.cpu_seconds(num_seqs)
+        gpu = self.gpu_seconds(num_seqs, num_tokens, attention_pairs, (decode_seqs, decode_pairs))
+        cpu = self.cpu_seconds(num_seqs)
         return max(gpu, cpu) if self.async_scheduling else gpu + cpu
+
+    def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
+        """Told only the totals: the split guessed as vLLM's scheduler builds a step (``guess_split``)."""
+        return self.predict_split(num_seqs, num_tokens, attention_pairs, *guess_split(num_seqs, num_tokens,
+                                                                                      attention_pairs))
 
 
 __all__ = ["VllmStepModel"]
