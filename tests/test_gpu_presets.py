@@ -84,7 +84,7 @@ def test_layer_split_over_gpus_by_hand():
     assert plain.small_op_elements(1) == 32 + 24 + 32 + 24
 
 
-@pytest.mark.parametrize("tp, message", [(3, "tensor_parallel=3; must divide num_heads=32, num_kv_heads=8"),
+@pytest.mark.parametrize("tp, message", [(3, "tensor_parallel=3; must divide num_heads=32, intermediate_size=14336, and divide num_kv_heads=8"),
                                          (0, "tensor_parallel=0; must be an int >= 1")])
 def test_tensor_parallel_must_divide_the_heads(tp, message):
     with pytest.raises(ValueError, match=re.escape(message)):

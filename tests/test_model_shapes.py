@@ -59,12 +59,28 @@ def test_a_config_json_reads_as_the_table_s_shape(tmp_path):
     assert qwen.head_dim == 64 and qwen.kv_bytes_per_token(2) == 2 * 32 * 8 * 64 * 2
 
 
+MIXTRAL_CONFIG = {**LLAMA3_CONFIG, "architectures": ["MixtralForCausalLM"], "num_local_experts": 8,
+                  "num_experts_per_tok": 2, "intermediate_size": 14336, "vocab_size": 32000, "num_key_value_heads": 8}
+
+
+def test_a_mixture_of_experts_counts_every_expert_s_weights():
+    mixtral = ModelShape.from_config(MIXTRAL_CONFIG, "mixtral", "test")
+    assert (mixtral.moe.num_experts, mixtral.moe.experts_per_token, mixtral.moe.intermediate_size) == (8, 2, 14336)
+    assert mixtral.num_params == pytest.approx(46.7e9, rel=0.01)          # Mixtral-8x7B's published 46.7B
+    qwen = {**LLAMA3_CONFIG, "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128, "num_experts_per_tok": 8,
+            "moe_intermediate_size": 768}
+    assert ModelShape.from_config(qwen, "qwen3-moe", "test").moe.intermediate_size == 768
+
+
 def test_configs_it_cannot_describe_are_refused_by_name(tmp_path):
-    moe = {**LLAMA3_CONFIG, "architectures": ["MixtralForCausalLM"], "num_local_experts": 8}
-    with pytest.raises(ValueError, match=r"architectures=\['MixtralForCausalLM'\]; must be one of .*mixture of "
-                                         r"experts \(num_local_experts\)"):
-        ModelShape.from_config(moe, "mixtral", "test")
-    with pytest.raises(ValueError, match=r"architectures=\['FalconForCausalLM'\].*not a dense Llama-style"):
+    with pytest.raises(ValueError, match=r"mixtral: an MoE config names num_local_experts"):
+        ModelShape.from_config({**LLAMA3_CONFIG, "architectures": ["MixtralForCausalLM"]}, "mixtral", "test")
+    shared = {**MIXTRAL_CONFIG, "architectures": ["Qwen2MoeForCausalLM"], "shared_expert_intermediate_size": 5632}
+    with pytest.raises(ValueError, match=r"shared_expert_intermediate_size=5632; must be 0 or absent.*not priced"):
+        ModelShape.from_config(shared, "qwen2-moe", "test")
+    with pytest.raises(ValueError, match=r"architectures=\['DeepseekV3ForCausalLM'\].*MLA and other attention"):
+        ModelShape.from_config({**LLAMA3_CONFIG, "architectures": ["DeepseekV3ForCausalLM"]}, "dsv3", "test")
+    with pytest.raises(ValueError, match=r"architectures=\['FalconForCausalLM'\].*not a Llama-style decoder"):
         ModelShape.from_config({**LLAMA3_CONFIG, "architectures": ["FalconForCausalLM"]}, "falcon", "test")
     with pytest.raises(ValueError, match=r"lacks \['vocab_size'\]"):
         ModelShape.from_config({k: v for k, v in LLAMA3_CONFIG.items() if k != "vocab_size"}, "x", "test")

@@ -28,7 +28,7 @@ from batchlab.backends.cost_model import nnls
 from batchlab.checks import fail
 
 # batchlab's GPU presets -> AIConfigurator's system folders (SXM boards, the ones it measured).
-SYSTEMS = {"H100": "h100_sxm", "H200": "h200_sxm", "A100": "a100_sxm", "B200": "b200_sxm", "L40S": "l40s"}
+SYSTEMS = {"H100": "h100_sxm", "H200": "h200_sxm", "A100": "a100_sxm"}
 GEMM_SOURCE = "torch.nn.functional.linear"
 MOE_SOURCE = "vllm_unquantizedfusedmoe_triton_tritonexperts"
 
@@ -55,10 +55,12 @@ def measured_versions(system: str, op: str) -> list[str]:
 
 
 def pick_version(system: str, op: str, wanted: str | None) -> str | None:
-    """The newest measured version, or the newest at or below ``wanted``; None when there is none."""
+    """The newest measured version; with ``wanted``, the newest at or below it, else the oldest
+    above it (the nearest measured); None when the op was never measured on this system."""
     versions = measured_versions(system, op)
-    if wanted is not None:
-        versions = [v for v in versions if version_key(v) <= version_key(wanted)]
+    if wanted is not None and versions:
+        below = [v for v in versions if version_key(v) <= version_key(wanted)]
+        return below[-1] if below else versions[0]
     return versions[-1] if versions else None
 
 
@@ -186,10 +188,13 @@ def guess_split(seqs: int, tokens: int, pairs: int) -> tuple[int, int]:
 
 def fit_phase(table, phase: str, heads: int, kv_heads: int, head_dim: int):
     """Coefficients of one phase's line, its median error, and the (heads, kv heads) it used."""
-    t = table[(table.head_dim == head_dim) & (table.kv_cache_dtype == "bfloat16") & (table.window_size == 0)]
+    window = table.window_size if "window_size" in table else 0     # older tables: no sliding window column
+    t = table[(table.head_dim == head_dim) & (table.kv_cache_dtype == "bfloat16") & (window == 0)]
     if t.empty:
         fail("head_dim", head_dim, f"one of {sorted(table.head_dim.unique())}", "the attention kernels measured")
-    t = t[t.kernel_source == t.kernel_source.value_counts().index[0]]
+    other = "prefill" if phase == "decode" else "decode"          # a table may hold the other phase's kernel too
+    sources = [name for name in t.kernel_source.value_counts().index if other not in name] or list(t.kernel_source)
+    t = t[t.kernel_source == sources[0]]
     configs = t[["num_heads", "num_key_value_heads"]].drop_duplicates().to_numpy()
     score = np.abs(np.log(configs[:, 0] / heads)) + 2 * np.abs(np.log(configs[:, 1] / kv_heads))
     h, kv = (int(v) for v in configs[int(np.argmin(score))])
@@ -265,8 +270,11 @@ class KernelTables:
     def load(cls, gpu: str, vllm_version: str | None = None) -> "KernelTables":
         return _load(gpu, vllm_version)
 
-    def describe(self) -> str:
-        parts = ", ".join(f"{op} {v}" for op, v in self.versions.items() if v)
+    def describe(self, wanted: str | None = None) -> str:
+        """Which tables, at which vLLM versions; a version other than ``wanted`` is flagged."""
+        parts = ", ".join(f"{op} {v}" + (f" (WARNING: none measured at {wanted}; the nearest)"
+                                         if wanted and version_key(v) != version_key(wanted) else "")
+                          for op, v in self.versions.items() if v)
         return f"measured vLLM kernels on {self.system} (AIConfigurator's database: {parts})"
 
     @functools.lru_cache(maxsize=None)
@@ -315,11 +323,11 @@ def _load(gpu: str, vllm_version: str | None) -> KernelTables:
     versions = {name: pick_version(system, folder, vllm_version) for name, (folder, _) in ops.items()}
     for name in ("gemm", "attention"):
         if versions[name] is None:
-            have = measured_versions(system, ops[name][0])
-            fail("vllm_version", vllm_version, f"at least the oldest measured on {gpu}: {have}",
-                 f"no {name} kernels of that version or older")
+            fail("gpu", gpu, f"one of {sorted(SYSTEMS)}", f"no measured vLLM {name} kernels in {system}")
     gemm = read_table(system, "gemm", versions["gemm"], "gemm")
-    gemm = gemm[(gemm.gemm_dtype == "bfloat16") & (gemm.kernel_source == GEMM_SOURCE)]
+    gemm = gemm[gemm.gemm_dtype == "bfloat16"]
+    if (gemm.kernel_source == GEMM_SOURCE).any():       # older tables name it vllm_default
+        gemm = gemm[gemm.kernel_source == GEMM_SOURCE]
     context = read_table(system, "attention", versions["attention"], "context_attention")
     generation = read_table(system, "attention", versions["attention"], "generation_attention")
     comm = versions["all_reduce"] and AllReduceTable.from_frame(

@@ -51,6 +51,7 @@ class MeasuredStep:
         tp, layer = self.tensor_parallel, self.shape.layer
         fit = self.tables.attention(layer.num_heads // tp, layer.kv_heads_per_gpu(tp), layer.head_dim)
         object.__setattr__(self, "_attention", fit)
+        self.mlp_seconds(1)             # an MoE layer nobody measured is refused here, not mid-run
 
     @property
     def attention_fit(self):

@@ -124,7 +124,7 @@ class Deployment:
         gpu = self._step.gpu
         if isinstance(gpu, MeasuredStep):
             fit = gpu.attention_fit
-            return (f"kernels: {gpu.tables.describe()}; attention fitted to the measured kernels of "
+            return (f"kernels: {gpu.tables.describe(self.vllm_version)}; attention fitted to the measured kernels of "
                     f"{fit.measured_heads['prefill']} / {fit.measured_heads['decode']} heads (prefill / decode, "
                     f"median error {fit.median_error['prefill']:.0%} / {fit.median_error['decode']:.0%})")
         return (f"kernels: ROOFLINE-BASED ESTIMATE for {self.gpu} (no measured vLLM kernels: the preset's kernel "

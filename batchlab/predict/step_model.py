@@ -37,8 +37,10 @@ class VllmStepModel(StepTimeModel):
     cpu_fixed_s: float = CPU["fixed_ms"] * 1e-3
     cpu_per_seq_s: float = CPU["per_seq_ms"] * 1e-3
 
-    def gpu_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int, split: tuple[int, int]) -> float:
-        """The kernels' time, at the padded size; ``split`` is ``(decode_seqs, decode_pairs)``."""
+    def gpu_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int,
+                    split: tuple[int, int] | None = None) -> float:
+        """The kernels' time, at the padded size; ``split`` is ``(decode_seqs, decode_pairs)``
+        (None: guessed from the totals, ``guess_split``)."""
         tokens = padded_tokens(num_tokens, self.cuda_graph_sizes)
         rows = tokens if num_tokens == num_seqs else num_seqs      # a decode step pads its rows too
         g = self.gpu
@@ -57,9 +59,9 @@ class VllmStepModel(StepTimeModel):
         return max(gpu, cpu) if self.async_scheduling else gpu + cpu
 
     def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
-        """Told only the totals: the split guessed as vLLM's scheduler builds a step (``guess_split``)."""
-        return self.predict_split(num_seqs, num_tokens, attention_pairs, *guess_split(num_seqs, num_tokens,
-                                                                                      attention_pairs))
+        """Told only the totals: the split guessed as vLLM's scheduler builds a step."""
+        return self.predict_split(num_seqs, num_tokens, attention_pairs,
+                                  *guess_split(num_seqs, num_tokens, attention_pairs))
 
 
 __all__ = ["VllmStepModel"]
