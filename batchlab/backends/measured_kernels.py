@@ -157,23 +157,28 @@ class AttentionFit:
     median_error: dict          # phase -> median |relative error| of the fit on its rows
     measured_heads: dict        # phase -> (heads, kv heads) the rows came from
 
-    def _phase(self, phase: str, seqs, tokens, pairs) -> float:
-        coef = self.decode if phase == "decode" else self.prefill
-        x = phase_features(phase, seqs, tokens, pairs, self.heads, self.kv_heads, self.head_dim)
-        return float(x[1:] @ np.array(coef[1:]))
+    def __post_init__(self) -> None:
+        # per-unit costs in scalars (this runs once per simulated step): s per sequence, per pair
+        # read or computed, per prompt token moved, per cached key read
+        kv, h, d = self.kv_heads, self.heads, self.head_dim
+        dec, pre = self.decode, self.prefill
+        object.__setattr__(self, "_dec", (dec[0], dec[1], dec[2] * 4 * kv * d + dec[3] * 4 * h * d))
+        object.__setattr__(self, "_pre", (pre[0], pre[1], pre[2] * (4 * h + 4 * kv) * d, pre[3] * 4 * h * d,
+                                          pre[2] * 4 * kv * d))
 
     def seconds(self, seqs: int, tokens: int, pairs: int, decode_seqs: int, decode_pairs: int) -> float:
         """One layer's attention for a step of ``seqs`` sequences (``decode_seqs`` of them one-token
         decodes with ``decode_pairs`` pairs), ``tokens`` tokens and ``pairs`` query-key pairs."""
         t = 0.0
         if decode_seqs:
-            t += self.decode[0] + self._phase("decode", decode_seqs, decode_seqs, decode_pairs)
+            fixed, per_seq, per_pair = self._dec
+            t = fixed + per_seq * decode_seqs + per_pair * decode_pairs
         chunks, n, chunk_pairs = seqs - decode_seqs, tokens - decode_seqs, pairs - decode_pairs
         if chunks:
-            t = max(t, self.prefill[0]) + self._phase("prefill", chunks, n, chunk_pairs)
+            fixed, per_seq, per_token, per_pair, per_key = self._pre
             cached = max(0.0, chunk_pairs - n * (n / chunks + 1) / 2)      # beyond the causal triangles
-            tile = min(QUERY_TILE, max(1.0, n / chunks))
-            t += self.prefill[2] * cached / tile * 2 * self.kv_heads * self.head_dim * 2
+            keys = cached / min(QUERY_TILE, max(1.0, n / chunks))
+            t = max(t, fixed) + per_seq * chunks + per_token * n + per_pair * chunk_pairs + per_key * keys
         return t
 
 
