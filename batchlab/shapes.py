@@ -281,7 +281,8 @@ def moe_from_config(config: dict, name: str) -> MoEShape:
 def load_model_shapes(path: str | Path = SHAPES_PATH) -> dict[str, ModelShape]:
     """Every shape in ``batchlab/shapes.json`` (or ``path``), by name."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return {name: ModelShape(name=name, **fields) for name, fields in data["models"].items()}
+    return {name: ModelShape(name=name, **{**fields, "moe": MoEShape(**fields["moe"]) if "moe" in fields else None})
+            for name, fields in data["models"].items()}
 
 
 MODEL_SHAPES: dict[str, ModelShape] = load_model_shapes()

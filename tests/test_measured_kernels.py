@@ -112,3 +112,12 @@ def test_a_vllm_version_picks_the_nearest_measured_tables():
     assert "WARNING: none measured at 0.15.1" in old.describe("0.15.1")
     assert "WARNING" not in KernelTables.load("H100").describe()
     assert np.isfinite(KernelTables.load("A100").gemm_seconds(100, 4096, 4096))
+
+
+def test_the_roofline_refuses_experts_and_the_shapes_table_holds_mixtral():
+    from batchlab.backends.roofline import MODEL_SHAPES, RooflineCostModel
+
+    mixtral = MODEL_SHAPES["Mixtral-8x7B"]
+    assert mixtral.num_params == pytest.approx(46.7e9, rel=0.005) and mixtral.moe.experts_per_token == 2
+    with pytest.raises(ValueError, match="shape='Mixtral-8x7B'; must be a dense model"):
+        RooflineCostModel(mixtral, 3.35e12, 989e12, 2)

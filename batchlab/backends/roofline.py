@@ -95,6 +95,9 @@ class RooflineCostModel(StepTimeModel):
         check_int("num_sms", self.num_sms, allow_none=True)
         if not isinstance(self.shape, ModelShape):
             raise ValueError(f"shape={self.shape!r}; must be a ModelShape (e.g. MODEL_SHAPES['SmolLM2-135M'])")
+        if self.shape.moe is not None:
+            raise ValueError(f"shape={self.shape.name!r}; must be a dense model: the roofline reads every weight per "
+                             "step, which experts do not (batchlab.predict prices experts from measured kernels)")
         check_number("bandwidth_Bps", self.bandwidth_Bps, strict=True)
         check_number("peak_flops", self.peak_flops, strict=True)
         if self.dtype_bytes not in (1, 2, 4):
