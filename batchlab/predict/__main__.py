@@ -23,6 +23,7 @@ from batchlab.backends.device_presets import load_device_presets
 from batchlab.cluster.policies import ROUTING_POLICIES
 from batchlab.predict.deployment import Deployment, predict
 from batchlab.predict.engine_flags import DTYPES, EngineFlags
+from batchlab.predict.recommend import SLO, recommend
 from batchlab.predict.traffic import ARRIVAL_KINDS, TrafficSpec, read_trace
 from batchlab.shapes import MODEL_SHAPES
 
@@ -38,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m batchlab.predict",
                       description="Predict a vLLM deployment's latencies and throughput on GPUs, before renting them.")
     p.add_argument("--model", required=True, help=f"one of {sorted(MODEL_SHAPES)}, or a config.json path")
-    p.add_argument("--gpu", required=True, help=f"a preset: {sorted(load_device_presets())}")
+    p.add_argument("--gpu", required=True, help=f"a preset: {sorted(load_device_presets())} (with --recommend, "
+                                                "several, comma-separated)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1, help="replicas behind a router")
     p.add_argument("--routing", default="least_outstanding", help=f"the router's policy: {list(ROUTING_POLICIES)}")
@@ -70,8 +72,41 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument("--num-prefix-groups", type=int, default=1, help="distinct shared prefixes")
     load.add_argument("--seed", type=int, default=0)
     p.add_argument("--metric-percentiles", default="50,90,99", help="comma-separated, e.g. 50,90,99")
+    rec = p.add_argument_group("--recommend: the cheapest deployments meeting an SLO at --request-rate")
+    rec.add_argument("--recommend", action="store_true", help="search GPUs x TP x replicas x batch knobs")
+    rec.add_argument("--slo-ttft-ms", type=float)
+    rec.add_argument("--slo-tpot-ms", type=float)
+    rec.add_argument("--slo-percentile", type=float, default=99.0)
+    rec.add_argument("--max-gpus", type=int, default=8, help="the most GPUs a deployment may use")
+    rec.add_argument("--gpu-hour-usd", help="prices per GPU-hour, e.g. H100=2.5,A100=1.6 (adds $ per M tokens)")
     p.add_argument("--out", help="write vllm bench serve's result JSON here")
     return p
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """``H100=2.5,A100=1.6`` as a dict (one line naming a bad entry)."""
+    prices = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        gpu, _, price = item.partition("=")
+        try:
+            prices[gpu.strip()] = float(price)
+        except ValueError:
+            raise ValueError(f"gpu_hour_usd={item!r}; must be GPU=dollars, e.g. H100=2.5") from None
+    return prices
+
+
+def run_recommend(args: argparse.Namespace, flags: EngineFlags, traffic) -> list[str]:
+    """The --recommend search, in lines."""
+    slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile)
+    gpus = [g.strip() for g in args.gpu.split(",") if g.strip()]
+    table, search = recommend(args.model, gpus, traffic, slo, args.max_gpus, flags=flags,
+                              usd_per_gpu_hour=parse_prices(args.gpu_hour_usd), vllm_version=args.vllm_version)
+    lines = [f"the cheapest deployments of {args.model} meeting {slo.describe()} for {traffic.describe()}",
+             f"({search['predictions']} candidates predicted in {search['seconds']:.0f} s; margins: how far under "
+             "each bound; cost: GPU-hours per million output tokens)", ""]
+    return lines + table.to_string(float_format=lambda v: f"{v:,.3g}").splitlines()
 
 
 def run(args: argparse.Namespace) -> list[str]:
@@ -79,14 +114,18 @@ def run(args: argparse.Namespace) -> list[str]:
                         args.enable_prefix_caching, args.block_size, args.gpu_memory_utilization,
                         args.max_model_len, args.dtype, args.enforce_eager, args.async_scheduling,
                         args.enable_expert_parallel)
-    deployment = Deployment(args.model, args.gpu, args.tensor_parallel_size, args.data_parallel_size, flags,
-                            args.routing, args.vllm_version)
     if args.trace:
         traffic = read_trace(args.trace)
     else:
         traffic = TrafficSpec(args.num_prompts, args.request_rate, args.burstiness, args.arrival, args.input_len,
                               args.output_len, args.range_ratio, args.prefix_len, args.num_prefix_groups,
                               args.seed).generate()
+    if args.recommend:
+        if not args.trace and args.request_rate == math.inf:
+            raise ValueError("request_rate=inf; --recommend needs a rate to meet (--request-rate) or a --trace")
+        return run_recommend(args, flags, traffic)
+    deployment = Deployment(args.model, args.gpu, args.tensor_parallel_size, args.data_parallel_size, flags,
+                            args.routing, args.vllm_version)
     try:
         percentiles = tuple(float(p) for p in args.metric_percentiles.split(","))
     except ValueError:

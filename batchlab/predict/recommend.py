@@ -1,0 +1,161 @@
+"""``--recommend``: the cheapest vLLM deployments that meet a latency SLO at a rate, searched.
+
+For each GPU given, each TP degree that splits the model and fits its weights, and each pair of
+vLLM's batch knobs in ``KNOBS`` (``--max-num-seqs`` x ``--max-num-batched-tokens``), the fewest
+replicas whose SLO holds is found by bisection on one replica serving every ``r``-th request (a
+router that splits the load evenly). The cheapest of those configurations are then predicted
+whole, every replica behind the router, and the ones that still meet the SLO are ranked by
+GPU-hours per million output tokens, or by dollars when every GPU has a price per GPU-hour;
+each (GPU, TP, replicas) once, with its cheapest knobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from batchlab.checks import check_int, check_number, fail
+from batchlab.predict.deployment import Deployment, predict
+from batchlab.predict.engine_flags import EngineFlags
+from batchlab.predict.traffic import Traffic
+
+TP_DEGREES = (1, 2, 4, 8)
+KNOBS = ((None, None), (256, None), (64, None), (None, 2048), (64, 2048))   # (max_num_seqs, budget); None: default
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Bounds on TTFT and TPOT (ms, None: unbounded) at one ``percentile``."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    percentile: float = 99.0
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms is None and self.tpot_ms is None:
+            fail("slo_ttft_ms", None, "a bound, or slo_tpot_ms one", "--slo-ttft-ms and/or --slo-tpot-ms")
+        for name in ("ttft_ms", "tpot_ms"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), strict=True, hint=f"--slo-{name.replace('_', '-')}")
+        check_number("percentile", self.percentile, strict=True, hint="--slo-percentile")
+        if self.percentile >= 100:
+            fail("percentile", self.percentile, "a number in (0, 100)", "--slo-percentile")
+
+    def bounds(self) -> dict[str, float]:
+        return {m: b for m, b in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms)) if b is not None}
+
+    def margins(self, result: Mapping) -> dict[str, float]:
+        """Per bounded metric, how far under its bound the prediction is (0.2: 20% to spare)."""
+        return {m: 1 - result[f"p{self.percentile:g}_{m}_ms"] / b for m, b in self.bounds().items()}
+
+    def describe(self) -> str:
+        return " and ".join(f"{m.upper()} p{self.percentile:g} < {b:g} ms" for m, b in self.bounds().items())
+
+
+def every_rth(traffic: Traffic, r: int) -> Traffic:
+    """Every ``r``-th request: one replica's share of an evenly split load."""
+    return dataclasses.replace(traffic, arrival_s=traffic.arrival_s[::r], input_tokens=traffic.input_tokens[::r],
+                               output_tokens=traffic.output_tokens[::r], prefix_group=traffic.prefix_group[::r],
+                               prefix_len=traffic.prefix_len[::r])
+
+
+def meets(deployment: Deployment, traffic: Traffic, slo: SLO) -> tuple[bool, dict]:
+    """Whether ``deployment`` serving ``traffic`` keeps up and meets ``slo``; its result keys."""
+    prediction = predict(deployment, traffic, (50, slo.percentile))
+    result = prediction.bench_result()
+    ok = not prediction.saturation()["saturated"] and min(slo.margins(result).values()) >= 0
+    return ok, result
+
+
+def fewest_replicas(make, traffic: Traffic, slo: SLO, most: int) -> tuple[int | None, int]:
+    """The fewest replicas (1..``most``) whose one-replica share meets ``slo``, by bisection;
+    None if even ``most`` do not. Also how many predictions it took."""
+    lo, hi, runs = 1, most, 1
+    if not meets(make(1), every_rth(traffic, most), slo)[0]:
+        return None, runs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        runs += 1
+        if meets(make(1), every_rth(traffic, mid), slo)[0]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, runs
+
+
+def configurations(model, gpus: Sequence[str], max_gpus: int, base: EngineFlags, vllm_version: str | None):
+    """Every (gpu, tp, flags) whose deployment vLLM would start (the rest are skipped)."""
+    seen = set()
+    for gpu in gpus:
+        for tp in (t for t in TP_DEGREES if t <= max_gpus):
+            for seqs, budget in KNOBS:
+                flags = dataclasses.replace(base, max_num_seqs=seqs or base.max_num_seqs,
+                                            max_num_batched_tokens=budget or base.max_num_batched_tokens)
+                try:
+                    resolved = Deployment(model, gpu, tp, flags=flags, vllm_version=vllm_version).resolved_flags
+                except ValueError:
+                    continue                         # does not split, does not fit, or vLLM would refuse
+                if (gpu, tp, resolved) not in seen:
+                    seen.add((gpu, tp, resolved))
+                    yield gpu, tp, resolved
+
+
+def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: int = 8, top: int = 5,
+              flags: EngineFlags | None = None, usd_per_gpu_hour: Mapping[str, float] | None = None,
+              vllm_version: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """The ``top`` cheapest deployments meeting ``slo`` for ``traffic`` (see the module docstring),
+    and what the search did (candidates predicted, seconds)."""
+    check_int("max_gpus", max_gpus, hint="--max-gpus")
+    check_int("top", top)
+    wall, runs, found = time.perf_counter(), 0, []
+    for gpu, tp, f in configurations(model, gpus, max_gpus, flags or EngineFlags(), vllm_version):
+        def make(replicas: int, gpu=gpu, tp=tp, f=f) -> Deployment:
+            return Deployment(model, gpu, tp, replicas, flags=f, vllm_version=vllm_version)
+        replicas, n = fewest_replicas(make, traffic, slo, max_gpus // tp)
+        runs += n
+        if replicas is not None:
+            found.append((tp * replicas, gpu, tp, replicas, f, make))
+    if not found:
+        fail("slo", slo.describe(), f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
+             f"at {traffic.describe().split(' (')[0]}; raise --max-gpus or loosen the SLO")
+    rows = []
+    for num_gpus, gpu, tp, replicas, f, make in sorted(found, key=lambda c: c[0])[:3 * top]:
+        for r in (replicas, replicas + 1):          # whole: every replica behind the router
+            if tp * r > max_gpus:
+                break
+            runs += 1
+            ok, result = meets(make(r), traffic, slo)
+            if ok:
+                rows.append(row(gpu, tp, r, f, result, slo, usd_per_gpu_hour))
+                break
+    if not rows:
+        fail("slo", slo.describe(), f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
+             "whole, behind the router (its replicas' shares met it alone); raise --max-gpus")
+    table = pd.DataFrame(rows)
+    cost = "usd_per_M_tokens" if "usd_per_M_tokens" in table and table["usd_per_M_tokens"].notna().all() else \
+        "gpu_hours_per_M_tokens"
+    table = table.sort_values([cost, "num_gpus"]).drop_duplicates(["gpu", "tp", "replicas"])   # the cheapest knobs
+    table = table.head(top).reset_index(drop=True)
+    return table, {"predictions": runs, "seconds": time.perf_counter() - wall}
+
+
+def row(gpu: str, tp: int, replicas: int, flags: EngineFlags, result: Mapping, slo: SLO,
+        usd_per_gpu_hour: Mapping[str, float] | None) -> dict:
+    """One recommendation: the deployment, its percentiles and margins, its price per token."""
+    gpu_hours = tp * replicas / (result["output_throughput"] * 3600 / 1e6)
+    out = {"gpu": gpu, "tp": tp, "replicas": replicas, "num_gpus": tp * replicas,
+           "max_num_seqs": flags.max_num_seqs, "max_num_batched_tokens": flags.max_num_batched_tokens,
+           f"ttft_p{slo.percentile:g}_ms": result[f"p{slo.percentile:g}_ttft_ms"],
+           f"tpot_p{slo.percentile:g}_ms": result[f"p{slo.percentile:g}_tpot_ms"],
+           **{f"{m}_margin": v for m, v in slo.margins(result).items()},
+           "gpu_hours_per_M_tokens": gpu_hours}
+    if usd_per_gpu_hour and gpu in usd_per_gpu_hour:
+        out["usd_per_M_tokens"] = gpu_hours * usd_per_gpu_hour[gpu]
+    return out
+
+
+__all__ = ["KNOBS", "SLO", "TP_DEGREES", "every_rth", "recommend"]

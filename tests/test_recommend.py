@@ -1,0 +1,53 @@
+"""batchlab.predict.recommend: the cheapest deployments meeting an SLO, searched."""
+
+import re
+
+import pytest
+
+from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict
+from batchlab.predict.__main__ import main as cli
+from batchlab.predict.recommend import SLO, every_rth, recommend
+
+TRAFFIC = TrafficSpec(300, 12.0, input_len=600, output_len=120, seed=3).generate()
+
+
+@pytest.fixture(scope="module")
+def searched():
+    return recommend("Llama-3-8B", ["H100"], TRAFFIC, SLO(ttft_ms=400, tpot_ms=20), max_gpus=4, top=3)
+
+
+def test_every_recommendation_meets_the_slo_when_predicted_again(searched):
+    table, search = searched
+    assert search["predictions"] >= 10 and len(table) >= 1
+    assert (table[["ttft_margin", "tpot_margin"]] >= 0).all().all()
+    assert list(table["gpu_hours_per_M_tokens"]) == sorted(table["gpu_hours_per_M_tokens"])
+    best = table.iloc[0]
+    flags = EngineFlags(int(best.max_num_seqs), int(best.max_num_batched_tokens))
+    r = predict(Deployment("Llama-3-8B", "H100", int(best.tp), int(best.replicas), flags), TRAFFIC,
+                (50, 99)).bench_result()
+    assert r["p99_tpot_ms"] < 20 and r["p99_ttft_ms"] < 400
+
+
+def test_a_tighter_slo_never_needs_fewer_gpus(searched):
+    tight, _ = recommend("Llama-3-8B", ["H100"], TRAFFIC, SLO(ttft_ms=400, tpot_ms=8), max_gpus=4, top=3)
+    assert tight.iloc[0].num_gpus >= searched[0].iloc[0].num_gpus
+    assert tight.iloc[0].tpot_p99_ms < 8
+
+
+def test_one_replica_s_share_is_every_rth_request():
+    share = every_rth(TRAFFIC, 3)
+    assert len(share) == 100 and share.arrival_s[1] == TRAFFIC.arrival_s[3]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], r"slo_ttft_ms=None; must be a bound, or slo_tpot_ms one"),
+    (["--slo-tpot-ms", "5", "--slo-percentile", "100"], r"percentile=100.0; must be a number in \(0, 100\)"),
+    (["--slo-tpot-ms", "0.5", "--max-gpus", "2"], r"slo='TPOT p99 < 0.5 ms'; must be met by some deployment"),
+    (["--slo-tpot-ms", "50", "--gpu-hour-usd", "H100=cheap"], r"gpu_hour_usd='H100=cheap'; must be GPU=dollars"),
+])
+def test_bad_searches_end_in_one_line(extra, message, capsys):
+    argv = ["--recommend", "--model", "Llama-3-8B", "--gpu", "H100", "--request-rate", "10", "--num-prompts", "50"]
+    assert cli(argv + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert re.search(message, err), err
