@@ -10,8 +10,9 @@
                      time, a whole step summed kernel by kernel (models' shapes: ``batchlab.shapes``)
 - ``kernel_profiles``, ``kernel_fit``  measured kernel times (``data/gpu_kernels/``) read, compared
                      with a preset, and fitted into one
-- ``measured_kernels``, ``measured_step``  vLLM's own kernels measured per GPU and vLLM version
-                     (AIConfigurator's tables in ``aiconfigurator-core``), and a step summed from them
+- ``measured_kernels``, ``attention_fit``, ``measured_step``  vLLM's own kernels measured per GPU
+                     and vLLM version (AIConfigurator's tables in ``aiconfigurator-core``), attention
+                     fitted to them, and a step summed from them
 
 Why a folder: the engine sees only ``Backend``; everything that decides *how long a step takes*
 (measured or predicted) lives here. Calibration (measuring the real model to fit a cost model)

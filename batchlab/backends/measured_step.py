@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from batchlab.backends.kernels import KernelModel
-from batchlab.backends.measured_kernels import KernelTables, guess_split
+from batchlab.backends.attention_fit import guess_split
+from batchlab.backends.measured_kernels import KernelTables
 from batchlab.checks import check_int, fail
 from batchlab.shapes import SMALL_OPS_PER_LAYER, ModelShape
 
