@@ -19,7 +19,7 @@ def searched():
 def test_every_recommendation_meets_the_slo_when_predicted_again(searched):
     table, search = searched
     assert search["predictions"] >= 10 and len(table) >= 1
-    assert (table[["ttft_margin", "tpot_margin"]] >= 0).all().all()
+    assert (table[["ttft_margin", "tpot_margin"]] >= 0).all().all() and set(table["layout"]) == {"replicas"}
     assert list(table["gpu_hours_per_M_tokens"]) == sorted(table["gpu_hours_per_M_tokens"])
     best = table.iloc[0]
     flags = EngineFlags(int(best.max_num_seqs), int(best.max_num_batched_tokens))
@@ -51,3 +51,19 @@ def test_bad_searches_end_in_one_line(extra, message, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert re.search(message, err), err
+
+
+def test_prefill_decode_splits_join_the_search_and_meet_the_slo():
+    from batchlab.predict import predict_disaggregated
+
+    long_prompts = TrafficSpec(120, 6.0, input_len=3000, output_len=60, seed=4).generate()
+    slo = SLO(ttft_ms=1500, tpot_ms=25)
+    table, _ = recommend("Llama-3-8B", ["H100"], long_prompts, slo, max_gpus=3, top=10, pd_link="nvlink4")
+    assert set(table["layout"]) >= {"replicas"}
+    splits = table[table["layout"].str.startswith("P/D")]
+    assert len(splits) >= 1, table
+    first = splits.iloc[0]
+    num_prefill, num_decode = (int(x) for x in first.layout.split()[1].split(":"))
+    d = Deployment("Llama-3-8B", "H100", int(first.tp))
+    r = predict_disaggregated(d, d, num_prefill, num_decode, long_prompts, "nvlink4", (50, 99)).bench_result()
+    assert r["p99_ttft_ms"] < 1500 and r["p99_tpot_ms"] < 25

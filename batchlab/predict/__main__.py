@@ -79,6 +79,8 @@ def parser() -> argparse.ArgumentParser:
     rec.add_argument("--slo-percentile", type=float, default=99.0)
     rec.add_argument("--max-gpus", type=int, default=8, help="the most GPUs a deployment may use")
     rec.add_argument("--gpu-hour-usd", help="prices per GPU-hour, e.g. H100=2.5,A100=1.6 (adds $ per M tokens)")
+    rec.add_argument("--pd-link", default="nvlink4", help="prefill/decode splits join the search, the KV crossing "
+                                                          "this link (KV_LINKS); 'none': no splits")
     p.add_argument("--out", help="write vllm bench serve's result JSON here")
     return p
 
@@ -102,7 +104,8 @@ def run_recommend(args: argparse.Namespace, flags: EngineFlags, traffic) -> list
     slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile)
     gpus = [g.strip() for g in args.gpu.split(",") if g.strip()]
     table, search = recommend(args.model, gpus, traffic, slo, args.max_gpus, flags=flags,
-                              usd_per_gpu_hour=parse_prices(args.gpu_hour_usd), vllm_version=args.vllm_version)
+                              usd_per_gpu_hour=parse_prices(args.gpu_hour_usd), vllm_version=args.vllm_version,
+                              pd_link=None if args.pd_link == "none" else args.pd_link)
     lines = [f"the cheapest deployments of {args.model} meeting {slo.describe()} for {traffic.describe()}",
              f"({search['predictions']} candidates predicted in {search['seconds']:.0f} s; margins: how far under "
              "each bound; cost: GPU-hours per million output tokens)", ""]

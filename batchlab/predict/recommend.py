@@ -6,7 +6,9 @@ replicas whose SLO holds is found by bisection on one replica serving every ``r`
 router that splits the load evenly). The cheapest of those configurations are then predicted
 whole, every replica behind the router, and the ones that still meet the SLO are ranked by
 GPU-hours per million output tokens, or by dollars when every GPU has a price per GPU-hour;
-each (GPU, TP, replicas) once, with its cheapest knobs.
+each (GPU, TP, replicas) once, with its cheapest knobs. With ``pd=True`` prefill/decode splits
+of the same GPUs and TP join the search (``predict_disaggregated``, the KV over ``link``): for
+each, the fewest GPUs whose split meets the SLO, scanned from two GPUs up.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from batchlab.checks import check_int, check_number, fail
-from batchlab.predict.deployment import Deployment, predict
+from batchlab.predict.deployment import Deployment, predict, predict_disaggregated
 from batchlab.predict.engine_flags import EngineFlags
 from batchlab.predict.traffic import Traffic
 
@@ -63,9 +65,13 @@ def every_rth(traffic: Traffic, r: int) -> Traffic:
                                prefix_len=traffic.prefix_len[::r])
 
 
-def meets(deployment: Deployment, traffic: Traffic, slo: SLO) -> tuple[bool, dict]:
-    """Whether ``deployment`` serving ``traffic`` keeps up and meets ``slo``; its result keys."""
-    prediction = predict(deployment, traffic, (50, slo.percentile))
+def meets(deployment: Deployment, traffic: Traffic, slo: SLO, split: tuple[int, int, str] | None = None
+          ) -> tuple[bool, dict]:
+    """Whether ``deployment`` serving ``traffic`` keeps up and meets ``slo``; its result keys.
+    ``split``: ``(num_prefill, num_decode, link)`` copies of it as a disaggregated pair of pools."""
+    percentiles = (50, slo.percentile)
+    prediction = (predict(deployment, traffic, percentiles) if split is None else
+                  predict_disaggregated(deployment, deployment, *split[:2], traffic, split[2], percentiles))
     result = prediction.bench_result()
     ok = not prediction.saturation()["saturated"] and min(slo.margins(result).values()) >= 0
     return ok, result
@@ -104,9 +110,23 @@ def configurations(model, gpus: Sequence[str], max_gpus: int, base: EngineFlags,
                     yield gpu, tp, resolved
 
 
+def cheapest_split(deployment: Deployment, traffic: Traffic, slo: SLO, max_gpus: int, link: str):
+    """The fewest GPUs split as prefill and decode copies of ``deployment`` that meet ``slo``
+    (from two GPUs up; for each total, decode-heavy splits first): ``(num_prefill, num_decode,
+    result)`` or None; and how many predictions it took."""
+    tp, runs = deployment.tensor_parallel_size, 0
+    for copies in range(2, max_gpus // tp + 1):
+        for num_prefill in range(1, copies):
+            runs += 1
+            ok, result = meets(deployment, traffic, slo, (num_prefill, copies - num_prefill, link))
+            if ok:
+                return (num_prefill, copies - num_prefill, result), runs
+    return None, runs
+
+
 def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: int = 8, top: int = 5,
               flags: EngineFlags | None = None, usd_per_gpu_hour: Mapping[str, float] | None = None,
-              vllm_version: str | None = None) -> tuple[pd.DataFrame, dict]:
+              vllm_version: str | None = None, pd_link: str | None = None) -> tuple[pd.DataFrame, dict]:
     """The ``top`` cheapest deployments meeting ``slo`` for ``traffic`` (see the module docstring),
     and what the search did (candidates predicted, seconds)."""
     check_int("max_gpus", max_gpus, hint="--max-gpus")
@@ -130,24 +150,33 @@ def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: 
             runs += 1
             ok, result = meets(make(r), traffic, slo)
             if ok:
-                rows.append(row(gpu, tp, r, f, result, slo, usd_per_gpu_hour))
+                rows.append(row(gpu, tp, r, f, result, slo, usd_per_gpu_hour, "replicas"))
                 break
+    if pd_link is not None:                                  # prefill/decode splits, vLLM's default knobs
+        for gpu, tp in sorted({(gpu, tp) for _, gpu, tp, *_ in found}):
+            deployment = Deployment(model, gpu, tp, flags=flags or EngineFlags(), vllm_version=vllm_version)
+            split, n = cheapest_split(deployment, traffic, slo, max_gpus, pd_link)
+            runs += n
+            if split is not None:
+                rows.append(row(gpu, tp, split[0] + split[1], deployment.resolved_flags, split[2], slo,
+                                usd_per_gpu_hour, f"P/D {split[0]}:{split[1]}"))
     if not rows:
         fail("slo", slo.describe(), f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
              "whole, behind the router (its replicas' shares met it alone); raise --max-gpus")
     table = pd.DataFrame(rows)
     cost = "usd_per_M_tokens" if "usd_per_M_tokens" in table and table["usd_per_M_tokens"].notna().all() else \
         "gpu_hours_per_M_tokens"
-    table = table.sort_values([cost, "num_gpus"]).drop_duplicates(["gpu", "tp", "replicas"])   # the cheapest knobs
+    table = table.sort_values([cost, "num_gpus"]).drop_duplicates(["gpu", "tp", "layout", "replicas"])  # cheapest knobs
     table = table.head(top).reset_index(drop=True)
     return table, {"predictions": runs, "seconds": time.perf_counter() - wall}
 
 
 def row(gpu: str, tp: int, replicas: int, flags: EngineFlags, result: Mapping, slo: SLO,
-        usd_per_gpu_hour: Mapping[str, float] | None) -> dict:
-    """One recommendation: the deployment, its percentiles and margins, its price per token."""
+        usd_per_gpu_hour: Mapping[str, float] | None, layout: str) -> dict:
+    """One recommendation: the deployment (``replicas`` copies of TP ``tp``, as replicas behind a
+    router or a P/D split), its percentiles and margins, its price per token."""
     gpu_hours = tp * replicas / (result["output_throughput"] * 3600 / 1e6)
-    out = {"gpu": gpu, "tp": tp, "replicas": replicas, "num_gpus": tp * replicas,
+    out = {"gpu": gpu, "tp": tp, "layout": layout, "replicas": replicas, "num_gpus": tp * replicas,
            "max_num_seqs": flags.max_num_seqs, "max_num_batched_tokens": flags.max_num_batched_tokens,
            f"ttft_p{slo.percentile:g}_ms": result[f"p{slo.percentile:g}_ttft_ms"],
            f"tpot_p{slo.percentile:g}_ms": result[f"p{slo.percentile:g}_tpot_ms"],
