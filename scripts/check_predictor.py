@@ -1,6 +1,6 @@
 """Check batchlab.predict against measured vLLM serving runs, stage by stage, and print the errors.
 
-    .venv/bin/python scripts/check_predictor.py RUNS.jsonl [--gpu H100] [--max-requests N]
+    .venv/bin/python scripts/check_predictor.py RUNS.jsonl [--gpu H100] [--max-requests N] [--peers]
 
 RUNS.jsonl holds one JSON object per measured load stage (the project ships none: use public runs
 whose licence you have checked). Each object has ``model`` (a Hugging Face name such as
@@ -21,12 +21,22 @@ from its ``model_configs/<name>/config.json`` when the shapes table does not hol
 
 The last line is the median absolute error over TTFT, TPOT and E2E p50 of every stage the
 predictor can express, and how many saturation verdicts were right.
+
+``--peers`` also prints, under each stage, NVIDIA AIConfigurator's estimate of it (its CLI, run from
+``.venv-aiconfigurator/``: ``bash scripts/setup_aiconfigurator.sh`` installs it) and, last, its own
+median error over the same stages. AIConfigurator models a fixed number of requests in flight, not
+an arrival rate, so its batch size is the stage's concurrency by Little's law: rate x its own E2E,
+iterated from batch 1 until the batch stops changing (6 rounds at most), capped at max_num_seqs.
+It reads the model from the folder of the stage's ``config_path`` (for ``--inference-sim``, its
+``model_configs/<name>/``); a stage without one is skipped, as batchlab.shapes holds no raw configs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,6 +53,11 @@ HF_NAMES = {"meta-llama/Llama-2-7b-hf": "Llama-2-7B", "meta-llama/Llama-2-70b-hf
             "meta-llama/Meta-Llama-3-8B": "Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct": "Llama-3-8B"}
 FLAG_NAMES = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size")
 SATURATED_TTFT_MS = 10_000
+KEYS = ("ttft", "tpot", "e2e")
+AIC = ROOT / ".venv-aiconfigurator" / "bin" / "aiconfigurator"
+AIC_SYSTEMS = {"L4": "l4", "A100": "a100_sxm", "H100": "h100_sxm", "H200": "h200_sxm"}  # batchlab's GPU -> AIC's
+AIC_ROW = re.compile(r"^\s*(TTFT|TPOT):\s+([0-9.]+) ms", re.MULTILINE)   # rows of its summary box
+PEER_ROUNDS = 6
 
 
 def inference_sim_runs(root: Path) -> list[dict]:
@@ -101,13 +116,71 @@ def stage_prediction(run: dict, gpu: str, max_requests: int | None) -> dict:
             "saturated": (measured["ttft"] > SATURATED_TTFT_MS, p["median_ttft_ms"] > SATURATED_TTFT_MS)}
 
 
+def aiconfigurator(model_dir: Path, system: str, tp: int, isl: int, osl: int, batch: int,
+                   cache: dict[tuple, dict[str, float]]) -> dict[str, float]:
+    """AIConfigurator's TTFT and TPOT in ms at one batch size, once per run (ValueError with its error)."""
+    key = (str(model_dir), system, tp, isl, osl, batch)
+    if key in cache:
+        return cache[key]
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    cmd = [str(AIC), "cli", "estimate", "--backend", "vllm", "--system", system, "--model-path", str(model_dir),
+           "--isl", str(isl), "--osl", str(osl), "--batch-size", str(batch), "--tp-size", str(tp),
+           "--log-level", "ERROR"]
+    if any(config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts")):
+        cmd += ["--moe-tp-size", str(tp), "--moe-ep-size", "1"]   # vLLM's default: experts split over TP ranks
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as err:
+        raise ValueError(f"aiconfigurator ran over {err.timeout:.0f} s") from err
+    found = dict(AIC_ROW.findall(done.stdout))
+    if done.returncode or len(found) < 2:
+        lines = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
+        raise ValueError(f"aiconfigurator exit {done.returncode}: "
+                         + next((line for line in lines if line.startswith("Error")), lines[-1]).strip())
+    cache[key] = {k.lower(): float(v) for k, v in found.items()}
+    return cache[key]
+
+
+def peer_prediction(run: dict, gpu: str, cache: dict[tuple, dict[str, float]]) -> dict[str, float]:
+    """AIConfigurator's ttft, tpot and e2e p50 of one stage, and the batch they are at (ValueError if none)."""
+    system = AIC_SYSTEMS.get(run.get("gpu_preset", gpu))
+    if system is None:
+        raise ValueError(f"gpu={run.get('gpu_preset', gpu)!r}; AIConfigurator is run for {', '.join(AIC_SYSTEMS)}")
+    if not run.get("config_path") or not Path(run["config_path"]).is_file():
+        raise ValueError(f"config_path={run.get('config_path')!r}; AIConfigurator needs the model's config.json")
+    w = run["workload"]
+    isl, osl, rate = int(w["input_tokens"]["p50"]), int(w["output_tokens"]["p50"]), float(w["rate_rps"])
+    cap = int(run["flags"].get("max_num_seqs") or 10**6)   # vLLM never holds more requests in flight
+    batch, p = 1, {}
+    for _ in range(PEER_ROUNDS):   # Little's law: in flight = arrival rate x time in the system
+        p = dict(aiconfigurator(Path(run["config_path"]).parent, system, int(run["tensor_parallel"]), isl, osl,
+                                batch, cache), batch=batch)
+        p["e2e"] = p["ttft"] + (osl - 1) * p["tpot"]
+        batch = min(cap, max(1, round(rate * p["e2e"] / 1e3)))
+        if batch == p["batch"]:
+            break
+    return p
+
+
+def error_cells(measured: dict[str, float], predicted: dict[str, float]) -> tuple[str, list[float]]:
+    """The printed comparison of one prediction with the measured p50s, and its relative errors."""
+    errors = [predicted[k] / measured[k] - 1 for k in KEYS]
+    cells = [f"{k} {measured[k]:9.1f} -> {predicted[k]:9.1f} ms ({e:+.0%})" for k, e in zip(KEYS, errors)]
+    return "; ".join(cells), errors
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="?", help="JSON Lines of measured stages (see the module docstring)")
     parser.add_argument("--inference-sim", help="a local clone of inference-sim's training repository")
     parser.add_argument("--gpu", default="H100", help="the preset of runs that do not name one (H100)")
     parser.add_argument("--max-requests", type=int, help="predict at most this many requests per stage")
+    parser.add_argument("--peers", action="store_true", help="also print NVIDIA AIConfigurator's estimates")
     args = parser.parse_args(argv)
+    if args.peers and not AIC.is_file():
+        print(f"check_predictor.py: --peers runs {AIC.relative_to(ROOT)}, which is missing; "
+              "run `bash scripts/setup_aiconfigurator.sh` first", file=sys.stderr)
+        return 2
     if args.inference_sim:
         root = Path(args.inference_sim)
         if not (root / "default_args").is_dir():
@@ -121,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"check_predictor.py: runs={args.runs!r}; must be an existing JSON Lines file", file=sys.stderr)
             return 2
         lines = path.read_text(encoding="utf-8").splitlines()
-    errors, verdicts = [], []
+    errors, verdicts, peer_errors, peer_cache = [], [], [], {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -139,20 +212,31 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, KeyError, TypeError) as err:
             print(f"{label}: not expressible ({type(err).__name__ if isinstance(err, KeyError) else ''}{err})")
             continue
-        cells = []
-        for k in ("ttft", "tpot", "e2e"):
-            e = r["predicted"][k] / r["measured"][k] - 1
-            cells.append(f"{k} {r['measured'][k]:9.1f} -> {r['predicted'][k]:9.1f} ms ({e:+.0%})")
-            if not any(r["saturated"]):
-                errors.append(abs(e))
+        cells, e = error_cells(r["measured"], r["predicted"])
+        keeps_up = not any(r["saturated"])   # the stages both medians are taken over
+        errors += [abs(x) for x in e] if keeps_up else []
         verdicts.append(r["saturated"][0] == r["saturated"][1])
-        print(f"{label:>36}: " + "; ".join(cells) + f"; saturated {r['saturated'][0]} / predicted {r['saturated'][1]}")
+        print(f"{label:>36}: {cells}; saturated {r['saturated'][0]} / predicted {r['saturated'][1]}")
+        if args.peers:
+            try:
+                p = peer_prediction(run, args.gpu, peer_cache)
+            except (ValueError, KeyError, TypeError, OSError) as err:
+                kind = type(err).__name__ if isinstance(err, KeyError) else ""
+                print(f"{'AIConfigurator':>36}: skipped ({kind}{err})")
+                continue
+            cells, e = error_cells(r["measured"], p)
+            peer_errors += [abs(x) for x in e] if keeps_up else []
+            print(f"{'AIConfigurator, batch ' + str(p['batch']):>36}: {cells}")
     if not verdicts:
         print("no stage could be predicted")
         return 1
     median = f"{np.median(errors):.1%}" if errors else "none"
     print(f"median |error| over TTFT, TPOT, E2E p50 of the stages that keep up: {median} "
           f"({len(errors) // 3} stages); saturation verdicts right: {sum(verdicts)} of {len(verdicts)}")
+    if args.peers:
+        median = f"{np.median(peer_errors):.1%}" if peer_errors else "none"
+        print(f"AIConfigurator median |error| over TTFT, TPOT, E2E p50 of the stages that keep up: {median} "
+              f"({len(peer_errors) // 3} stages)")
     return 0
 
 

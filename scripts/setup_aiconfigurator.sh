@@ -10,7 +10,6 @@ source scripts/own_venv.sh
 VENV=.venv-aiconfigurator
 want="aiconfigurator==0.12.0"
 own_venv_install $VENV "$want"         # a few minutes, once
-echo '*' > $VENV/.gitignore            # the repository's .gitignore does not name this venv
 $VENV/bin/aiconfigurator --help > /dev/null
 $VENV/bin/python -m pip show aiconfigurator | grep '^Version'
 own_venv_done $VENV "$want"
