@@ -335,12 +335,15 @@ for path in sorted((KERNEL_PROFILES_DIR / "held_out").glob("*.csv")):
 #    to it). With `python scripts/check_predictor.py --inference-sim DIR` on a clone of it: the
 #    median error over TTFT, TPOT and end-to-end median of the 19 stages both sides serve is 8.6%;
 #    Llama-2-7B on one GPU within 7% up to 10 requests a second, Mixtral-8x7B at TP2 within 8% up
-#    to 10 (TPOT 19% high at 20); CodeLlama-34B at TP2 and Llama-2-70B at TP4 predicted 8-45% slow,
-#    time to first token most; 23 of 24 saturation verdicts right (Llama-2-70B at 20 requests a
-#    second predicted saturated, where the real server kept up). Errors grow near capacity: a
-#    step predicted a little slow holds more sequences, which makes the next step slower still.
-#    Read a TP prediction as a mild upper bound on latency, and check yours with runs you measured
-#    yourself: `python scripts/check_predictor.py RUNS.jsonl`.
+#    to 10 (TPOT 19% high at 20); CodeLlama-34B at TP2 and Llama-2-70B at TP4 predicted 8-45% slow
+#    up to 10 requests a second, time to first token most. At 20 a second both TP deployments
+#    were predicted at or past their capacity where the real servers kept up (Llama-2-70B called
+#    saturated, the one wrong verdict of 24; CodeLlama-34B given a 4.5 s TTFT against 54 ms
+#    measured). Errors grow near capacity: a step predicted a little slow holds more sequences,
+#    which makes the next step slower still. Read a TP prediction as an upper bound on latency
+#    and a lower bound on capacity, and check yours with runs you measured yourself:
+#    `python scripts/check_predictor.py RUNS.jsonl`. NVIDIA's AIConfigurator, run on the same
+#    stages (`--peers`), is 36.5% off at the median.
 
 # %% [markdown]
 # ## Explore
