@@ -98,6 +98,8 @@ class SimBackend(Backend):
         # The additive model is written out in step_duration (read once per step); any other
         # form (the roofline) is asked through its predict_features.
         self._coefficients = cost_model.coefficients if isinstance(cost_model, CostModel) else None
+        # only a model that prices decodes and prompt chunks apart is told which is which
+        self._wants_split = type(cost_model).predict_split is not StepTimeModel.predict_split
 
     # --- the contract ------------------------------------------------------------------------
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
@@ -106,7 +108,7 @@ class SimBackend(Backend):
         new_tokens = dict.fromkeys([c.request_id for c in chunks if c.samples], self.placeholder_token)
         if not chunks:
             return StepResult(new_tokens, 0.0)
-        split = decode_split(chunks) if self._coefficients is None else None
+        split = decode_split(chunks) if self._wants_split else None
         result = StepResult(new_tokens, self.step_duration(*step_features(chunks), split=split))
         if self.speculative is not None:
             self._speculate(result, chunks, requests)
