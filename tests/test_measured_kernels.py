@@ -121,3 +121,15 @@ def test_the_roofline_refuses_experts_and_the_shapes_table_holds_mixtral():
     assert mixtral.num_params == pytest.approx(46.7e9, rel=0.005) and mixtral.moe.experts_per_token == 2
     with pytest.raises(ValueError, match="shape='Mixtral-8x7B'; must be a dense model"):
         RooflineCostModel(mixtral, 3.35e12, 989e12, 2)
+
+
+def test_the_2024_profiles_cross_check_the_measured_gemms_op_by_op(h100):
+    from batchlab.backends.kernel_profiles import KERNEL_PROFILES_DIR, compare_projections, read_kernel_profile
+
+    profile = read_kernel_profile(KERNEL_PROFILES_DIR / "h100_Llama-2-7b-hf.csv")
+    compared = compare_projections(profile, h100.gemm_seconds)
+    assert len(compared) == 4 * len(profile[profile["num_tokens"] <= 4096])
+    one = compared[(compared.tensor_parallel == 2) & (compared.num_tokens == 1) & (compared.op == "mlp_up_proj")].iloc[0]
+    assert one.predicted_ms == pytest.approx(h100.gemm_seconds(1, 11008, 4096) * 1e3)     # gate and up of 1/2
+    row = profile[(profile.tensor_parallel == 2) & (profile.num_tokens == 1)].iloc[0]
+    assert one.measured_ms == row["mlp_up_proj_ms"]

@@ -123,6 +123,22 @@ def compare_profile(table: pd.DataFrame, kernels: KernelModel, max_tokens: int =
     return compared
 
 
+def compare_projections(table: pd.DataFrame, gemm_seconds, max_tokens: int = MAX_TOKENS) -> pd.DataFrame:
+    """A per-kernel cross-check: each row's four projections as the profile measured them against
+    ``gemm_seconds(m, n, k)`` (another source's GEMM times, e.g. ``KernelTables.gemm_seconds``):
+    ``tensor_parallel``, ``num_tokens``, ``op``, ``measured_ms``, ``predicted_ms``, ``error``."""
+    layer = layer_shape_of(table)
+    rows = table[table["num_tokens"] <= max_tokens]
+    out = []
+    for _, row in rows.iterrows():
+        tp, m = int(row["tensor_parallel"]), int(row["num_tokens"])
+        for column, (k, n) in zip(PROJECTION_COLUMNS, layer.projections(tp)):
+            out.append((tp, m, column.removesuffix("_ms"), row[column], gemm_seconds(m, n, k) * 1e3))
+    compared = pd.DataFrame(out, columns=["tensor_parallel", "num_tokens", "op", "measured_ms", "predicted_ms"])
+    compared["error"] = compared["predicted_ms"] / compared["measured_ms"] - 1
+    return compared
+
+
 def error_summary(compared: pd.DataFrame) -> tuple[float, float]:
     """Median and worst absolute relative error of ``compare_profile``'s rows."""
     errors = compared["error"].abs().to_numpy(dtype=float)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batchlab.backends.attention_fit import guess_split
 from batchlab.backends.cost_model import StepTimeModel
 from batchlab.backends.grounded_step import GroundedStep
-from batchlab.backends.attention_fit import guess_split
 from batchlab.backends.measured_step import MeasuredStep
 from batchlab.predict.engine_flags import ENGINE_DATA, padded_tokens
 
