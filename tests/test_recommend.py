@@ -67,3 +67,16 @@ def test_prefill_decode_splits_join_the_search_and_meet_the_slo():
     d = Deployment("Llama-3-8B", "H100", int(first.tp))
     r = predict_disaggregated(d, d, num_prefill, num_decode, long_prompts, "nvlink4", (50, 99)).bench_result()
     assert r["p99_ttft_ms"] < 1500 and r["p99_tpot_ms"] < 25
+
+
+def test_capacity_bisects_to_the_highest_rate_under_the_slo():
+    from batchlab.predict.planning import capacity, meets_slo, run_at
+
+    def traffic_at(rate: float) -> TrafficSpec:
+        return TrafficSpec(int(rate * 10) + 1, rate, input_len=600, output_len=120, seed=2)
+
+    d, slo = Deployment("Llama-3-8B", "H100"), {"tpot_p90_ms": 9.0}
+    found = capacity(d, traffic_at, slo, low=1.0, high=200.0, tolerance=0.05)
+    assert not found["capped"] and found["rate"] > 1 and meets_slo(found, slo)
+    assert not meets_slo(run_at(d, traffic_at, found["rate"] * 1.15), slo)
+    assert capacity(d, traffic_at, {"tpot_p90_ms": 0.5})["rate"] == 0.0

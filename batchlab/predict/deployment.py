@@ -154,7 +154,13 @@ class Deployment:
                 + ("" if f.enable_prefix_caching else " --no-enable-prefix-caching")
                 + (" --enforce-eager" if f.enforce_eager else "") + ("" if f.async_scheduling else " --no-async-scheduling")
                 + (" --enable-expert-parallel" if f.enable_expert_parallel else ""),
-                *self._memory.lines(), self.kernel_source]
+                *self._memory.lines(), *self._memory_caveat(), self.kernel_source]
+
+    def _memory_caveat(self) -> list[str]:
+        if self.gpu == "H100":
+            return []
+        return [f"memory: the H100's visible share of the datasheet figure assumed for the {self.gpu} (no log of "
+                "its own): read the KV cache as an upper bound"]
 
 
 def predict(deployment: Deployment, traffic: Traffic, percentiles: tuple[float, ...] = (50, 90, 99)) -> Prediction:

@@ -5,8 +5,9 @@ under a latency SLO, and price its tokens.
 at every rate (``traffic_at(rate)`` gives the ``TrafficSpec``) and returns one row per pair:
 TTFT and TPOT percentiles in ms, throughput, the verdict. ``best_rate(table, slo)`` is each
 candidate's highest swept rate whose every SLO percentile holds (and that keeps up);
-``cost_per_million_tokens`` turns a GPU-hour price and a throughput into dollars per million
-output tokens.
+``capacity(deployment, traffic_at, slo)`` finds one deployment's highest rate under the SLO by
+bisection instead (to a stated tolerance, not a grid step). ``cost_per_million_tokens`` turns a
+GPU-hour price and a throughput into dollars per million output tokens.
 """
 
 from __future__ import annotations
@@ -29,16 +30,46 @@ def sweep_rates(candidates: Mapping[str, Deployment], traffic_at: Callable[[floa
     if progress:
         from tqdm.auto import tqdm
         pairs = tqdm(pairs, desc="predicting", unit="run")
-    rows = []
-    for name, rate in pairs:
-        prediction = predict(candidates[name], traffic_at(rate).generate())
-        r = prediction.bench_result()
-        rows.append({"candidate": name, "num_gpus": candidates[name].num_gpus, "rate": rate,
-                     "ttft_p50_ms": r["median_ttft_ms"], "ttft_p90_ms": r["p90_ttft_ms"],
-                     "tpot_p50_ms": r["median_tpot_ms"], "tpot_p90_ms": r["p90_tpot_ms"],
-                     "e2e_p50_ms": r["median_e2el_ms"], "output_tok_s": r["output_throughput"],
-                     "saturated": bool(prediction.saturation()["saturated"])})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"candidate": name, **run_at(candidates[name], traffic_at, rate)} for name, rate in pairs])
+
+
+def run_at(deployment: Deployment, traffic_at: Callable[[float], TrafficSpec], rate: float) -> dict:
+    """One prediction at ``rate``, as one row of ``sweep_rates``' table (without ``candidate``)."""
+    prediction = predict(deployment, traffic_at(rate).generate())
+    r = prediction.bench_result()
+    return {"num_gpus": deployment.num_gpus, "rate": rate, "ttft_p50_ms": r["median_ttft_ms"],
+            "ttft_p90_ms": r["p90_ttft_ms"], "tpot_p50_ms": r["median_tpot_ms"], "tpot_p90_ms": r["p90_tpot_ms"],
+            "e2e_p50_ms": r["median_e2el_ms"], "output_tok_s": r["output_throughput"],
+            "saturated": bool(prediction.saturation()["saturated"])}
+
+
+def meets_slo(row: Mapping, slo: Mapping[str, float]) -> bool:
+    """The row keeps up and every ``slo`` column is under its bound."""
+    return not row["saturated"] and all(row[column] < bound for column, bound in slo.items())
+
+
+def capacity(deployment: Deployment, traffic_at: Callable[[float], TrafficSpec], slo: Mapping[str, float],
+             low: float = 1.0, high: float = 256.0, tolerance: float = 0.03) -> dict:
+    """The highest rate in ``[low, high]`` at which ``deployment`` meets ``slo`` (columns of
+    ``sweep_rates``' table), by bisection to ``tolerance`` of the rate: its row, with ``capped``
+    (it met the SLO even at ``high``) and ``runs``. A rate of 0 means even ``low`` fails."""
+    check_number("tolerance", tolerance, strict=True)
+    first = run_at(deployment, traffic_at, low)
+    if not meets_slo(first, slo):
+        return {**first, "rate": 0.0, "capped": False, "runs": 1}
+    top = run_at(deployment, traffic_at, high)
+    if meets_slo(top, slo):
+        return {**top, "capped": True, "runs": 2}
+    best, runs = first, 2
+    while high - low > tolerance * low:
+        mid = (low * high) ** 0.5                       # in log space: rates span decades
+        runs += 1
+        row = run_at(deployment, traffic_at, mid)
+        if meets_slo(row, slo):
+            low, best = mid, row
+        else:
+            high = mid
+    return {**best, "capped": False, "runs": runs}
 
 
 def best_rate(table: pd.DataFrame, slo: Mapping[str, float]) -> pd.DataFrame:
@@ -48,9 +79,7 @@ def best_rate(table: pd.DataFrame, slo: Mapping[str, float]) -> pd.DataFrame:
     missing = [k for k in slo if k not in table.columns]
     if missing:
         raise ValueError(f"slo={dict(slo)!r}; its keys must be columns of the table: {missing} are not")
-    ok = ~table["saturated"]
-    for column, bound in slo.items():
-        ok &= table[column] < bound
+    ok = table.apply(lambda row: meets_slo(row, slo), axis=1)
     rows = []
     for name, group in table.groupby("candidate", sort=False):
         good = group[ok.loc[group.index]]
@@ -68,4 +97,4 @@ def cost_per_million_tokens(num_gpus: float, usd_per_gpu_hour: float, output_tok
     return num_gpus * usd_per_gpu_hour / 3600 / output_tok_s * 1e6
 
 
-__all__ = ["best_rate", "cost_per_million_tokens", "sweep_rates"]
+__all__ = ["best_rate", "capacity", "cost_per_million_tokens", "meets_slo", "run_at", "sweep_rates"]
