@@ -80,3 +80,15 @@ def test_capacity_bisects_to_the_highest_rate_under_the_slo():
     assert not found["capped"] and found["rate"] > 1 and meets_slo(found, slo)
     assert not meets_slo(run_at(d, traffic_at, found["rate"] * 1.15), slo)
     assert capacity(d, traffic_at, {"tpot_p90_ms": 0.5})["rate"] == 0.0
+
+
+def test_a_bracketed_capacity_search_finds_the_same_rate():
+    from batchlab.predict.planning import capacity
+
+    def traffic_at(rate: float) -> TrafficSpec:
+        return TrafficSpec(int(rate * 10) + 1, rate, input_len=600, output_len=120, seed=2)
+
+    d, slo = Deployment("Llama-3-8B", "H100"), {"tpot_p90_ms": 9.0}
+    plain = capacity(d, traffic_at, slo, low=4.0, high=64.0, tolerance=0.05)
+    known = capacity(d, traffic_at, slo, low=4.0, high=64.0, tolerance=0.05, bracketed=True)
+    assert known["rate"] == pytest.approx(plain["rate"]) and known["runs"] == plain["runs"] - 2

@@ -49,18 +49,21 @@ def meets_slo(row: Mapping, slo: Mapping[str, float]) -> bool:
 
 
 def capacity(deployment: Deployment, traffic_at: Callable[[float], TrafficSpec], slo: Mapping[str, float],
-             low: float = 1.0, high: float = 256.0, tolerance: float = 0.03) -> dict:
+             low: float = 1.0, high: float = 256.0, tolerance: float = 0.03, bracketed: bool = False) -> dict:
     """The highest rate in ``[low, high]`` at which ``deployment`` meets ``slo`` (columns of
     ``sweep_rates``' table), by bisection to ``tolerance`` of the rate: its row, with ``capped``
-    (it met the SLO even at ``high``) and ``runs``. A rate of 0 means even ``low`` fails."""
+    (it met the SLO even at ``high``) and ``runs``. A rate of 0 means even ``low`` fails.
+    ``bracketed``: the caller has seen ``low`` meet it and ``high`` miss it (a sweep), so neither
+    end is predicted again unless no rate between them meets it."""
     check_number("tolerance", tolerance, strict=True)
-    first = run_at(deployment, traffic_at, low)
-    if not meets_slo(first, slo):
-        return {**first, "rate": 0.0, "capped": False, "runs": 1}
-    top = run_at(deployment, traffic_at, high)
-    if meets_slo(top, slo):
-        return {**top, "capped": True, "runs": 2}
-    best, runs = first, 2
+    best, runs = None, 0
+    if not bracketed:
+        best, runs = run_at(deployment, traffic_at, low), 2
+        if not meets_slo(best, slo):
+            return {**best, "rate": 0.0, "capped": False, "runs": 1}
+        top = run_at(deployment, traffic_at, high)
+        if meets_slo(top, slo):
+            return {**top, "capped": True, "runs": 2}
     while high - low > tolerance * low:
         mid = (low * high) ** 0.5                       # in log space: rates span decades
         runs += 1
@@ -69,6 +72,8 @@ def capacity(deployment: Deployment, traffic_at: Callable[[float], TrafficSpec],
             low, best = mid, row
         else:
             high = mid
+    if best is None:                                    # bracketed, and nothing above low met it
+        best, runs = run_at(deployment, traffic_at, low), runs + 1
     return {**best, "capped": False, "runs": runs}
 
 

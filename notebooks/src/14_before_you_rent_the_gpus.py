@@ -278,9 +278,11 @@ found = {}
 for target, slo in targets.items():
     grid = best_rate(sweep, slo)["best_rate"]
     for name, deployment in candidates.items():
-        start = grid[name]
+        start = grid[name]                         # the sweep saw `start` meet the target, the next rate miss it
+        bracketed = start == start and start < rates[-1]
         low_rate, high_rate = (start, start + 8) if start == start else (0.5, rates[0])
-        found[target, name] = capacity(deployment, chat_traffic, slo, low=low_rate, high=high_rate)
+        found[target, name] = capacity(deployment, chat_traffic, slo, low=low_rate, high=high_rate,
+                                       bracketed=bracketed)
 capacities = pd.DataFrame({t: {n: found[t, n]["rate"] for n in candidates} for t in targets})
 print(capacities.round(1).astype(str) + pd.DataFrame({t: {n: "+" if found[t, n]["capped"] else "" for n in candidates}
                                                       for t in targets}))
