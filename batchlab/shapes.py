@@ -123,7 +123,8 @@ class MoEShape:
 
     @property
     def params_per_layer(self) -> int:
-        """Every expert's gate, up and down weights, and the router."""
+        """Every expert's gate, up and down weights, per unit of the hidden size (the layer holds
+        ``hidden_size`` times this, plus a router of ``hidden_size x num_experts``)."""
         return self.num_experts * 3 * self.intermediate_size
 
 

@@ -44,10 +44,13 @@ def test_one_replica_s_share_is_every_rth_request():
     (["--slo-tpot-ms", "5", "--slo-percentile", "100"], r"percentile=100.0; must be a number in \(0, 100\)"),
     (["--slo-tpot-ms", "0.5", "--max-gpus", "2"], r"slo='TPOT p99 < 0.5 ms'; must be met by some deployment"),
     (["--slo-tpot-ms", "50", "--gpu-hour-usd", "H100=cheap"], r"gpu_hour_usd='H100=cheap'; must be GPU=dollars"),
+    (["--slo-tpot-ms", "50", "--gpu", "H100,B300"], r"gpu='B300'; must be one of"),
+    (["--slo-tpot-ms", "50", "--pd-link", "carrier-pigeon"], r"carrier-pigeon"),
+    (["--slo-tpot-ms", "50", "--model", "GPT-5"], r"GPT-5"),
 ])
 def test_bad_searches_end_in_one_line(extra, message, capsys):
     argv = ["--recommend", "--model", "Llama-3-8B", "--gpu", "H100", "--request-rate", "10", "--num-prompts", "50"]
-    assert cli(argv + extra) == 2
+    assert cli(argv + extra) == 2, extra
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert re.search(message, err), err

@@ -20,10 +20,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from batchlab.checks import check_int, check_number, fail
+from batchlab.backends.device_presets import load_device_presets
+from batchlab.backends.kv_links import kv_link
+from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.predict.deployment import Deployment, predict, predict_disaggregated
 from batchlab.predict.engine_flags import EngineFlags
 from batchlab.predict.traffic import Traffic
+from batchlab.shapes import model_shape
 
 TP_DEGREES = (1, 2, 4, 8)
 KNOBS = ((None, None), (256, None), (64, None), (None, 2048), (64, 2048))   # (max_num_seqs, budget); None: default
@@ -131,6 +134,13 @@ def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: 
     and what the search did (candidates predicted, seconds)."""
     check_int("max_gpus", max_gpus, hint="--max-gpus")
     check_int("top", top)
+    presets = sorted(load_device_presets())
+    for gpu in gpus:                                       # named here: a bad one would only find nothing
+        check_choice("gpu", gpu, presets, hint="--gpu, comma-separated presets")
+    if isinstance(model, str):
+        model_shape(model)                                 # an unknown model, named
+    if pd_link is not None:
+        kv_link(pd_link)
     wall, runs, found = time.perf_counter(), 0, []
     for gpu, tp, f in configurations(model, gpus, max_gpus, flags or EngineFlags(), vllm_version):
         def make(replicas: int, gpu=gpu, tp=tp, f=f) -> Deployment:
