@@ -6,9 +6,9 @@ replicas whose SLO holds is found by bisection on one replica serving every ``r`
 router that splits the load evenly). The cheapest of those configurations are then predicted
 whole, every replica behind the router, and the ones that still meet the SLO are ranked by
 GPU-hours per million output tokens, or by dollars when every GPU has a price per GPU-hour;
-each (GPU, TP, replicas) once, with its cheapest knobs. With ``pd=True`` prefill/decode splits
-of the same GPUs and TP join the search (``predict_disaggregated``, the KV over ``link``): for
-each, the fewest GPUs whose split meets the SLO, scanned from two GPUs up.
+each (GPU, TP, replicas) once, with its cheapest knobs. With ``pd_link``, prefill/decode splits
+join the search (``predict_disaggregated``, the KV over that link) for each GPU and TP degree
+that served the traffic colocated: the fewest GPUs whose split meets the SLO, from two GPUs up.
 """
 
 from __future__ import annotations
