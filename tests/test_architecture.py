@@ -34,6 +34,7 @@ LAYERS = [
     ["loop"],                          # the serving loop around any ServingEngine
     ["offline", "online"],             # the drivers: the loop with their arrivals
     ["engine"],                        # the step (Engine.run and run_online call the drivers)
+    ["vllm_sim"],                      # one vLLM replica on simulated GPUs: flags, memory, step time
     ["workloads"],
     ["analysis"],                      # reads traces only
     ["experiments"],                   # the lessons' measurements, calibration among them

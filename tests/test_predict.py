@@ -16,8 +16,8 @@ import pytest
 from batchlab.backends.collectives import all_reduce_model
 from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict, read_trace
 from batchlab.predict.__main__ import main as cli
-from batchlab.predict.engine_flags import ENGINE_DATA, padded_tokens
-from batchlab.predict.memory import GIB
+from batchlab.vllm_sim.engine_flags import ENGINE_DATA, padded_tokens
+from batchlab.vllm_sim.memory import GIB
 from batchlab.predict.traffic import Traffic
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,10 @@ import httpx
 import numpy as np
 import pytest
 
+from batchlab.backends.roofline import RooflineCostModel
 from batchlab.serve import ServerConfig, start_server
 from batchlab.serve.simulated import PLACEHOLDER_TEXT, SimulatedDevice
+from batchlab.vllm_sim import VllmReplica
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -89,6 +91,14 @@ def test_the_cli_refuses_a_bad_spec_before_loading_anything():
 
 def test_a_saved_cost_model_can_be_simulated(tmp_path):
     path = tmp_path / "fit.json"
-    path.write_text(json.dumps(SimulatedDevice.parse("A100").cost_model.to_dict()))
+    path.write_text(json.dumps(RooflineCostModel.for_device("Llama-3-8B", "A100").to_dict()))
     device = SimulatedDevice.parse(str(path))
-    assert device.shape.name == "Llama-3-8B" and device.cost_model == SimulatedDevice.parse("A100").cost_model
+    assert device.shape.name == "Llama-3-8B" and device.cost_model == RooflineCostModel.for_device("Llama-3-8B", "A100")
+
+
+def test_a_device_is_simulated_as_vllm_serves_it_and_refused_where_vllm_would():
+    """A preset runs vLLM's step time on that GPU; a model whose weights overflow the card is refused."""
+    device = SimulatedDevice.parse("Llama-2-7B@H100")
+    assert device.cost_model == VllmReplica("Llama-2-7B", "H100").step_model
+    with pytest.raises(ValueError, match=r"simulate='T4': vLLM would not serve it: weights=1\d\.\d GiB"):
+        SimulatedDevice.parse("T4")

@@ -48,7 +48,6 @@ from typing import Any
 import pandas as pd
 
 from batchlab.backends.kv_links import KV_LINKS, KVLink, kv_link
-from batchlab.backends.roofline import device_preset, model_shape
 from batchlab.checks import check_int, check_number, fail, is_int
 from batchlab.cluster.driver import ClusterRun
 from batchlab.cluster.policies import check_policy, make_router
@@ -137,10 +136,10 @@ class DisaggregatedCluster:
     @classmethod
     def for_device(cls, model: str, device: str, config: DisaggregatedConfig,
                    **replica_kwargs: Any) -> "DisaggregatedCluster":
-        """Both pools on ``device`` (a GPU preset) serving ``model`` (``ReplicaSpec.for_device``),
-        the KV priced at the model's bytes per token in the device's dtype."""
+        """Both pools on ``device`` (a GPU preset) serving ``model`` as vLLM would
+        (``ReplicaSpec.for_device``), the KV priced at the model's bytes per token in its dtype."""
         spec = ReplicaSpec.for_device(model, device, **replica_kwargs)
-        return cls(config, spec, model_shape(model).kv_bytes_per_token(device_preset(device).dtype_bytes))
+        return cls(config, spec, spec.vllm.kv_bytes_per_token)
 
     def __repr__(self) -> str:
         c = self.config

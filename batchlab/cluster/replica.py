@@ -2,7 +2,8 @@
 
 ``ReplicaSpec`` says how to build each replica: continuous batching on a simulated backend
 (``SimBackend``) with a paged KV cache and prefix caching by default, any cost model (the
-additive CPU fit or a GPU roofline: ``ReplicaSpec.for_device("Llama-3-8B", "H100")``).
+additive CPU fit, or a vLLM replica on GPUs: ``ReplicaSpec.for_device("Llama-3-8B", "H100")``
+takes ``batchlab.vllm_sim.VllmReplica``'s step time, KV blocks and vLLM's defaults for the GPU).
 ``Replica`` runs the engine's serving loop (``loop.run_until``) as ``offline.py`` does, except
 that the cluster driver adds the requests and decides how far it runs: ``advance_to(t)`` runs
 every step that *starts* before ``t`` (the step in progress at ``t`` completes, as steps are
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import StepTimeModel
-from batchlab.backends.roofline import RooflineCostModel, device_preset, model_shape
-from batchlab.checks import check_bool, check_int, check_number
+from batchlab.checks import check_bool, check_int, check_number, fail
 from batchlab.cluster.lazy_runs import LazyDecodeRuns
 from batchlab.engine import Engine
 from batchlab.fast_path import DecodeRuns
@@ -34,6 +35,12 @@ from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.schedulers.continuous import ContinuousBatcherConfig
 from batchlab.trace import Trace
+from batchlab.vllm_sim import EngineFlags, VllmReplica
+from batchlab.vllm_sim.async_scheduling import AsyncScheduledBatcher
+from batchlab.vllm_sim.replica import wire
+
+
+SPEC_ONLY = ("noise", "seed", "fast_decode_runs")   # for_device's arguments that are not vLLM's flags
 
 
 class AdmissionLog(BlockManager):
@@ -56,8 +63,9 @@ class AdmissionLog(BlockManager):
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """Every replica's engine: ``ContinuousBatcher(max_num_seqs, max_num_batched_tokens)`` on a
-    ``SimBackend(cost_model, kv_capacity_tokens, ...)``; replica ``i``'s noise seed is ``seed + i``."""
+    """Every replica's engine: ``ContinuousBatcher(max_num_seqs, max_num_batched_tokens)`` (vLLM's
+    async-scheduling variant with ``async_scheduling``) on a ``SimBackend(cost_model,
+    kv_capacity_tokens, ...)``; replica ``i``'s noise seed is ``seed + i``."""
 
     cost_model: StepTimeModel
     kv_capacity_tokens: int
@@ -69,6 +77,8 @@ class ReplicaSpec:
     noise: float = 0.0
     seed: int = 0
     fast_decode_runs: bool = True
+    async_scheduling: bool = False
+    vllm: VllmReplica | None = field(default=None, compare=False)    # what ``for_device`` built it from
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost_model, StepTimeModel):
@@ -83,28 +93,34 @@ class ReplicaSpec:
         check_number("noise", self.noise, hint="the lognormal sigma of step times, 0 = none")
         check_int("seed", self.seed, minimum=0)
         check_bool("fast_decode_runs", self.fast_decode_runs)
+        check_bool("async_scheduling", self.async_scheduling)
 
     @classmethod
-    def for_device(cls, model: str, device: str, gpu_memory_utilization: float = 0.9,
-                   **kwargs) -> "ReplicaSpec":
-        """A replica of ``model`` (a ``MODEL_SHAPES`` name) on ``device`` (a preset): the roofline
-        cost model, and the KV tokens that fit in ``gpu_memory_utilization`` of the device's
-        memory after the weights (vLLM's ``--gpu-memory-utilization`` defaults to 0.9)."""
-        check_number("gpu_memory_utilization", gpu_memory_utilization, strict=True)
-        shape, preset = model_shape(model), device_preset(device)
-        free = preset.memory_bytes * gpu_memory_utilization - shape.num_params * preset.dtype_bytes
-        tokens = int(free // shape.kv_bytes_per_token(preset.dtype_bytes))
-        if tokens < DEFAULT_BLOCK_SIZE:
-            raise ValueError(f"{model} does not fit on {device} at gpu_memory_utilization={gpu_memory_utilization}")
-        return cls(RooflineCostModel.for_device(shape, preset), tokens, **kwargs)
+    def for_device(cls, model: str, device: str, tensor_parallel_size: int = 1, flags: EngineFlags | None = None,
+                   **kwargs: Any) -> "ReplicaSpec":
+        """A replica of ``model`` on ``tensor_parallel_size`` GPUs of preset ``device``, as vLLM
+        serves it (``VllmReplica``): its step time, KV blocks and budgets, vLLM's defaults for
+        the GPU (an H100: 1,024 sequences, 8,192 tokens a step). ``kwargs``: vLLM's flags by
+        their ``EngineFlags`` names (``max_num_seqs=256``), or ``noise``, ``seed``, ``fast_decode_runs``."""
+        own = {k: kwargs.pop(k) for k in SPEC_ONLY if k in kwargs}
+        names = {f.name for f in fields(EngineFlags)}
+        for key in kwargs:
+            if key not in names:
+                fail(key, kwargs[key], f"one of vLLM's flags ({', '.join(sorted(names))}) or {', '.join(SPEC_ONLY)}")
+        flags = replace(flags if flags is not None else EngineFlags(), **kwargs)
+        vllm = VllmReplica(model, device, tensor_parallel_size, flags)
+        f = vllm.resolved_flags
+        return cls(vllm.step_model, vllm.memory.kv_tokens, f.block_size, f.enable_prefix_caching, f.max_num_seqs,
+                   f.max_num_batched_tokens, f.max_model_len, async_scheduling=f.async_scheduling, vllm=vllm, **own)
 
     def build(self, index: int) -> Engine:
         backend = SimBackend(self.cost_model, self.kv_capacity_tokens, self.max_seq_len, self.noise,
                              self.seed + index, self.block_size, self.enable_prefix_caching)
         if isinstance(backend.kv, BlockManager):
             backend.kv = AdmissionLog.like(backend.kv)
-        return Engine(ContinuousBatcher(self.max_num_seqs, self.max_num_batched_tokens), backend,
-                      fast_decode_runs=self.fast_decode_runs)
+        kind = AsyncScheduledBatcher if self.async_scheduling else ContinuousBatcher
+        return wire(Engine(kind(self.max_num_seqs, self.max_num_batched_tokens), backend,
+                           fast_decode_runs=self.fast_decode_runs))
 
 
 class Replica:

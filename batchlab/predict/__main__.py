@@ -22,7 +22,7 @@ from pathlib import Path
 from batchlab.backends.device_presets import load_device_presets
 from batchlab.cluster.policies import ROUTING_POLICIES
 from batchlab.predict.deployment import Deployment, predict
-from batchlab.predict.engine_flags import DTYPES, EngineFlags
+from batchlab.vllm_sim.engine_flags import DTYPES, EngineFlags
 from batchlab.predict.recommend import SLO, recommend
 from batchlab.predict.traffic import ARRIVAL_KINDS, TrafficSpec, read_trace
 from batchlab.shapes import MODEL_SHAPES

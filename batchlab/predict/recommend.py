@@ -24,7 +24,7 @@ from batchlab.backends.device_presets import load_device_presets
 from batchlab.backends.kv_links import kv_link
 from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.predict.deployment import Deployment, predict, predict_disaggregated
-from batchlab.predict.engine_flags import EngineFlags
+from batchlab.vllm_sim.engine_flags import EngineFlags
 from batchlab.predict.traffic import Traffic
 from batchlab.shapes import model_shape
 

@@ -15,7 +15,8 @@ every response's ``"batchlab"`` timings field (``"simulated": "<spec>"``).
 ``--simulate SPEC`` takes:
 
 - ``DEVICE``, a GPU preset (``T4``, ``L4``, ``A100``, ``H100``, ``H200``): ``DEFAULT_SHAPE``
-  (Llama-3-8B) on that device, the grounded roofline (``RooflineCostModel.for_device``);
+  (Llama-3-8B) on that device, served as vLLM would serve it on one GPU
+  (``batchlab.vllm_sim.VllmReplica``'s step time: measured vLLM kernels where they exist);
 - ``MODEL@DEVICE``, a model shape from ``MODEL_SHAPES`` on a preset, e.g. ``Llama-2-7B@A100``;
 - a path to a saved cost model (``*.json``: ``CostModel.save``'s additive fit, or a
   ``RooflineCostModel.to_dict()``).
@@ -37,6 +38,7 @@ from batchlab.backends.cost_model import CostModel, StepTimeModel
 from batchlab.backends.device_presets import load_device_presets
 from batchlab.backends.roofline import RooflineCostModel
 from batchlab.shapes import MODEL_SHAPES, ModelShape, model_shape
+from batchlab.vllm_sim import VllmReplica
 
 DEFAULT_SHAPE = "Llama-3-8B"
 PLACEHOLDER_TEXT = " x"
@@ -71,8 +73,11 @@ class SimulatedDevice:
         if device not in devices or (model and model not in MODEL_SHAPES):
             raise ValueError(f"simulate={spec!r}; must be {allowed_specs()}")
         shape = model_shape(model or DEFAULT_SHAPE)
-        preset = devices[device]
-        return cls(spec, RooflineCostModel.for_device(shape, preset), shape, preset.dtype_bytes)
+        try:
+            replica = VllmReplica(shape, device)
+        except ValueError as err:
+            raise ValueError(f"simulate={spec!r}: vLLM would not serve it: {err}") from None
+        return cls(spec, replica.step_model, shape, replica.resolved_flags.dtype_bytes)
 
     @classmethod
     def _from_file(cls, spec: str) -> "SimulatedDevice":

@@ -44,7 +44,7 @@ from batchlab.backends.kernel_profiles import (KERNEL_PROFILES_DIR, compare_prof
 from batchlab.backends.device_presets import device_preset
 from batchlab.exercises import check
 from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict
-from batchlab.predict.memory import GIB
+from batchlab.vllm_sim.memory import GIB
 from batchlab.predict.planning import best_rate, capacity, cost_per_million_tokens, sweep_rates
 
 # %% [markdown]
@@ -389,7 +389,7 @@ for path in sorted((KERNEL_PROFILES_DIR / "held_out").glob("*.csv")):
 # 2. **The engine around the kernels**, as vLLM V1 runs it: decode steps padded to the batch
 #    sizes vLLM captured CUDA graphs for; the CPU's scheduling work per step, which async
 #    scheduling runs while the GPU computes the previous step (so a newcomer joins one step
-#    later); each number with its source in `batchlab/predict/vllm_v1.json`.
+#    later); each number with its source in `batchlab/vllm_sim/vllm_v1.json`.
 # 3. **Whole deployments.** Checked against public measured runs of vLLM 0.15.1 on H100s
 #    (constant-rate loads of 4-20 requests a second, ~600-token prompts sharing a system prompt,
 #    ~250 output tokens, and a long-output set of ~1,000-token prompts and 1,448 output tokens; data

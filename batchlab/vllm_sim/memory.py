@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchlab.predict.engine_flags import ENGINE_DATA, EngineFlags
+from batchlab.vllm_sim.engine_flags import ENGINE_DATA, EngineFlags
 from batchlab.shapes import ModelShape
 
 GIB = 2**30

@@ -22,7 +22,7 @@ from batchlab.backends.attention_fit import guess_split
 from batchlab.backends.cost_model import StepTimeModel
 from batchlab.backends.grounded_step import GroundedStep
 from batchlab.backends.measured_step import MeasuredStep
-from batchlab.predict.engine_flags import ENGINE_DATA, padded_tokens
+from batchlab.vllm_sim.engine_flags import ENGINE_DATA, padded_tokens
 
 CPU = ENGINE_DATA["cpu_per_step"]
 
