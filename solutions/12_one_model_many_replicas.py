@@ -29,7 +29,7 @@ def solve_12_1() -> tuple[float, float]:
 
 def solve_12_2() -> int:
     """Sweep the L4 replica count at 25 conversations a second; the first count under the SLO."""
-    points = grid(policy=["cache_aware"], num_replicas=list(range(2, 9)), session_rate=[25.0], num_sessions=[750],
+    points = grid(policy=["cache_aware"], num_replicas=list(range(2, 13)), session_rate=[25.0], num_sessions=[750],
                   num_system_prompts=[8], system_prompt_len=[1024], kv_capacity_tokens=[None], device=["L4"],
                   seed=[0])
     table = run_sweep(cluster_point, points)

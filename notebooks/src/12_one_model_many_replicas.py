@@ -21,9 +21,11 @@
 #   batchlab servers that simulate a GPU, checked against the simulation.
 # - How many replicas a target load needs under a latency SLO.
 #
-# Everything at GPU scale here is simulated: Llama-3-8B on the course's grounded H100, A100 and
-# L4 presets (notebook 01), with paged KV caches and prefix caching, many engines on one virtual
-# clock (`batchlab.cluster`).
+# Everything at GPU scale here is simulated, many engines on one virtual clock
+# (`batchlab.cluster`): Llama-3-8B served as `vllm serve` would serve it on an H100, an A100 or an
+# L4, each replica with the step time of notebook 14's predictor (measured vLLM kernels on the
+# H100 and A100; on the L4, which has none, a roofline-based estimate), vLLM's KV cache and its
+# default batch budgets for that GPU.
 
 # %% [markdown]
 # ## Setup
@@ -47,18 +49,19 @@ from batchlab.workloads.lengths import Range
 from batchlab.workloads.sessions import SessionShape, ideal_prefix_reuse, make_sessions
 
 # %% [markdown]
-# Each replica is Llama-3-8B on one GPU, with as much KV cache as fits in 90% of its memory
-# after the weights (vLLM's default `--gpu-memory-utilization`), paged blocks of 16 tokens,
-# prefix caching, and continuous batching with `max_num_seqs=256` and
-# `max_num_batched_tokens=2048` on every replica. Those two are chosen, the same for every GPU so
-# that replicas differ only in speed: they are vLLM's server defaults on an A100 or an L4, while
-# on an H100 vLLM would default to 1,024 and 8,192.
+# Each replica is Llama-3-8B on one GPU as `vllm serve` runs it with its defaults
+# (`ReplicaSpec.for_device`): the KV cache vLLM allots in 90% of the memory after the weights and
+# the activations (`--gpu-memory-utilization`), paged blocks of 16 tokens, prefix caching, async
+# scheduling, and vLLM's batch budgets for that GPU. Those differ: an H100 gets 1,024 sequences
+# and 8,192 tokens a step, an A100 256 and 2,048 (vLLM's larger defaults are for cards of 70 GiB
+# or more that are not A100s). So the A100 replicas below are slower *and* take smaller steps, as
+# they would in a real mixed fleet.
 
 # %%
 h100 = ReplicaSpec.for_device("Llama-3-8B", "H100")
 a100 = ReplicaSpec.for_device("Llama-3-8B", "A100")
-print(f"H100 replica: {h100.kv_capacity_tokens:,} KV tokens; A100 replica: {a100.kv_capacity_tokens:,}")
-print(h100.cost_model)
+for name, spec in (("H100", h100), ("A100", a100)):
+    print(f"{name} replica:", *spec.vllm.describe(), sep="\n  ")
 
 
 def serve(policy: str, requests, num_replicas: int = 8, params: dict | None = None, spec=h100,
@@ -127,18 +130,17 @@ plt.show()
 # while the H100s have room, and the requests stuck there make the tail. Both load-aware
 # policies see the in-flight counts climb on the slow replicas and send less there. The medians
 # hardly differ, within a quarter of each other on every seed: most requests meet a fast replica
-# under every policy. Over the three seeds round robin's p99 was 8 to 17 times least
-# outstanding's and 7 to 19 times power of two's. The ratio moves that much because a p99 of
-# 1,800 requests is set by the slowest 18: one draw of the traffic gives one value of it, not
-# the policy's effect to two digits.
+# under every policy. On every seed round robin's p99 was several times each load-aware
+# policy's (the ratios are printed above the plot), and the ratio moves a lot from seed to seed
+# because a p99 of 1,800 requests is set by the slowest 18: one draw of the traffic gives one
+# value of it, not the policy's effect to two digits.
 
 # %%
 p50_spread = [max(tails[(s, p)]["ttft_p50"] for p in FLEET_POLICIES) / min(tails[(s, p)]["ttft_p50"]
               for p in FLEET_POLICIES) - 1 for s in SEEDS]
 expect("spread of the three policies' TTFT p50 (max/min - 1), each seed", p50_spread, below=0.25)
-expect("round robin's TTFT p99 / least outstanding's, each seed", p99_ratio.loc["least_outstanding"], above=7.5,
-       below=18.5)
-expect("round robin's TTFT p99 / power of two's, each seed", p99_ratio.loc["power_of_two"], above=6, below=19.5)
+expect("round robin's TTFT p99 / least outstanding's, each seed", p99_ratio.loc["least_outstanding"], above=3)
+expect("round robin's TTFT p99 / power of two's, each seed", p99_ratio.loc["power_of_two"], above=3)
 
 # %% [markdown]
 # ## What a real router's power of two sees
@@ -220,15 +222,15 @@ expect("TTFT p99, polled view / exact counts', each seed", views.loc["p99, polle
 # vllm-router's defaults. Eight H100 replicas.
 #
 # **Heavy sharing**: four system prompts of 2,048 tokens, a few of them hot (Zipf, exponent
-# 1.5), three turns per conversation, 40 new conversations a second for 30 s. **Light
+# 1.5), three turns per conversation, 100 new conversations a second for 30 s. **Light
 # sharing**: every conversation its own system prompt of 2,048 tokens, one turn, 40 a second
 # for 20 s.
 
 # %%
 POLICIES = {"round robin": ("round_robin", {}), "prefix only": ("cache_aware", {"balance_abs_threshold": 10**9}),
             "prefix + load": ("cache_aware", {})}
-heavy = make_sessions(SessionShape(num_sessions=1200, turns=3, system_prompt_len=2048, num_system_prompts=4,
-                                   system_prompt_skew=1.5, session_rate=40.0, think_time_s=3.0), seed=0)
+heavy = make_sessions(SessionShape(num_sessions=3000, turns=3, system_prompt_len=2048, num_system_prompts=4,
+                                   system_prompt_skew=1.5, session_rate=100.0, think_time_s=3.0), seed=0)
 light = make_sessions(SessionShape(num_sessions=800, turns=1, system_prompt_len=2048, num_system_prompts=800,
                                    session_rate=40.0), seed=0)
 print(f"prompt tokens an unbounded cache would reuse: heavy {ideal_prefix_reuse(heavy.requests):.0%}, "
@@ -308,14 +310,18 @@ expect("light sharing: cache-aware's TTFT p99 / round robin's", l["prefix + load
 # OpenAI requests. Under `round_robin` it needs no load at all, and under `cache_aware` it counts
 # its own requests in flight, as the simulation's routers do.
 #
-# `LoopbackCluster` starts four such replicas (Llama-3-8B on L4s: steps of 65-160 ms, long
-# beside the few milliseconds of HTTP and Python each request costs here) and the router, on
+# `LoopbackCluster` starts four such replicas (Llama-3-8B on L4s, whose steps take tens to
+# hundreds of milliseconds, long beside the few milliseconds of HTTP and Python each request
+# costs here: printed below) and the router, on
 # 127.0.0.1. The same conversations (eight system prompts of 512 tokens, two turns) then go
 # through the router with `round_robin` and with `cache_aware`, and through the in-process
 # twin of each (the same replicas and batchlab's version of the policy). About a minute.
 
 # %%
 real = LoopbackConfig(num_replicas=4, policy="round_robin", simulate="L4")
+l4 = real.device().cost_model
+print(f"an L4 step: {l4.predict_features(1, 1, 768) * 1e3:.0f} ms for one decode, "
+      f"{l4.predict_features(1, 768, 768 * 384) * 1e3:.0f} ms for a 768-token prompt")
 conversations = SessionShape(num_sessions=24, turns=2, system_prompt_len=512, num_system_prompts=8,
                              session_rate=2.0, think_time_s=2.0, user_len=256, output_len=32)
 loopback, router_view = {}, {}
@@ -395,7 +401,7 @@ pd.DataFrame(decisions).fillna(0).astype(int).rename_axis("replica (port)")
 
 # %%
 SLO_P90 = 1.0
-points = grid(policy=["least_outstanding", "cache_aware"], num_replicas=[2, 3, 4, 5, 6], session_rate=[15.0],
+points = grid(policy=["least_outstanding", "cache_aware"], num_replicas=[2, 3, 4, 5, 6, 7, 8], session_rate=[15.0],
               num_sessions=[450], num_system_prompts=[8], system_prompt_len=[1024], kv_capacity_tokens=[None],
               device=["L4"], seed=[0])
 sizing = run_sweep(cluster_point, points)
@@ -418,25 +424,26 @@ plt.show()
 
 # %% [markdown]
 # `needed` is, by its definition, the smallest count whose p90 is under the SLO, so the claims
-# worth checking are about the rest of the curve. The knee is sharp: at it the p90 is about
-# 0.4 s, one replica below it more than ten times that, seconds, because the queue grows for as
-# long as the traffic outruns the replicas. Every count above the knee stays under the SLO.
-# Cache-aware routing gets there with exactly one replica fewer, because its replicas compute
-# less: it keeps a conversation's turns on one replica, and at every count it found 3.5 to 7.5
+# worth checking are about the rest of the curve. The knee is sharp: two replicas below it the
+# p90 is more than ten times the knee's, seconds, because the queue grows for as long as the
+# traffic outruns the replicas; two replicas above it the p90 has fallen by less than a third,
+# as each replica is then mostly computing, not queueing. Every count above the knee stays under
+# the SLO. Cache-aware routing gets there with fewer replicas, because its replicas compute
+# less: it keeps a conversation's turns on one replica, and at every count it found more than 3
 # points more of the prompt tokens cached than least outstanding (the sweep's
 # `admitted_hit_share` column).
 
 # %%
 for policy, t in sizing.groupby("policy"):
     n, p90 = needed[policy], t.set_index("num_replicas")["ttft_p90"]
-    expect(f"{policy}: TTFT p90 at the knee, {n} replicas (s)", p90[n], above=0.35, below=0.45)
-    expect(f"{policy}: TTFT p90 one below the knee / at it", p90[n - 1] / p90[n], above=10)
+    expect(f"{policy}: TTFT p90 two below the knee / at it ({n} replicas)", p90[n - 2] / p90[n], above=10)
+    expect(f"{policy}: TTFT p90 at the knee / two above it", p90[n] / p90[n + 2], below=1.5)
     expect(f"{policy}: TTFT p90 with more than {n} replicas (s)", p90[p90.index > n], below=SLO_P90)
 expect("replicas cache-aware routing saves at this load", needed["least_outstanding"] - needed["cache_aware"],
-       above=0.5, below=1.5)
+       above=0.5)
 hit = sizing.set_index(["policy", "num_replicas"])["admitted_hit_share"]
 expect("prompt tokens found cached, cache-aware minus least outstanding, every count (points)",
-       100 * (hit["cache_aware"] - hit["least_outstanding"]), above=3.5, below=7.5)
+       100 * (hit["cache_aware"] - hit["least_outstanding"]), above=3)
 
 # %% [markdown]
 # ## Explore
@@ -447,7 +454,7 @@ expect("prompt tokens found cached, cache-aware minus least outstanding, every c
 
 # %%
 def show_routing(policy="cache_aware", balance_check=True, num_system_prompts=4, skew=1.5, prompt_len=2048,
-                 conversations_per_s=40.0):
+                 conversations_per_s=100.0):
     params = {} if balance_check or policy != "cache_aware" else {"balance_abs_threshold": 10**9}
     w = make_sessions(SessionShape(num_sessions=int(10 * conversations_per_s), turns=3, system_prompt_len=prompt_len,
                                    num_system_prompts=num_system_prompts, system_prompt_skew=skew,
@@ -466,15 +473,16 @@ def show_routing(policy="cache_aware", balance_check=True, num_system_prompts=4,
 
 explore(show_routing, policy=["round_robin", "least_outstanding", "power_of_two", "cache_aware", "weighted",
                               "kv_aware"], balance_check=True, num_system_prompts=(1, 64), skew=(0.0, 3.0),
-        prompt_len=(128, 4096), conversations_per_s=(5.0, 60.0))
+        prompt_len=(128, 4096), conversations_per_s=(5.0, 150.0))
 
 # %% [markdown]
 # ## Summary
 #
 # - A router decides which queue, which batch and which KV cache a request meets. With
 #   identical replicas and steady traffic simple policies do fine; on a mixed fleet round robin
-#   fed the slower replicas their full share and its TTFT p99 was 6 to 20 times that of the
-#   load-aware policies (least outstanding, power of two choices), by how the traffic fell.
+#   fed the slower replicas their full share and its TTFT p99 was several times that of the
+#   load-aware policies (least outstanding, power of two choices), by how much depending on how
+#   the traffic fell.
 # - The power of two is only as good as the loads it compares. With exact, current counts it is
 #   Mitzenmacher's rule; vllm-router's `power_of_two` compares loads polled every 30 s, and over
 #   a 30 s burst that is a random choice, with round robin's tail.
@@ -487,8 +495,8 @@ explore(show_routing, policy=["round_robin", "least_outstanding", "power_of_two"
 #   simulation predicted (prefix hits within 5 points, TTFT within 15%), and added under 5 ms of
 #   its own.
 # - Replicas needed for a load under an SLO: sweep the count; the knee is sharp, with a p90 more
-#   than ten times higher one replica below it. Routing that reuses the cache needed one L4
-#   replica fewer than least outstanding requests for the same conversations.
+#   than ten times higher two replicas below it. Routing that reuses the cache needed fewer L4
+#   replicas than least outstanding requests for the same conversations.
 
 # %% [markdown]
 # ## Exercises
@@ -509,7 +517,7 @@ check("12.1", answer)
 # %% [markdown]
 # **12.2** With the capacity-planning sweep above, how many L4 replicas does 25 conversations a
 # second need (`session_rate=25.0`, `num_sessions=750`, `cache_aware`, everything else as
-# above) to keep TTFT p90 under 1 s? Try 2 to 8 replicas. Answer with one integer.
+# above) to keep TTFT p90 under 1 s? Try 2 to 12 replicas. Answer with one integer.
 
 # %%
 answer = None  # your code here
