@@ -270,6 +270,20 @@ def test_the_decode_pool_holds_kv_in_flight_so_a_full_decode_worker_delays_the_t
     assert (t["transfer_s"] == t["transfer_s"].iloc[0]).all()
 
 
+def test_a_request_preempted_after_its_kv_landed_keeps_its_transfer_in_the_log():
+    """A decode worker too small for two long answers preempts one after it started; it computes its
+    prompt again there, and the log still says when its KV landed."""
+    prefill = ReplicaSpec.for_device(MODEL, GPU)
+    decode = replace(prefill, kv_capacity_tokens=1400)
+    cluster = DisaggregatedCluster(DisaggregatedConfig(1, 1), prefill, KV_BYTES, decode=decode)
+    result = cluster.run([Request(f"r{i}", None, 400, 0.0, prompt_len=500) for i in range(2)])
+    preempted = {p.request_id for t in result.decode.traces for p in t.preemptions}
+    assert preempted, "the decode worker should have run out of KV room"
+    t = result.transfers.set_index("request_id")
+    assert t["kv_arrived"].notna().all() and (t["transfer_start"] >= t["prefill_end"]).all()
+    assert all(r.status is RequestStatus.FINISHED and len(r.token_times) == 400 for r in result.merged.requests)
+
+
 def test_a_decode_worker_that_dies_aborts_its_streams_and_the_other_takes_the_rest():
     cluster = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(1, 2))
     reqs = [Request(f"r{i}", None, 200, 0.05 * i, prompt_len=1000) for i in range(20)]

@@ -303,7 +303,9 @@ class ContinuousBatcher(Scheduler):
         self.preemptions.append(PreemptionRecord(req.request_id, now, req.num_computed_tokens,
                                                  len(req.output_ids)))
         req.status = RequestStatus.WAITING
-        req.num_computed_tokens, req.kv_arrival_time = 0, None    # KV in flight: pulled again
+        req.num_computed_tokens = 0
+        if req.first_scheduled_time is None:
+            req.kv_arrival_time = None      # KV still in flight: pulled again (once used, recomputed here)
         req.draft_ids = []                                         # drafted anew once it samples again
         self.waiting.appendleft(req)
 
