@@ -15,7 +15,7 @@ def solve_16_1() -> float:
 
 def solve_16_2() -> str:
     """Sweep every layout of four GPUs and take the one with the highest goodput."""
-    table = attainment_table("Llama-3-8B", "H100", 4, range(4, 19, 2), {"ttft": 1.0, "tpot": 0.012},
+    table = attainment_table("Llama-3-8B", "H100", 4, range(4, 33, 4), {"ttft": 1.0, "tpot": 0.012},
                              num_requests=200, prompt_len=Range(2000, 4000), output_len=Range(128, 384))
     return str(goodput_by_layout(table, 4)["goodput"].idxmax())
 
