@@ -28,7 +28,7 @@ Folders (each one's ``__init__`` says why it exists):
 
   schedulers/  policies: StaticBatcher, DynamicBatcher, ContinuousBatcher (never touch tensors)
   backends/    what computes a step: ModelBackend (the real model), SimBackend (a cost model:
-               the additive fit, or the GPU roofline)
+               the additive fit, the GPU roofline, or measured vLLM kernels)
   model/       the model itself: loading, the batched Llama step, KV cache storage (slots and
                paged blocks, one step layout), sampling, profiler, one-prompt generation, the
                machine report, the CPU dtype probe, answers alone vs batched
@@ -40,10 +40,13 @@ Folders (each one's ``__init__`` says why it exists):
   loadgen/     a load client for any OpenAI-compatible server; builds a Trace
                (python -m batchlab.loadgen); reading a server's /metrics (prom), a soak load
   serve/       an OpenAI-compatible HTTP server over the online engine (python -m batchlab.serve)
+  vllm_sim/    one vLLM replica on simulated GPUs (VllmReplica): vLLM's flags and defaults, its
+               KV memory, its step time on measured kernels, async scheduling; every GPU lesson's step
   vllm_ref/    vLLM's server on the same model, from its own venv, as the reference
   cluster/     many replicas behind a router on one virtual clock: routing policies, dead
                replicas, predicted vs actual prefix hits, sweeps in process or on Ray; and the
                real vllm-router on loopback in front of simulated servers
+  predict/     a whole vLLM deployment on GPUs predicted before it is rented, and recommended
   exercises/   the notebooks' exercise checkers (worked solutions live in solutions/)
 
 Beside the package: ``benchmarks/`` (speed measured and printed, never asserted; the peer

@@ -1,10 +1,10 @@
 """Worked solutions for notebook 15 (speculative decoding and the batch)."""
 
 from batchlab.backends import SimBackend
-from batchlab.backends.roofline import RooflineCostModel
 from batchlab.experiments.speculation import crossover, serve_batches
 from batchlab.requests import Request
 from batchlab.speculative import AcceptanceModel
+from batchlab.vllm_sim import VllmReplica
 
 
 def solve_15_1() -> float:
@@ -16,7 +16,7 @@ def solve_15_1() -> float:
 
 def solve_15_2() -> int:
     """Simulate each batch size with and without speculation and take the first that loses."""
-    cost, acceptance = RooflineCostModel.for_device("Llama-3-8B", "H100"), AcceptanceModel(0.5)
+    cost, acceptance = VllmReplica("Llama-3-8B", "H100").step_model, AcceptanceModel(0.5)
 
     def backend(spec, batch):
         return SimBackend(cost, 10**7, block_size=16, speculative_config=spec, acceptance=acceptance if spec else None)

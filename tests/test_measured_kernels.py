@@ -133,3 +133,10 @@ def test_the_2024_profiles_cross_check_the_measured_gemms_op_by_op(h100):
     assert one.predicted_ms == pytest.approx(h100.gemm_seconds(1, 11008, 4096) * 1e3)     # gate and up of 1/2
     row = profile[(profile.tensor_parallel == 2) & (profile.num_tokens == 1)].iloc[0]
     assert one.measured_ms == row["mlp_up_proj_ms"]
+
+
+def test_a_step_known_by_its_totals_is_split_as_vllm_builds_one():
+    from batchlab.backends.attention_fit import guess_split
+    assert guess_split(8, 8, 800) == (8, 800)                       # all decodes
+    assert guess_split(1, 512, 512 * 1024) == (0, 0)                # one chunk, its cached prefix its own
+    assert guess_split(3, 102, 2 * 50 + 100 * 101 // 2) == (2, 100)  # two decodes and a fresh prompt

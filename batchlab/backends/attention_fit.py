@@ -72,9 +72,12 @@ class AttentionFit:
 
 def guess_split(seqs: int, tokens: int, pairs: int) -> tuple[int, int]:
     """``(decode_seqs, decode_pairs)`` of a step known only by its totals, read as vLLM's scheduler
-    builds one: every sequence but one decodes, and the prompt chunk is a fresh prompt."""
+    builds one: every sequence but one decodes, and the prompt chunk is a fresh prompt (a lone
+    sequence's pairs are all its chunk's, cached prefix included)."""
     if tokens <= seqs:
         return seqs, pairs
+    if seqs == 1:
+        return 0, 0
     n = tokens - seqs + 1
     return seqs - 1, max(0, pairs - n * (n + 1) // 2)
 

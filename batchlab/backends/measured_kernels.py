@@ -165,8 +165,8 @@ class KernelTables:
     gpu: str
     system: str
     versions: dict
-    gemm: GemmTable
-    all_reduce: AllReduceTable | None
+    gemm: GemmTable = field(repr=False)
+    all_reduce: AllReduceTable | None = field(repr=False)
     _context: object = field(repr=False, compare=False)
     _generation: object = field(repr=False, compare=False)
     _moe: object = field(repr=False, compare=False)

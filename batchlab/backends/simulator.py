@@ -81,7 +81,7 @@ class SimBackend(Backend):
         if self.speculative is not None and self.speculative.method == "early_exit":
             if not hasattr(cost_model, "early_exit"):
                 raise ValueError(f"method='early_exit' needs a cost model that knows the model's layers (a "
-                                 f"RooflineCostModel), not {type(cost_model).__name__}")
+                                 f"RooflineCostModel or a VllmStepModel), not {type(cost_model).__name__}")
             self._draft_pass = cost_model.early_exit(self.speculative.early_exit_layer)
         self.acceptance = acceptance
         self._streams: dict[str, AcceptanceStream] = {}

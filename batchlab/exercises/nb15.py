@@ -29,13 +29,13 @@ def break_even_pass_cost(alpha: float = 0.6, k: int = 3) -> float:
 @lru_cache(maxsize=1)
 def first_losing_batch() -> int | None:
     """15.2: the first of ``BATCHES`` at which prompt lookup with k = 3 and a 0.5 acceptance rate
-    no longer pays for Llama-3-8B on the H100 preset."""
+    no longer pays for Llama-3-8B on an H100 (vLLM's step model)."""
     from batchlab.backends import SimBackend
-    from batchlab.backends.roofline import RooflineCostModel
     from batchlab.experiments.speculation import crossover, serve_batches
     from batchlab.requests import Request
     from batchlab.speculative import AcceptanceModel
-    cost, acceptance = RooflineCostModel.for_device(MODEL, GPU), AcceptanceModel(0.5)
+    from batchlab.vllm_sim import VllmReplica
+    cost, acceptance = VllmReplica(MODEL, GPU).step_model, AcceptanceModel(0.5)
     spec = {"method": "ngram", "num_speculative_tokens": 3}
 
     def backend(config, batch):

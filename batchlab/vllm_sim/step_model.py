@@ -16,12 +16,13 @@ source is in ``vllm_v1.json``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from batchlab.backends.attention_fit import guess_split
 from batchlab.backends.cost_model import StepTimeModel
 from batchlab.backends.grounded_step import GroundedStep
 from batchlab.backends.measured_step import MeasuredStep
+from batchlab.checks import check_int, fail
 from batchlab.vllm_sim.engine_flags import ENGINE_DATA, padded_tokens
 
 CPU = ENGINE_DATA["cpu_per_step"]
@@ -62,6 +63,23 @@ class VllmStepModel(StepTimeModel):
         """Told only the totals: the split guessed as vLLM's scheduler builds a step."""
         return self.predict_split(num_seqs, num_tokens, attention_pairs,
                                   *guess_split(num_seqs, num_tokens, attention_pairs))
+
+    def early_exit(self, exit_layer: int) -> "VllmStepModel":
+        """A self-draft's pass (``method="early_exit"``): the model cut to its first ``exit_layer``
+        layers, with its LM head, and no CPU work of its own (it runs inside a scheduled step)."""
+        layers = self.gpu.shape.num_layers
+        check_int("early_exit_layer", exit_layer, hint=f"1..{layers - 1}, the layers a draft pass runs")
+        if exit_layer >= layers:
+            fail("early_exit_layer", exit_layer, f"in 1..{layers - 1}", f"{self.gpu.shape.name} has {layers} layers")
+        shape = replace(self.gpu.shape, name=f"{self.gpu.shape.name}, first {exit_layer} layers", num_layers=exit_layer)
+        return replace(self, gpu=replace(self.gpu, shape=shape), cpu_fixed_s=0.0, cpu_per_seq_s=0.0)
+
+    def __repr__(self) -> str:
+        g = self.gpu
+        kernels = g.tables.describe() if isinstance(g, MeasuredStep) else "ROOFLINE-BASED ESTIMATE (no measured kernels)"
+        graphs = f"CUDA graphs up to {max(self.cuda_graph_sizes)} tokens" if self.cuda_graph_sizes else "eager"
+        return (f"VllmStepModel({g.shape.name} over {g.tensor_parallel} GPU(s); {kernels}; {graphs}; "
+                f"{'async' if self.async_scheduling else 'synchronous'} scheduling)")
 
 
 __all__ = ["VllmStepModel"]

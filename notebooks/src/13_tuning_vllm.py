@@ -47,13 +47,13 @@ import pandas as pd
 import batchlab
 from batchlab.analysis import metrics
 from batchlab.analysis.claims import expect, expect_true
-from batchlab.backends.roofline import RooflineCostModel
 from batchlab.exercises import check
 from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, prom, run_load
 from batchlab.loadgen.calibrate import calibrate_outside_in, fresh_prompts
 from batchlab.loadgen.predict import compare, load_figures, newcomer_figures, simulate_load
 from batchlab.shapes import model_shape
 from batchlab.vllm_ref import FLAG_TABLE, VLLMFlags, VLLMUnavailable, ensure_running, start_vllm, vllm_status
+from batchlab.vllm_sim import VllmReplica
 
 # %%
 tok = course_tokenizer()
@@ -620,15 +620,24 @@ expect("chats' ITL gain, stored runs: median error / measurement's range", -stor
 # throughput almost for free while the weights dominate, and less once the KV reads catch up:
 
 # %%
-llama = RooflineCostModel.for_device("Llama-3-8B", "H100")
-kv_bytes, weight_bytes = 64 * 2048 * llama.shape.kv_bytes_per_token(2), llama.shape.weight_bytes(2)
+llama = model_shape("Llama-3-8B")
+kv_bytes, weight_bytes = 64 * 2048 * llama.kv_bytes_per_token(2), llama.weight_bytes(2)
 print(f"Llama-3-8B in bf16: weights {weight_bytes / 1e9:.1f} GB; KV of 64 sequences x 2,048 tokens {kv_bytes / 1e9:.1f} GB")
-expect("KV bytes of 64 x 2,048 tokens / weight bytes, Llama-3-8B in bf16", kv_bytes / weight_bytes, above=0.9, below=1.3)
+h100 = VllmReplica("Llama-3-8B", "H100").step_model        # notebook 14's step model: measured vLLM kernels
+lone, short, long = (h100.predict_features(n, n, n * ctx) for n, ctx in ((1, 100), (64, 100), (64, 2048)))
+print(f"predicted H100 decode steps: 1 x 100 tokens {lone * 1e3:.1f} ms, 64 x 100 {short * 1e3:.1f} ms, "
+      f"64 x 2,048 {long * 1e3:.1f} ms")
+expect("arithmetic: KV bytes of 64 x 2,048 tokens / weight bytes", kv_bytes / weight_bytes, above=0.9, below=1.3)
+expect("predicted for an H100: 64 short sequences' step / one sequence's", short / lone, below=1.5)
+expect("predicted for an H100: 64 sequences of 2,048 tokens' step / one short sequence's", long / lone,
+       above=1.6, below=2.6)
 
 # %% [markdown]
-# At 64 sequences of 2,048 tokens a step reads the weights' worth of KV cache on top of the
-# weights, about twice the bytes of a step of one short sequence: every stream's tokens come about
-# half as fast, for 64 times the tokens per step. Notebook 09's roofline presets price both reads.
+# At 64 short sequences the step costs little more than one sequence's: the weights dominate. At
+# 64 sequences of 2,048 tokens a step reads the weights' worth of KV cache on top of the weights,
+# about twice the bytes of a step of one short sequence, and notebook 14's step model (vLLM's
+# kernels as measured on H100s) predicts about twice the time: every stream's tokens come about
+# half as fast, for 64 times the tokens per step.
 # The TTFT cost of a long queue is the same arithmetic on a GPU as here.
 #
 # ## Summary

@@ -44,7 +44,6 @@ from tqdm.auto import tqdm
 from batchlab.analysis.claims import expect, expect_same_answers, expect_true
 from batchlab.analysis.metrics import itl_definitions, per_request_metrics
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.backends.roofline import RooflineCostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.experiments.speculation import fit_acceptance, serve_batches, serve_rates, spec_stats
@@ -54,6 +53,7 @@ from batchlab.model.llama import LlamaWeights
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.speculative import AcceptanceModel, SpeculativeConfig, propose_ngram
+from batchlab.vllm_sim import VllmReplica
 from batchlab.workloads import make_workload
 from batchlab.workloads.tasks import task_requests, task_texts
 
@@ -400,8 +400,8 @@ expect("at batch 1 TPOT falls much more than ITL does", tpot_change / itl_change
 # %% [markdown]
 # ## On a GPU: where it stops paying
 #
-# The simulator of notebooks 12 to 16 predicts a GPU's steps from kernels fitted to times measured
-# on real GPUs (notebook 14), and a check is a step like any other: `k + 1` positions for each
+# The simulator of notebooks 12 to 16 predicts a GPU's steps as vLLM runs them, from vLLM's
+# kernels as measured on real GPUs (notebook 14's step model), and a check is a step like any other: `k + 1` positions for each
 # request that drafts. What it cannot compute is which drafts a model would accept: it draws them
 # (`batchlab.speculative.AcceptanceModel`): each drafted token is accepted with the request's own
 # chance `alpha`, until the first rejection; the requests' chances spread around a mean `rate`;
@@ -413,12 +413,13 @@ acceptance = {kind: fit_acceptance([task_traces[kind]]) for kind in ("code_edit"
 for kind, model in acceptance.items():
     print(f"{kind:9s} {model}")
 
-cost = RooflineCostModel.for_device("Llama-3-8B", "H100")
+cost = VllmReplica("Llama-3-8B", "H100").step_model
+print(cost)
 GPU_BATCHES = [1, 4, 16, 64, 128, 256, 512]
 
 
 def gpu_speedups(model, batches=GPU_BATCHES, spec=SPEC):
-    """Predicted tokens/s with speculation / without, by batch size, for Llama-3-8B on the H100 preset."""
+    """Predicted tokens/s with speculation / without, by batch size, for Llama-3-8B on an H100 (vLLM's step model)."""
     def make(config, batch):
         return SimBackend(cost, 10**7, block_size=16, speculative_config=config, acceptance=model if config else None)
     table, _ = serve_batches(make, lambda n: [Request(f"r{i}", None, 256, prompt_len=512) for i in range(n)],
@@ -469,7 +470,7 @@ expect("predicted for an H100: very good drafts (alpha 0.8) pay at every batch s
 
 # %%
 def gpu_by_rate(model, rates=(1, 4, 16, 32)):
-    """Predicted TPOT speedup (and the mean batch) by request rate, Llama-3-8B on the H100 preset."""
+    """Predicted TPOT speedup (and the mean batch) by request rate, Llama-3-8B on an H100 (vLLM's step model)."""
     def make(spec):
         return SimBackend(cost, 10**7, block_size=16, speculative_config=spec, acceptance=model if spec else None)
     table = serve_rates(make, lambda rate: make_workload(400, prompt_len=512, output_len=256, arrival="poisson",
@@ -497,7 +498,7 @@ expect("predicted for an H100: the poor drafter lengthens TPOT at 32 requests/s,
 #
 # A self-draft is not free on a GPU: each pass reads the first `L` layers' weights and the LM
 # head. The simulator prices a pass as the model cut to its first `L` layers, kernel by kernel,
-# without the per-step overhead (the pass runs inside a step already scheduled). Llama-3-8B has
+# without the engine's CPU work (the pass runs inside a step already scheduled). Llama-3-8B has
 # 32 layers; exits at layer 8 and 16, with acceptance rates a model trained for early exit might
 # reach:
 
@@ -603,10 +604,11 @@ answer = None  # your code here
 check("15.1", answer)
 
 # %% [markdown]
-# **15.2** Llama-3-8B on the H100 preset, prompt lookup with `k = 3` and an acceptance rate of 0.5
-# (`AcceptanceModel(0.5)`), requests of 512 prompt and 128 output tokens. Of the batch sizes
-# 1, 8, 32, 128 and 512, at which does speculation first stop paying? Use `serve_batches` and
-# `crossover` from `batchlab.experiments.speculation`. Answer with the batch size.
+# **15.2** Llama-3-8B on an H100 (the step model above), prompt lookup with `k = 3` and an
+# acceptance rate of 0.5 (`AcceptanceModel(0.5)`), requests of 512 prompt and 128 output tokens.
+# Of the batch sizes 1, 8, 32, 128 and 512, at which does speculation first stop paying? Use
+# `serve_batches` and `crossover` from `batchlab.experiments.speculation`. Answer with the batch
+# size.
 
 # %%
 answer = None  # your code here
