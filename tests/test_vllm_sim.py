@@ -30,6 +30,8 @@ def test_a_cluster_replica_is_the_predictors_replica_with_vllms_defaults_for_the
 def test_a_cluster_replica_takes_vllms_flags_by_name_and_refuses_others():
     spec = ReplicaSpec.for_device("Llama-3-8B", "H100", max_num_seqs=256, enable_prefix_caching=False, seed=3)
     assert (spec.max_num_seqs, spec.enable_prefix_caching, spec.seed) == (256, False, 3)
+    whole = ReplicaSpec.for_device("Llama-3-8B", "H100", enable_chunked_prefill=False)
+    assert not whole.build(0).scheduler.config.chunked_prefill
     tp2 = ReplicaSpec.for_device("Llama-3-8B", "H100", tensor_parallel_size=2)
     assert tp2.kv_capacity_tokens > 2 * spec.kv_capacity_tokens         # half the weights on each GPU
     with pytest.raises(ValueError, match="max_seqs=8; must be one of vLLM's flags"):

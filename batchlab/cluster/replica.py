@@ -78,6 +78,7 @@ class ReplicaSpec:
     seed: int = 0
     fast_decode_runs: bool = True
     async_scheduling: bool = False
+    enable_chunked_prefill: bool = True
     vllm: VllmReplica | None = field(default=None, compare=False)    # what ``for_device`` built it from
 
     def __post_init__(self) -> None:
@@ -94,6 +95,7 @@ class ReplicaSpec:
         check_int("seed", self.seed, minimum=0)
         check_bool("fast_decode_runs", self.fast_decode_runs)
         check_bool("async_scheduling", self.async_scheduling)
+        check_bool("enable_chunked_prefill", self.enable_chunked_prefill)
 
     @classmethod
     def for_device(cls, model: str, device: str, tensor_parallel_size: int = 1, flags: EngineFlags | None = None,
@@ -111,7 +113,8 @@ class ReplicaSpec:
         vllm = VllmReplica(model, device, tensor_parallel_size, flags)
         f = vllm.resolved_flags
         return cls(vllm.step_model, vllm.memory.kv_tokens, f.block_size, f.enable_prefix_caching, f.max_num_seqs,
-                   f.max_num_batched_tokens, f.max_model_len, async_scheduling=f.async_scheduling, vllm=vllm, **own)
+                   f.max_num_batched_tokens, f.max_model_len, async_scheduling=f.async_scheduling,
+                   enable_chunked_prefill=f.enable_chunked_prefill, vllm=vllm, **own)
 
     def build(self, index: int) -> Engine:
         backend = SimBackend(self.cost_model, self.kv_capacity_tokens, self.max_seq_len, self.noise,
@@ -119,7 +122,7 @@ class ReplicaSpec:
         if isinstance(backend.kv, BlockManager):
             backend.kv = AdmissionLog.like(backend.kv)
         kind = AsyncScheduledBatcher if self.async_scheduling else ContinuousBatcher
-        return wire(Engine(kind(self.max_num_seqs, self.max_num_batched_tokens), backend,
+        return wire(Engine(kind(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill), backend,
                            fast_decode_runs=self.fast_decode_runs))
 
 
