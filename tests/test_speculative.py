@@ -25,6 +25,7 @@ from batchlab.workloads.tasks import task_requests
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
 EARLY_EXIT = {"method": "early_exit", "num_speculative_tokens": 3, "early_exit_layer": 27}
+DRAFT_MODEL = {"method": "draft_model", "model": "Llama-3.2-1B", "num_speculative_tokens": 4}
 
 
 # --- prompt lookup, against vLLM's own algorithm ---------------------------------------------------
@@ -95,7 +96,12 @@ def test_config_takes_vllms_json_and_defaults():
     ({"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[2, 8, 1]]}, "start at batch size 1"),
     ({"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 8, 1], [4, 9, 0]]}, "overlap"),
     ({"num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 8, -1]]}, "k >= 0"),
-    ({"num_speculative_tokens": 2, "model": "x"}, "not supported"),
+    ({"num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}, "not supported"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, 'method "draft_model" needs model'),
+    ({"method": "ngram", "num_speculative_tokens": 2, "model": "Llama-3.2-1B"},
+     'model=\'Llama-3.2-1B\' belongs to method "draft_model"'),
+    ({"model": "Llama-3.2-1B", "num_speculative_tokens": 2, "prompt_lookup_min": 2},
+     'prompt_lookup_min=2 belongs to method "ngram"'),
     ({"method": "ngram"}, "needs num_speculative_tokens"),
     ({"method": "early_exit", "num_speculative_tokens": 2}, "needs early_exit_layer"),
     ({"method": "early_exit", "num_speculative_tokens": 2, "early_exit_layer": 0}, "early_exit_layer=0"),
@@ -117,6 +123,8 @@ def test_a_policy_that_cannot_check_drafts_and_a_draft_past_the_context_are_refu
         ModelBackend(lm, 4, 64, speculative_config={**SPEC, "num_speculative_tokens": 64})
     with pytest.raises(ValueError, match=r"early_exit_layer=30; must be in 1..29"):
         ModelBackend(lm, 4, 64, speculative_config={**EARLY_EXIT, "early_exit_layer": 30})
+    with pytest.raises(ValueError, match="priced by the simulator only"):
+        ModelBackend(lm, 4, 64, speculative_config=DRAFT_MODEL)
 
 
 def test_a_chunk_with_a_draft_counts_as_one_decode():
@@ -334,6 +342,8 @@ def test_the_server_refuses_speculation_it_cannot_do():
         ServerConfig(simulate="H100", speculative_config=json_spec())
     with pytest.raises(ValueError, match="method='eagle'"):
         ServerConfig(speculative_config='{"method": "eagle", "num_speculative_tokens": 2}')
+    with pytest.raises(ValueError, match="'draft_model'; must be one of .'ngram', 'early_exit'. with the real model"):
+        ServerConfig(speculative_config='{"model": "Llama-3.2-1B", "num_speculative_tokens": 2}')
     assert main(["--speculative-config", '{"num_speculative_tokens": 0}']) == 2
 
 
@@ -450,3 +460,53 @@ def test_the_simulator_prices_an_early_exit_drafts_passes():
     shallow, deep, poor = table(8, 0.8), table(16, 0.8), table(8, 0.05)
     assert shallow[1] > 1.5 and deep[1] < shallow[1] and shallow[64] < shallow[1]
     assert poor[1] < 0.9                              # drafts that are hardly ever accepted only cost
+
+
+def test_the_simulator_prices_a_draft_models_passes_as_vllm_runs_them():
+    """A draft model keeps its own KV cache: its first pass runs over the whole step's tokens, then
+    one token per drafting request per pass, each at the drafter's kernels with no CPU work; prompt
+    lookup's drafts are free but vLLM turns async scheduling off for them."""
+    from batchlab.backends import SimBackend
+    from batchlab.experiments.speculation import serve_batches
+    from batchlab.plan import decode_split, step_features
+    from batchlab.speculative import AcceptanceModel
+    from batchlab.vllm_sim import VllmReplica
+
+    cost = VllmReplica("Llama-3-8B", "H100").step_model
+    draft = cost.draft_model("Llama-3.2-1B")
+    assert draft.gpu.shape.name == "Llama-3.2-1B" and draft.cpu_seconds(64) == 0
+    assert 0.1 < draft.predict_features(1, 1, 600) / cost.predict_features(1, 1, 600) < 0.5
+    with pytest.raises(ValueError, match="Llama-3-8B's vocabulary of 128256 tokens .SmolLM2-135M has 49152"):
+        cost.draft_model("SmolLM2-135M")
+    backend = SimBackend(cost, 10**6, block_size=16, speculative_config=DRAFT_MODEL, acceptance=AcceptanceModel(0.7))
+    assert backend.cost_model.async_scheduling
+    assert not SimBackend(cost, 10**6, speculative_config=SPEC, acceptance=AcceptanceModel(0.7)).cost_model.async_scheduling
+
+    # Every step's duration, rebuilt from its chunks and the next step's drafts.
+    trace = Engine(ContinuousBatcher(4), backend).run([Request(f"r{i}", None, 40, prompt_len=300 + 50 * i)
+                                                       for i in range(3)])
+    steps = trace.steps
+    for s, after in zip(steps, steps[1:] + [None]):
+        want = cost.predict_split(*step_features(s.chunks), *decode_split(s.chunks))
+        want += draft.predict_features(*step_features(s.chunks))
+        drafts = [] if after is None else [(c.start + 1, len(c.draft)) for c in after.chunks if c.draft]
+        for j in range(1, max((room for _, room in drafts), default=0)):
+            contexts = [context + j for context, room in drafts if room > j]
+            want += draft.predict_features(len(contexts), len(contexts), sum(contexts))
+        assert s.duration == pytest.approx(want, rel=1e-9), s.index
+
+    def speedups(spec, alpha):
+        def make(config, batch):
+            return SimBackend(cost, 10**7, block_size=16, speculative_config=config,
+                              acceptance=AcceptanceModel(alpha) if config else None)
+        t, _ = serve_batches(make, lambda n: [Request(f"r{i}", None, 64, prompt_len=512) for i in range(n)],
+                             [1, 64], {"none": None, "spec": spec}, min_requests=2)
+        return t[t["config"] == "spec"].set_index("batch")["speedup"]
+
+    free, drafted = speedups(SPEC, 0.8), speedups(DRAFT_MODEL, 0.8)
+    assert 1.2 < drafted[1] < free[1] and drafted[64] < free[64]    # the drafter's passes cost time
+    assert speedups(DRAFT_MODEL, 0.1)[1] < 0.9                      # and rarely-right drafts only cost
+    from batchlab.backends.roofline import RooflineCostModel
+    with pytest.raises(ValueError, match="needs a cost model that prices another model's kernels"):
+        SimBackend(RooflineCostModel.for_device("Llama-3-8B", "H100"), 10**6, speculative_config=DRAFT_MODEL,
+                   acceptance=AcceptanceModel(0.7))

@@ -27,7 +27,7 @@ from batchlab.model.sampling import RequestSampler
 from batchlab.model.verify import verify_draft
 from batchlab.plan import StepPlan
 from batchlab.requests import Request
-from batchlab.speculative import SpeculativeConfig, propose_ngram
+from batchlab.speculative import SpeculativeConfig, check_runs_on_the_model, propose_ngram
 
 
 class ModelBackend(Backend):
@@ -77,6 +77,8 @@ class ModelBackend(Backend):
         if self.speculative is not None and self.speculative.num_speculative_tokens >= max_seq_len:
             raise ValueError(f"num_speculative_tokens={self.speculative.num_speculative_tokens}; must be below "
                              f"max_seq_len={max_seq_len} (a check computes k + 1 positions of one sequence)")
+        if self.speculative is not None:
+            check_runs_on_the_model(self.speculative)
         exit_layer = None if self.speculative is None else self.speculative.early_exit_layer
         if exit_layer is not None and not exit_layer < cfg.num_layers:
             raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{cfg.num_layers - 1} (the draft runs "

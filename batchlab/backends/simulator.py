@@ -16,9 +16,10 @@ a ``StepPlan`` and answers with a ``StepResult``. The differences:
 
 Speculative decoding (``speculative_config`` with an ``acceptance`` model): each check accepts as
 its request's acceptance stream draws, and the check's ``k + 1`` positions are priced like any
-tokens of a step. Prompt lookup's drafts cost nothing here (vLLM drafts them on the host); an
-early-exit draft's ``k`` passes are priced by the cost model cut to its first layers
-(``RooflineCostModel.early_exit``) and added to the step that drafts them.
+tokens of a step. Prompt lookup's drafts cost nothing here (vLLM drafts them on the host, with
+async scheduling off: ``VllmStepModel.speculating``); an early-exit draft's ``k`` passes are
+priced by the cost model cut to its first layers (``early_exit``), a draft model's by its own
+kernels on the same GPUs (``VllmStepModel.draft_model``), and added to the step that drafts.
 
 Noise: with ``noise = sigma > 0`` each step's duration is multiplied by ``exp(sigma*z - sigma**2/2)``
 with ``z`` standard normal, a lognormal factor whose mean is 1 (so noise does not change average
@@ -77,16 +78,29 @@ class SimBackend(Backend):
         if (self.speculative is None) != (acceptance is None) or not isinstance(acceptance, (AcceptanceModel, type(None))):
             raise ValueError(f"acceptance={acceptance!r}: a speculative config needs an AcceptanceModel (how many "
                              "drafted tokens a check accepts), and an AcceptanceModel needs a speculative config")
-        self._draft_pass = None            # an early-exit draft's pass: the model cut short
-        if self.speculative is not None and self.speculative.method == "early_exit":
-            if not hasattr(cost_model, "early_exit"):
-                raise ValueError(f"method='early_exit' needs a cost model that knows the model's layers (a "
-                                 f"RooflineCostModel or a VllmStepModel), not {type(cost_model).__name__}")
-            self._draft_pass = cost_model.early_exit(self.speculative.early_exit_layer)
+        self._draft_pass = self._draft_pass_model(cost_model)
+        if self.speculative is not None and hasattr(cost_model, "speculating"):
+            self.cost_model = cost_model.speculating(self.speculative)   # the engine as vLLM runs this drafter
         self.acceptance = acceptance
         self._streams: dict[str, AcceptanceStream] = {}
         self._noise_factors: list[float] = []
         self.reset()
+
+    def _draft_pass_model(self, cost_model: StepTimeModel) -> StepTimeModel | None:
+        """What one draft pass costs: the model cut short (``early_exit``), the drafter's own
+        kernels (``draft_model``), or nothing (``ngram``: drafted on the host)."""
+        method = None if self.speculative is None else self.speculative.method
+        if method == "early_exit":
+            if not hasattr(cost_model, "early_exit"):
+                raise ValueError(f"method='early_exit' needs a cost model that knows the model's layers (a "
+                                 f"RooflineCostModel or a VllmStepModel), not {type(cost_model).__name__}")
+            return cost_model.early_exit(self.speculative.early_exit_layer)
+        if method == "draft_model":
+            if not hasattr(cost_model, "draft_model"):
+                raise ValueError(f"method='draft_model' needs a cost model that prices another model's kernels on "
+                                 f"the same GPUs (a VllmStepModel), not {type(cost_model).__name__}")
+            return cost_model.draft_model(self.speculative.model)
+        return None
 
     @property
     def cost_model(self) -> StepTimeModel:
@@ -134,14 +148,19 @@ class SimBackend(Backend):
             if room > 0 and stream.drafts():
                 result.drafts[rid] = [token] * room
                 drafting.append((req.prompt_len + len(req.output_ids) + emitted, room))
-        if self._draft_pass is not None:
-            result.duration += self._draft_seconds(drafting)
+        if self._draft_pass is not None and k > 0:
+            result.duration += self._draft_seconds(chunks, drafting)
 
-    def _draft_seconds(self, drafting: list[tuple[int, int]]) -> float:
-        """Early-exit drafts: pass ``j`` computes one token of each request drafting more than
-        ``j``, attending to its context so far (no noise drawn)."""
-        seconds = 0.0
-        for j in range(max((room for _, room in drafting), default=0)):
+    def _draft_seconds(self, chunks, drafting: list[tuple[int, int]]) -> float:
+        """The draft passes of a step (no noise drawn). Pass ``j`` computes one token of each
+        request drafting more than ``j``, attending to its context so far. An early exit reads
+        the target's KV cache; a draft model keeps its own, so its first pass runs over all the
+        step's tokens (prompt chunks and checked positions, as vLLM's drafter does: its cache
+        stays current) and drafts the first token from them."""
+        seconds, first = 0.0, 0
+        if self.speculative.method == "draft_model":
+            seconds, first = self._draft_pass.predict_features(*step_features(chunks)), 1
+        for j in range(first, max((room for _, room in drafting), default=0)):
             contexts = [context + j for context, room in drafting if room > j]
             seconds += self._draft_pass.predict_features(len(contexts), len(contexts), sum(contexts))
         return seconds

@@ -33,7 +33,7 @@ from batchlab.online import EngineInbox, EngineListener
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
-from batchlab.speculative import SpeculativeConfig
+from batchlab.speculative import SpeculativeConfig, check_runs_on_the_model
 from batchlab.serve.kv_transfer import KVConnector, KVTransferConfig, Received, TransferAsk
 from batchlab.serve.engine_view import (TraceWindow, end_state, new_preemptions, new_steps, read_engine_stats,
                                        run_online_bounded)
@@ -137,6 +137,7 @@ class ServerConfig:
         if self.speculative_config is not None:
             spec = SpeculativeConfig.parse(self.speculative_config)     # stored as its JSON
             object.__setattr__(self, "speculative_config", spec.to_json())
+            check_runs_on_the_model(spec)
             if self.policy != "continuous" or self.simulate is not None:
                 raise ValueError(f"speculative_config with policy={self.policy!r}, simulate={self.simulate!r}; must "
                                  "come with policy='continuous' (a request-level batch decodes in lockstep) and the "

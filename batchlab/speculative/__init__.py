@@ -4,7 +4,8 @@
   defaults, with the batch-size schedule that shortens or turns off drafting in a large batch.
 - ``ngram.py``: prompt lookup (vLLM's ``ngram`` method), a drafter that needs no weights.
   The other drafter, the model's own first layers (``method="early_exit"``), runs the model, so
-  it lives with it: ``batchlab.model.early_exit``.
+  it lives with it: ``batchlab.model.early_exit``. A separate draft model (``draft_model``) is
+  priced by the simulator only (``vllm_sim.VllmStepModel.draft_model``).
 - ``acceptance.py``: how many drafted tokens a check accepts, as a distribution per request, for
   the simulator (fitted to measured runs).
 
@@ -14,7 +15,7 @@ KV room of what was not (``engine.py``).
 """
 
 from batchlab.speculative.acceptance import AcceptanceModel, AcceptanceStream, expected_accepted
-from batchlab.speculative.config import SpeculativeConfig
+from batchlab.speculative.config import SpeculativeConfig, check_runs_on_the_model
 from batchlab.speculative.ngram import propose_ngram
 
-__all__ = ["AcceptanceModel", "AcceptanceStream", "SpeculativeConfig", "expected_accepted", "propose_ngram"]
+__all__ = ["AcceptanceModel", "AcceptanceStream", "SpeculativeConfig", "check_runs_on_the_model", "expected_accepted", "propose_ngram"]

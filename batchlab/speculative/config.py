@@ -1,10 +1,12 @@
 """``SpeculativeConfig``: vLLM's ``--speculative-config``, by its names, defaults and rules.
 
-``method``: ``"ngram"`` (prompt lookup, ``ngram.py``) or ``"early_exit"`` (a self-draft: the
+``method``: ``"ngram"`` (prompt lookup, ``ngram.py``), ``"early_exit"`` (a self-draft: the
 model's own first ``early_exit_layer`` layers, then its final norm and LM head, drafting greedily;
-``batchlab.model.early_exit``). ``early_exit`` is batchlab's, not vLLM's: vLLM 0.32's methods
-(``SpeculativeMethod`` in its ``config/speculative.py``) have none like it; its model drafters
-(``draft_model``, ``eagle``, ``medusa``, MTP heads) need weights of their own. ``num_speculative_tokens``: ``k``, the most tokens drafted for a request per step;
+``batchlab.model.early_exit``) or ``"draft_model"`` (vLLM's: a smaller model, ``model``, drafts;
+priced by the simulator only, ``VllmStepModel.draft_model``: the course's CPU engine serves one
+model). ``early_exit`` is batchlab's, not vLLM's: vLLM 0.32's methods (``SpeculativeMethod`` in its
+``config/speculative.py``) have none like it. ``model`` given without ``method`` means
+``draft_model``, as in vLLM. ``num_speculative_tokens``: ``k``, the most tokens drafted for a request per step;
 a step then verifies up to ``k + 1`` positions of it. ``prompt_lookup_min`` /
 ``prompt_lookup_max`` (``ngram`` only): the n-gram lengths searched (vLLM 0.32: both 5 when
 neither is given; one given, the other takes its value). ``early_exit_layer`` (``early_exit``
@@ -29,7 +31,8 @@ from dataclasses import dataclass, fields
 
 from batchlab.checks import check_choice, check_int, fail, is_int
 
-METHODS = ("ngram", "early_exit")
+METHODS = ("ngram", "early_exit", "draft_model")
+CPU_METHODS = ("ngram", "early_exit")   # the drafters the course's engine runs on its one real model
 DEFAULT_PROMPT_LOOKUP = 5          # vLLM 0.32's value when neither bound is given
 
 
@@ -44,6 +47,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
     early_exit_layer: int | None = None
+    model: str | None = None             # the draft model (``draft_model`` only)
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS, hint="the drafters batchlab has")
@@ -55,17 +59,24 @@ class SpeculativeConfig:
         if self.num_speculative_tokens_per_batch_size is not None:
             object.__setattr__(self, "num_speculative_tokens_per_batch_size",
                                _check_schedule(self.num_speculative_tokens_per_batch_size))
-        if self.method == "early_exit":
+        if (self.method == "draft_model") != (self.model is not None):
+            if self.model is None:
+                raise ValueError('method "draft_model" needs model: the drafter, a MODEL_SHAPES name or a '
+                                 "config.json path (e.g. \"Llama-3.2-1B\")")
+            raise ValueError(f'model={self.model!r} belongs to method "draft_model", not {self.method!r}')
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            fail("model", self.model, "the drafter's name: a MODEL_SHAPES name or a config.json path")
+        if (self.method == "early_exit") != (self.early_exit_layer is not None):
             if self.early_exit_layer is None:
                 raise ValueError('method "early_exit" needs early_exit_layer: how many of the model\'s '
                                  "layers the draft runs (1 to its layers - 1)")
-            for name in ("prompt_lookup_min", "prompt_lookup_max"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f'{name}={getattr(self, name)!r} belongs to method "ngram", not "early_exit"')
-            return
-        if self.early_exit_layer is not None:
             raise ValueError(f'early_exit_layer={self.early_exit_layer!r} belongs to method "early_exit", '
                              f"not {self.method!r}")
+        if self.method != "ngram":
+            for name in ("prompt_lookup_min", "prompt_lookup_max"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f'{name}={getattr(self, name)!r} belongs to method "ngram", not {self.method!r}')
+            return
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is None and high is None:
             low = high = DEFAULT_PROMPT_LOOKUP
@@ -103,6 +114,8 @@ class SpeculativeConfig:
         if not isinstance(value, dict):
             fail("speculative_config", value, "a JSON object or dict, e.g. "
                  '{"method": "ngram", "num_speculative_tokens": 3}')
+        if "model" in value and "method" not in value:
+            value = {**value, "method": "draft_model"}     # vLLM's reading of a bare drafter
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:
@@ -119,6 +132,15 @@ class SpeculativeConfig:
         """vLLM's JSON for this config (``--speculative-config``)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
         return json.dumps(out)
+
+
+def check_runs_on_the_model(spec: SpeculativeConfig) -> None:
+    """Refuse a drafter the real-model engine cannot run: it serves one model, so a draft model
+    is priced by the simulator only."""
+    if spec.method not in CPU_METHODS:
+        fail("speculative method", spec.method, f"one of {CPU_METHODS} with the real model",
+             f"a draft model ({spec.model!r}) is priced by the simulator only: SimBackend over "
+             "VllmReplica(...).step_model")
 
 
 def _check_schedule(schedule: object) -> tuple[tuple[int, int, int], ...]:

@@ -23,6 +23,8 @@ from batchlab.backends.cost_model import StepTimeModel
 from batchlab.backends.grounded_step import GroundedStep
 from batchlab.backends.measured_step import MeasuredStep
 from batchlab.checks import check_int, fail
+from batchlab.shapes import ModelShape, model_shape
+from batchlab.speculative import SpeculativeConfig
 from batchlab.vllm_sim.engine_flags import ENGINE_DATA, padded_tokens
 
 CPU = ENGINE_DATA["cpu_per_step"]
@@ -73,6 +75,23 @@ class VllmStepModel(StepTimeModel):
             fail("early_exit_layer", exit_layer, f"in 1..{layers - 1}", f"{self.gpu.shape.name} has {layers} layers")
         shape = replace(self.gpu.shape, name=f"{self.gpu.shape.name}, first {exit_layer} layers", num_layers=exit_layer)
         return replace(self, gpu=replace(self.gpu, shape=shape), cpu_fixed_s=0.0, cpu_per_seq_s=0.0)
+
+    def draft_model(self, model: str | ModelShape) -> "VllmStepModel":
+        """A draft model's pass (``method="draft_model"``): the drafter's kernels on the same GPUs
+        and CUDA graphs (vLLM's default: the target's tensor parallelism), no CPU work of its own.
+        The drafter must share the target's vocabulary, as vLLM requires."""
+        draft = model if isinstance(model, ModelShape) else model_shape(model)
+        target = self.gpu.shape
+        if draft.vocab_size != target.vocab_size:
+            fail("model", draft.name, f"a drafter with {target.name}'s vocabulary of {target.vocab_size} tokens",
+                 f"{draft.name} has {draft.vocab_size}")
+        draft.layer.check_tensor_parallel(self.gpu.tensor_parallel)
+        return replace(self, gpu=replace(self.gpu, shape=draft), cpu_fixed_s=0.0, cpu_per_seq_s=0.0)
+
+    def speculating(self, spec: SpeculativeConfig) -> "VllmStepModel":
+        """The step as vLLM 0.32 runs it with ``spec``: prompt lookup drafts on the host, so vLLM
+        turns async scheduling off for it (``config/vllm.py``); its model drafters keep it on."""
+        return replace(self, async_scheduling=False) if spec.method == "ngram" else self
 
     def __repr__(self) -> str:
         g = self.gpu
