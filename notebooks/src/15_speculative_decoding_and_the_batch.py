@@ -26,15 +26,17 @@
 #   measured by exit layer: why it needs a model trained for it.
 # - **Bursts**: several tokens arrive in one chunk, so ITL and TPOT stop agreeing.
 # - **On a GPU**: the batch size and the request rate at which speculation stops paying for
-#   Llama-3-8B on an H100, predicted by the simulator, and vLLM's CPU build doing the same on this
-#   machine.
+#   Llama-3-8B on an H100, predicted by the simulator, with drafts that cost nothing and with a
+#   real draft model's (Llama-3.2-1B); and vLLM's CPU build running prompt lookup on this machine.
 
 # %% [markdown]
 # ## Setup
 
 # %%
+import json
 import os
 
+import httpx
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -46,6 +48,7 @@ from batchlab.analysis.metrics import itl_definitions, per_request_metrics
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.engine import Engine
 from batchlab.exercises import check
+from batchlab.loadgen.prom import scrape, value
 from batchlab.experiments.speculation import fit_acceptance, serve_batches, serve_rates, spec_stats
 from batchlab.model import load_model
 from batchlab.model.divergence import NEAR_TIE, parted_between
@@ -53,6 +56,7 @@ from batchlab.model.llama import LlamaWeights
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.speculative import AcceptanceModel, SpeculativeConfig, propose_ngram
+from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMFlags, VLLMUnavailable, start_vllm, vllm_status
 from batchlab.vllm_sim import VllmReplica
 from batchlab.workloads import make_workload
 from batchlab.workloads.tasks import task_requests, task_texts
@@ -114,9 +118,12 @@ print(f"the model then wrote    {tok.decode(answer[cut:cut + 4])!r}")
 # and the next step overwrites them.
 #
 # With sampling (`temperature > 0`) the rule is *speculative sampling* (Leviathan et al. and
-# Chen et al., 2023): accept a drafted token with probability `p(token)` (the model's, after
-# temperature, top-k and top-p), and on a rejection draw from the model's distribution without
-# that token. Each emitted token is then distributed exactly as if the model had sampled it alone.
+# Chen et al., 2023). A drafter proposes a token `x` drawn from its own distribution `q`; the model's
+# distribution there is `p` (after temperature, top-k and top-p). Accept `x` with probability
+# `min(1, p(x) / q(x))`; on a rejection, draw from `max(0, p - q)`, renormalized. Each emitted
+# token is then distributed exactly as if the model had sampled it alone. Prompt lookup and a
+# greedy early exit propose one token for certain (`q` is 1 on it, 0 elsewhere), so the rule
+# becomes: accept with probability `p(x)`, and on a rejection draw from `p` without `x`.
 
 # %%
 spec_run = Engine(ContinuousBatcher(1), backend(SPEC, batch=1)).run([edit])
@@ -132,9 +139,11 @@ expect("speculation needed fewer steps for the same tokens", len(spec_run.steps)
 # The rule above keeps exactly the tokens the model would have chosen, so speculation may change
 # how fast an answer comes, never which answer. Six requests of two tasks served together, with
 # and without speculation, on the slot cache and on the paged cache of notebook 05. In fp32 the
-# answers must be identical token for token; in bf16 a check computes a different batch shape
-# than a plain decode (`k + 1` rows of a request instead of one), and notebook 04 showed that a
-# different shape may part the answers where the model's two best tokens were nearly tied.
+# answers are identical here, token for token (fp32's rounding can depend on a step's shape too,
+# so vLLM promises equal answers "up to floating-point precision"). In bf16 a check computes a
+# different batch shape than a plain decode (`k + 1` rows of a request instead of one), and
+# notebook 04 showed that a different shape may part the answers where the model's two best
+# tokens were nearly tied.
 
 # %%
 mixed = task_requests("code_edit", 3, tok, MAX_NEW) + task_requests("chat", 3, tok, MAX_NEW)
@@ -164,7 +173,7 @@ for paged in (False, True):
 # - `chat`: open questions: new text.
 #
 # *Acceptance* is the share of drafted tokens the checks accepted; *tokens per check* is what a
-# check emitted on average (1 + accepted).
+# check emitted on average (1 + accepted). The 12 runs take about a minute on a 2-core CPU.
 
 # %%
 KINDS = ("code_edit", "quote", "chat")
@@ -198,7 +207,8 @@ expect("at batch 1 on this CPU, speculation makes code edits at least 1.5x faste
 #
 # The copy-heavy task again at batch 4, 16 and 32 (as many requests served at once), and the chat
 # task at batch 32, without speculation and with drafts of `k = 4` always; chat also with a
-# policy that turns drafting off in a large batch (next section). Batch 1 is the run above.
+# policy that turns drafting off in a large batch (next section). Batch 1 is the run above. The
+# nine runs take one to two minutes on a 2-core CPU.
 
 # %%
 POLICY = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 8, 2], [9, 256, 0]]}
@@ -226,14 +236,18 @@ ax.set_ylabel("tokens/s vs without")
 ax.set_title(f"On this CPU the gain falls from {always[1]:.1f}x at batch 1 to {always[32]:.2f}x at batch 32")
 ax.legend()
 plt.show()
+# On any CPU a step of 32 requests with 4 drafts each computes 160 positions, several times the
+# work of its 32-position plain step, while at batch 1 the 5 positions cost little more than one.
 expect("the speedup at batch 32 is well below the speedup at batch 1", always[32] / always[1], below=0.8)
 verdict = "slower" if chat_32["always"] < 1 else "not slower"
 print(f"chat at batch 32 with drafts always: {chat_32['always']:.2f}x, {verdict} than without speculation")
 
 # %% [markdown]
 # Why the gain shrinks: on this CPU a step's time grows with the tokens it computes from the very
-# first one (notebook 01: each sequence brings its own share of work, and the weight reads are
-# cheap next to it). Every step of the runs above, its time against its tokens:
+# first one (notebook 01: each sequence brings its own share of work). Every decode step of the
+# runs above, its time against its tokens, with a straight line fitted: its slope is what one more
+# token costs, its value at one token what a step costs whatever it computes (the weight reads
+# and the fixed work).
 
 # %%
 runs = [*code_traces.values(), *task_traces.values()]
@@ -248,8 +262,12 @@ ax.set_xlabel("tokens in the step (decodes and drafts)")
 ax.set_ylabel("step time (ms)")
 ax.set_title(f"On this CPU each extra token in a step costs {fit[0]:.2f} ms, a 1-token step {np.polyval(fit, 1):.0f} ms")
 plt.show()
-expect("on this CPU a step of 32 tokens takes at least twice as long as a step of one",
-       np.polyval(fit, 32) / np.polyval(fit, 1), above=2)
+print(f"a step of 32 tokens: {np.polyval(fit, 32) / np.polyval(fit, 1):.1f}x a step of one; one token more: "
+      f"{fit[0] / np.polyval(fit, 1):.1%} of a 1-token step")
+# The claim is the direction: on a 2-core VM the ratio is above 2; a many-core CPU, where a small
+# step is bound by reading the weights, keeps it well above 1.2 (160 positions are compute-bound).
+expect("on this CPU a step of 32 tokens costs clearly more than a step of one",
+       np.polyval(fit, 32) / np.polyval(fit, 1), above=1.2)
 
 # %% [markdown]
 # At batch 1 a check of `k + 1 = 5` positions costs a few tokens' worth on top of a step that
@@ -269,23 +287,26 @@ expect("on this CPU a step of 32 tokens takes at least twice as long as a step o
 # on this CPU.
 
 # %%
-policy_32, plain_32 = chat_traces[32, "policy"], chat_traces[32, "none"]
-same_plan = [[(c.request_id, c.start, c.num_tokens) for c in s.chunks] for s in policy_32.steps] == \
-            [[(c.request_id, c.start, c.num_tokens) for c in s.chunks] for s in plain_32.steps]
-print(f"chat, batch 32: drafts always {chat_32['always']:.2f}x, the policy {chat_32['policy']:.2f}x")
-expect_true("at batch 32 the policy drafted nothing: every step is the plain run's step",
-            same_plan and spec_stats(policy_32)["checks"] == 0)
+policy_32 = chat_traces[32, "policy"]
+# A step's drafts are checked in the next step: after each step of 9 or more requests, none.
+large = [(s, after) for s, after in zip(policy_32.steps, policy_32.steps[1:]) if len(s.chunks) >= 9]
+drafted_after_large = sum(bool(c.draft) for _, after in large for c in after.chunks)
+print(f"chat, batch 32: drafts always {chat_32['always']:.2f}x, the policy {chat_32['policy']:.2f}x; "
+      f"{len(large)} of the policy's {len(policy_32.steps)} steps had 9 or more requests")
+expect_true("the policy drafted nothing in a step of 9 or more requests", len(large) > 0 and drafted_after_large == 0,
+            f"{drafted_after_large} drafts after {len(large)} large steps")
 
 # %% [markdown]
-# With no drafts the policy's steps are exactly the plain run's, so its speed is the plain run's
-# up to the CPU's noise; at batch 1 to 4 it drafts as much as `k = 4` always. Where to put the
+# With no drafts a step of the policy is the plain run's step, so while the batch stays large its
+# speed is the plain run's up to the CPU's noise; if the batch thins out as answers end, the
+# policy drafts again (2 tokens from 8 requests down, 4 from 4), as at batch 1 to 4. Where to put the
 # turn is a measurement: the machine, the model and the task's acceptance all move it.
 
 # %% [markdown]
 # ## A drafter inside the model: early exit
 #
 # Prompt lookup needs text to copy. A drafter that always has a guess is the model itself, cut
-# short: run only its first `L` of its 30 layers, then its final norm and LM head (an *early
+# short: run only its first `L` of its layers, then its final norm and LM head (an *early
 # exit*), and take that shortened model's choice as the draft. It needs no weights and no cache
 # of its own: layer `i`'s keys and values depend only on the layers below it, so the cache's first
 # `L` layers already hold what the shortened model would have computed for the text so far.
@@ -294,10 +315,13 @@ expect_true("at batch 32 the policy drafted nothing: every step is the plain run
 # `{"method": "early_exit", "early_exit_layer": L}`; vLLM has no such method (its model drafters,
 # `draft_model`, `eagle`, `medusa`, bring weights of their own).
 #
-# The code edits at batch 1 again, drafting `k = 3` tokens from layer 8, 20 and 27:
+# The code edits at batch 1 again, drafting `k = 3` tokens from an early, a middle and a late
+# layer (about a minute on a 2-core CPU):
 
 # %%
-EXITS = (8, 20, 27)
+LAYERS = lm.model.config.num_hidden_layers
+EXITS = (8, 20, LAYERS - 3)
+print(f"{lm.name} has {LAYERS} layers; exits at {EXITS}")
 exit_specs = {"none": None, **{f"exit {L}": {"method": "early_exit", "num_speculative_tokens": 3,
                                              "early_exit_layer": L} for L in EXITS}}
 bar = tqdm(total=2 * len(exit_specs), desc="runs")
@@ -330,18 +354,18 @@ print(by_exit[["layer", "acceptance", "tokens_per_check", "check_cost", "speedup
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3))
 left.plot(by_exit["layer"], by_exit["acceptance"], "o-")
-left.set_xlabel("exit layer L (of 30)")
+left.set_xlabel(f"exit layer L (of {LAYERS})")
 left.set_ylabel("acceptance")
 right.plot(by_exit["layer"], by_exit["tokens_per_check"], "o-", label="tokens per check")
 right.plot(by_exit["layer"], by_exit["check_cost"], "s--", label="check cost (plain steps)")
-right.set_xlabel("exit layer L (of 30)")
+right.set_xlabel(f"exit layer L (of {LAYERS})")
 right.legend()
 top = by_exit.set_index("layer").loc[EXITS[-1]]
 fig.suptitle(f"Exiting at layer {EXITS[-1]}, drafts are accepted {top['acceptance']:.0%} of the time, but a check "
              f"costs {top['check_cost']:.1f} steps for {top['tokens_per_check']:.1f} tokens: {top['speedup']:.2f}x")
 plt.tight_layout()
 plt.show()
-expect("drafts from layer 27 are accepted more often than drafts from layer 8",
+expect(f"drafts from layer {EXITS[-1]} are accepted more often than drafts from layer {EXITS[0]}",
        top["acceptance"] - by_exit.set_index("layer").loc[EXITS[0], "acceptance"], above=0.15)
 expect_true("at every exit layer a check costs more plain steps than it emits tokens",
             list(by_exit["check_cost"] > by_exit["tokens_per_check"]),
@@ -354,8 +378,8 @@ expect("on this CPU no exit layer pays: the best speedup", by_exit["speedup"].ma
 # almost never, and only near its last layers does it agree often, where a draft pass costs
 # nearly a whole step. A check of `k` drafts, each pass costing `c` of a step, emits `E` tokens
 # and costs about `1 + k·c` steps, so it pays only if `E > 1 + k·c`. On a GPU at batch 1 a pass
-# reads `L/30` of the layers' weights, so `c` is about the same share there, and the arithmetic
-# is no kinder. LayerSkip (Elhoushi et al. 2024) makes it pay by training for it: layer dropout
+# reads the weights of `L` of the model's layers, so `c` is about `L` over the number of layers
+# there too, and the arithmetic is no kinder. LayerSkip (Elhoushi et al. 2024) makes it pay by training for it: layer dropout
 # and an early-exit loss teach the middle layers to predict, and its check reuses the draft's
 # first layers instead of computing them again; it reports up to 2.16x on summarization and
 # 1.82x on coding with Llama models trained that way. The drafter has to be cheap *and* right.
@@ -383,8 +407,6 @@ expect("with speculation the tokens come in fewer chunks: chunk gaps / token gap
        bursts.loc["ngram", "chunk gaps"] / bursts.loc["ngram", "token gaps"], below=0.7)
 expect("speculation shortens TPOT at batch 1",
        bursts.loc["ngram", "TPOT mean (ms)"] / bursts.loc["none", "TPOT mean (ms)"], below=0.8)
-expect("with speculation its chunks come further apart than its tokens (ITL / TPOT)",
-       bursts.loc["ngram", "ITL mean (ms)"] / bursts.loc["ngram", "TPOT mean (ms)"], above=1.2)
 
 # %%
 itl_change = bursts.loc["ngram", "ITL mean (ms)"] / bursts.loc["none", "ITL mean (ms)"]
@@ -393,20 +415,26 @@ print(f"turning speculation on changed the mean ITL by {itl_change:.2f}x and the
 expect("at batch 1 TPOT falls much more than ITL does", tpot_change / itl_change, below=0.7)
 
 # %% [markdown]
-# A dashboard that watches ITL hardly sees speculation: a check's step takes about as long as a
-# plain decode's at batch 1, so the gaps between chunks barely move. TPOT, and the reader, see the
-# text arrive much sooner. Say which of the two a latency target is written in.
+# A dashboard that watches ITL sees much less of speculation than TPOT does: at batch 1 a check's
+# step costs a plain decode's step plus a few positions, so the gaps between chunks change by the
+# first factor printed above, while TPOT, and the reader, see the text arrive much sooner (the
+# second). Say which of the two a latency target is written in.
 
 # %% [markdown]
 # ## On a GPU: where it stops paying
 #
 # The simulator of notebooks 12 to 16 predicts a GPU's steps as vLLM runs them, from vLLM's
-# kernels as measured on real GPUs (notebook 14's step model), and a check is a step like any other: `k + 1` positions for each
-# request that drafts. What it cannot compute is which drafts a model would accept: it draws them
-# (`batchlab.speculative.AcceptanceModel`): each drafted token is accepted with the request's own
-# chance `alpha`, until the first rejection; the requests' chances spread around a mean `rate`;
-# and a decode carries a draft with chance `draft_rate` (prompt lookup finds no match in much of
-# a chat). First the two tasks as measured above on this CPU, fitted:
+# kernels as measured on real GPUs (notebook 14's step model), and a check is a step like any
+# other: `k + 1` positions for each request that drafts. vLLM 0.32 runs prompt lookup on the host
+# and turns async scheduling off for it (its `config/vllm.py`), so each step also waits for the
+# CPU's scheduling work; the simulator does the same. What it cannot compute is which drafts a
+# model would accept: it draws them (`batchlab.speculative.AcceptanceModel`): each drafted token is
+# accepted with the request's own chance `alpha`, until the first rejection; the requests' chances
+# spread around a mean `rate` (a Beta distribution: the larger its `concentration`, the more alike
+# the requests); and a decode carries a draft with chance `draft_rate` (prompt lookup finds no
+# match in much of a chat). First the two tasks as measured above on this CPU, fitted. Using
+# them for Llama-3-8B assumes the larger model copies its prompt as often as SmolLM2 does on these
+# tasks: the acceptance is mostly the task's, but a larger model may paraphrase more or less.
 
 # %%
 acceptance = {kind: fit_acceptance([task_traces[kind]]) for kind in ("code_edit", "chat")}
@@ -435,57 +463,133 @@ expect("predicted for an H100: code edits gain more than chat at batch 1",
        fitted.loc[1, "code_edit"] - fitted.loc[1, "chat"], above=0.2)
 
 # %% [markdown]
-# Where the gain turns into a loss depends on the acceptance. A drafter that proposes at every
-# step (a draft model, say) with acceptance rates from poor to very good:
+# Here, as on the CPU, the speedup is tokens/s over a whole run in which every request arrives at
+# once, its prompt's prefill included; at a large batch the prefill is a real share of the run
+# and dilutes the decode's gain or loss. The by-rate runs below report TPOT instead.
+#
+# Where the gain turns into a loss depends on the acceptance, and on what the drafts cost. Two
+# drafters that propose at every step, with acceptance rates from poor to very good:
+#
+# - **free drafts**: prompt lookup's pricing, drafts that cost the GPU nothing (an upper bound on
+#   any drafter at the same acceptance, apart from the async scheduling vLLM turns off for it);
+# - **a draft model**: Llama-3.2-1B, 16 layers with Llama-3's vocabulary, drafting for Llama-3-8B
+#   (vLLM's `"method": "draft_model"`). It keeps a KV cache of its own, so its first pass of a
+#   step runs over all of the step's tokens (prompt chunks too), then one token per request per
+#   pass, each pass priced by its own measured kernels on the same GPU. Its weights and cache also
+#   take memory from the target's KV cache; these runs have room to spare, so that cost is not
+#   shown here.
 
 # %%
+DRAFT_MODEL = {"method": "draft_model", "model": "Llama-3.2-1B", "num_speculative_tokens": 4}
+print(f"one pass of the draft model costs {cost.draft_model('Llama-3.2-1B').predict_features(1, 1, 768) / cost.predict_features(1, 1, 768):.2f} "
+      "of a Llama-3-8B decode step at batch 1")
 ALPHAS = (0.2, 0.4, 0.6, 0.8)
-sweep = pd.DataFrame({alpha: gpu_speedups(AcceptanceModel(alpha)) for alpha in tqdm(ALPHAS, desc="rates")})
-turns = {alpha: next((b for b, x in sweep[alpha].items() if x < 1), None) for alpha in ALPHAS}
-print(sweep.round(2))
-fig, ax = plt.subplots(figsize=(6, 3))
-for alpha in ALPHAS:
-    ax.plot(sweep.index, sweep[alpha], "o-", label=f"alpha = {alpha}")
-ax.axhline(1, color="k", lw=0.8)
-ax.set_xscale("log", base=2)
-ax.set_xlabel("batch size")
-ax.set_ylabel("tokens/s vs without")
-ax.set_title(f"H100, Llama-3-8B (predicted): at alpha 0.2 drafts lose from batch {turns[0.2]}, "
-             f"at 0.6 from {turns[0.6]}", fontsize=9)
-ax.legend(fontsize=8)
+DRAFTERS = {"free drafts": SPEC, "Llama-3.2-1B drafts": DRAFT_MODEL}
+bar = tqdm(total=len(ALPHAS) * len(DRAFTERS), desc="sweeps")
+sweeps = {}
+for name, spec in DRAFTERS.items():
+    sweeps[name] = pd.DataFrame({alpha: gpu_speedups(AcceptanceModel(alpha), spec=spec) for alpha in ALPHAS})
+    bar.update(len(ALPHAS))
+bar.close()
+turns = {name: {alpha: next((b for b, x in sweep[alpha].items() if x < 1), None) for alpha in ALPHAS}
+         for name, sweep in sweeps.items()}
+print(pd.concat(sweeps, axis=1).round(2).to_string())
+
+# %%
+def turn_words(turn):
+    return "never, up to 512" if turn is None else f"from batch {turn}"
+
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
+for ax, (name, sweep) in zip(axes, sweeps.items()):
+    for alpha in ALPHAS:
+        ax.plot(sweep.index, sweep[alpha], "o-", label=f"alpha = {alpha}")
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_title(f"{name}: at alpha 0.8 they lose {turn_words(turns[name][0.8])}", fontsize=9)
+axes[0].set_ylabel("tokens/s vs without")
+axes[0].legend(fontsize=8)
+fig.suptitle("H100, Llama-3-8B (predicted): the draft model's passes move every turn to a smaller batch", fontsize=10)
+plt.tight_layout()
 plt.show()
-known = [turns[a] if turns[a] is not None else 10**6 for a in ALPHAS]
-expect_true("predicted for an H100: the better the acceptance, the larger the batch at which drafts stop paying",
-            known == sorted(known), turns)
-expect("predicted for an H100: poor drafts (alpha 0.2) cost a full batch of 512 at least 10% of its tokens/s",
-       sweep.loc[512, 0.2], below=0.9)
-expect("predicted for an H100: very good drafts (alpha 0.8) pay at every batch size up to 512", sweep[0.8].min(),
-       above=1.0)
 
 # %% [markdown]
-# A server does not choose its batch size; its traffic does. The same prediction by request rate:
-# Poisson arrivals of 512-token prompts asking for 256 tokens each, up to 256 requests a step, and
-# the median TPOT without speculation divided by the median with it. The fitted code edits, and a
-# drafter that proposes at every step and is rarely right (alpha 0.2):
+# The checks below hold on any machine: the simulator's numbers do not depend on this CPU.
 
 # %%
-def gpu_by_rate(model, rates=(1, 4, 16, 32)):
+def known(turn):
+    return 10**6 if turn is None else turn
+
+
+for name in DRAFTERS:
+    order = [known(turns[name][a]) for a in ALPHAS]
+    expect_true(f"predicted for an H100, {name}: the better the acceptance, the larger the batch at which drafts "
+                "stop paying", order == sorted(order), turns[name])
+    expect(f"predicted for an H100, {name}: poor drafts (alpha 0.2) cost a full batch of 512 at least 10% of "
+           "its tokens/s", sweeps[name].loc[512, 0.2], below=0.9)
+free, drafted = sweeps["free drafts"], sweeps["Llama-3.2-1B drafts"]
+expect("predicted for an H100: at every batch and acceptance a draft model gains less than free drafts "
+       "(the largest ratio)", (drafted / free).to_numpy().max(), below=1.0)
+expect_true("predicted for an H100: at alpha 0.8 the draft model stops paying at a smaller batch than free drafts",
+            known(turns["Llama-3.2-1B drafts"][0.8]) < known(turns["free drafts"][0.8]),
+            {name: turns[name][0.8] for name in DRAFTERS})
+expect("predicted for an H100: a draft model right at alpha 0.8 gains at least 1.5x at batch 1", drafted.loc[1, 0.8],
+       above=1.5)
+expect("predicted for an H100: a draft model rarely right (alpha 0.2) loses even at batch 1", drafted.loc[1, 0.2],
+       below=1.0)
+
+# %% [markdown]
+# A draft model at batch 1 spends `k` passes of about a quarter of a step each, so a check costs
+# about two steps and pays only when it emits more than two tokens: at alpha 0.2 it emits 1.25
+# and loses even alone, where free drafts at the same acceptance still gain. And as the batch grows
+# its passes grow with it. The free drafts' curves are the ceiling of any drafter; a real
+# drafter's own cost lowers every curve and moves every turn to a smaller batch.
+#
+# A server does not choose its batch size; its traffic does. The same prediction by request rate:
+# Poisson arrivals of 512-token prompts asking for 256 tokens each, up to 256 requests a step, and
+# the median TPOT without speculation divided by the median with it. The fitted code edits, free
+# drafts that are rarely right (alpha 0.2), and the draft model right at alpha 0.8:
+
+# %%
+def gpu_by_rate(model, spec=SPEC, rates=(1, 4, 16, 32)):
     """Predicted TPOT speedup (and the mean batch) by request rate, Llama-3-8B on an H100 (vLLM's step model)."""
-    def make(spec):
-        return SimBackend(cost, 10**7, block_size=16, speculative_config=spec, acceptance=model if spec else None)
+    def make(config):
+        return SimBackend(cost, 10**7, block_size=16, speculative_config=config, acceptance=model if config else None)
     table = serve_rates(make, lambda rate: make_workload(400, prompt_len=512, output_len=256, arrival="poisson",
-                                                         rate=rate, seed=1), rates, {"none": None, "ngram": SPEC})
-    return table[table["config"] == "ngram"].set_index("rate")
+                                                         rate=rate, seed=1), rates, {"none": None, "spec": spec})
+    return table[table["config"] == "spec"].set_index("rate")
 
 
-by_rate = {"code_edit (fitted)": gpu_by_rate(acceptance["code_edit"]), "alpha 0.2, every step": gpu_by_rate(AcceptanceModel(0.2))}
+RATE_CASES = {"code_edit (fitted)": (acceptance["code_edit"], SPEC), "free drafts, alpha 0.2": (AcceptanceModel(0.2), SPEC),
+              "Llama-3.2-1B drafts, alpha 0.8": (AcceptanceModel(0.8), DRAFT_MODEL)}
+by_rate = {name: gpu_by_rate(model, spec) for name, (model, spec) in tqdm(RATE_CASES.items(), desc="cases")}
 print(pd.concat({name: t[["tpot_speedup", "mean_batch"]] for name, t in by_rate.items()}, axis=1).round(2).to_string())
-poor = by_rate["alpha 0.2, every step"]["tpot_speedup"]
+
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+for name, table in by_rate.items():
+    ax.plot(table.index, table["tpot_speedup"], "o-", label=name)
+    for rate, row in table.iterrows():
+        ax.annotate(f"{row['mean_batch']:.0f}", (rate, row["tpot_speedup"]), textcoords="offset points",
+                    xytext=(0, 5), fontsize=7, ha="center")
+ax.axhline(1, color="k", lw=0.8)
+ax.set_xscale("log", base=2)
+ax.set_xlabel("requests/s (labels: the mean batch without speculation)")
+ax.set_ylabel("TPOT without / with")
+poor = by_rate["free drafts, alpha 0.2"]["tpot_speedup"]
+ax.set_title(f"H100, Llama-3-8B (predicted): rarely-right drafts go from {poor[1]:.2f}x at 1 request/s "
+             f"to {poor[32]:.2f}x at 32", fontsize=9)
+ax.legend(fontsize=8)
+plt.show()
+drafted_by_rate = by_rate["Llama-3.2-1B drafts, alpha 0.8"]["tpot_speedup"]
 expect("predicted for an H100: the fitted code edits cut TPOT at least 1.8x at every rate up to 32 requests/s",
        by_rate["code_edit (fitted)"]["tpot_speedup"].min(), above=1.8)
 expect("predicted for an H100: the poor drafter shortens TPOT at 1 request/s", poor[1], above=1.05)
 expect("predicted for an H100: the poor drafter lengthens TPOT at 32 requests/s, where the batch is large",
        poor[32], below=0.9)
+expect("predicted for an H100: the draft model's TPOT gain at 32 requests/s is well below its gain at 1",
+       drafted_by_rate[32] / drafted_by_rate[1], below=0.8)
 
 # %% [markdown]
 # vLLM's speculative-decoding blog post (October 2024) measured this shape on GPUs: n-gram
@@ -493,12 +597,14 @@ expect("predicted for an H100: the poor drafter lengthens TPOT at 32 requests/s,
 # high rate, where the batch had already used the spare compute; a draft model 1.5x faster and
 # 1.4x slower. The conditions differ (larger models, several GPUs, an older engine), so compare
 # the shape: a large gain while the batch is small, a loss once it is large, and a turn that comes
-# later the more of the drafts are accepted. The simulator charges nothing for prompt lookup's
-# drafting itself (vLLM does it on the host), so these losses are a floor.
+# later the more of the drafts are accepted and the less they cost. The simulator charges nothing
+# for prompt lookup's search itself (vLLM does it on the host, per request), so its losses are a
+# floor.
 #
-# A self-draft is not free on a GPU: each pass reads the first `L` layers' weights and the LM
-# head. The simulator prices a pass as the model cut to its first `L` layers, kernel by kernel,
-# without the engine's CPU work (the pass runs inside a step already scheduled). Llama-3-8B has
+# An early exit is a drafter without a model or a cache of its own, and not free either: each
+# pass reads the first `L` layers' weights and the LM head. The simulator prices a pass as the
+# model cut to its first `L` layers, kernel by kernel, without the engine's CPU work (the pass
+# runs inside a step already scheduled). Llama-3-8B has
 # 32 layers; exits at layer 8 and 16, with acceptance rates a model trained for early exit might
 # reach:
 
@@ -525,16 +631,10 @@ expect("predicted for an H100: the same acceptance from layer 16 gains less at b
 # vLLM's CPU build takes the same `--speculative-config`. Does it run prompt lookup on a CPU? It
 # is started here on the course's model with the config above and asked for the same three code
 # edits; its `/metrics` counts its drafts in the names the course's server uses too
-# (`vllm:spec_decode_num_drafts`, `_num_draft_tokens`, `_num_accepted_tokens`).
+# (`vllm:spec_decode_num_drafts`, `_num_draft_tokens`, `_num_accepted_tokens`). vLLM takes about a
+# minute to start on a 2-core CPU.
 
 # %%
-import json
-
-import httpx
-
-from batchlab.loadgen.prom import scrape, value
-from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMFlags, VLLMUnavailable, start_vllm, vllm_status
-
 VLLM_READY, why = vllm_status()
 if not VLLM_READY and os.environ.get("CI"):
     raise RuntimeError(f"CI sets vLLM up with scripts/setup_vllm.sh, but: {why}")
@@ -557,6 +657,11 @@ if VLLM_READY:
                                                                                        "accepted_tokens")}
 else:
     print(f"Skipped: {why}")
+
+# %% [markdown]
+# Its counters beside batchlab's for the same three requests:
+
+# %%
 if vllm_counts:
     ours = spec_stats(task_traces["code_edit"])
     print(f"vLLM:     {vllm_counts['drafts']:.0f} drafts, acceptance {vllm_counts['accepted_tokens'] / vllm_counts['draft_tokens']:.2f}")
@@ -566,7 +671,7 @@ if vllm_counts:
 
 # %% [markdown]
 # It does: vLLM's CPU build drafts by prompt lookup and checks the drafts in its steps. Its
-# acceptance differs a little from batchlab's because its kernels round differently, so its
+# acceptance can differ from batchlab's because its kernels round differently, so its
 # greedy answers are not always batchlab's token for token (notebook 10), and different answers
 # make different drafts. vLLM also warns that `min_p` and `logit_bias` are not supported with
 # speculation; batchlab's check applies every sampling parameter at every position.
@@ -585,11 +690,15 @@ if vllm_counts:
 # - A drafter must be cheap and right: the model's own first layers (an early exit) are right only
 #   near its last layers, where a draft costs almost a step, so on SmolLM2 no exit layer pays;
 #   models trained for early exit (LayerSkip) make it pay.
-# - Accepted drafts arrive as bursts: TPOT falls, while the gaps between chunks (vLLM's ITL) grow.
-# - On a GPU the small batch's step is a weight read, so drafts are nearly free there; the
+# - Accepted drafts arrive as bursts: TPOT falls, while the gaps between chunks (vLLM's ITL) change
+#   much less.
+# - On a GPU the small batch's step is a weight read, so checking drafts is nearly free there; the
 #   simulator predicts large gains at small batches (and low request rates) for Llama-3-8B on an
 #   H100, and a loss at large batches (high rates) that starts sooner the fewer drafts are
 #   accepted: the shape vLLM measured.
+# - The drafter's own cost moves the turn: free drafts are the ceiling; a 1B draft model's passes
+#   cost about a quarter of a step each, so it needs good acceptance to pay even alone, and it
+#   stops paying at a smaller batch.
 
 # %% [markdown]
 # ## Exercises
