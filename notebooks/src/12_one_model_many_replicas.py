@@ -150,7 +150,9 @@ expect("round robin's TTFT p99 / power of two's, each seed", p99_ratio.loc["powe
 # not count its own requests in flight under this policy (only `cache_aware` does); it compares
 # the `load` each worker last reported on `GET /get_load` (the requests running and waiting
 # there), and it polls that every `--worker-startup-check-interval`, 30 s by default. Between two
-# polls every choice rests on the same numbers, however many requests have been sent since.
+# polls every choice rests on the same numbers, however many requests have been sent since. (Later
+# versions of the router add their own count of requests in flight to the polled load, against
+# exactly this herding; what follows describes 0.1.17.)
 #
 # `PowerOfTwoConfig(load="polled")` gives the simulated router that view: each replica's load is
 # read at a poll (at 0 s, then every `poll_interval_s`, 30 s by default) and held until the next.
