@@ -19,14 +19,29 @@ export BATCHLAB_EXECUTED_DIR=${BATCHLAB_EXECUTED_DIR:-$PWD/executed}
 # within 2e-3 of transformers'): on a CPU with bf16 units dtype="auto" would pick bf16, so the
 # main pass names its dtype. BATCHLAB_DTYPE=bfloat16 bash scripts/test.sh runs it in bf16 instead.
 export BATCHLAB_DTYPE=${BATCHLAB_DTYPE:-float32}
-.venv/bin/python -m pytest tests notebooks --nbval-lax --durations=15 "$@"
-# Only for the whole suite, not when arguments pick some tests: the static copy of the course,
-# then the cheap checks on other machines' shapes (scripts/check_machine_shapes.sh: one core busy,
-# oneDNN capped at AVX2 and at AVX-512 bf16, and the notebooks whose claims depend on the dtype
-# in bf16; docs/machines-and-dtypes.md: "Other machines").
-if (( $# == 0 )); then
-    echo "test.sh: the static copy of the course, from this run's executed notebooks"
-    .venv/bin/python scripts/build_site.py --executed "$BATCHLAB_EXECUTED_DIR" --check
-    echo "test.sh: other machines' shapes, the cheap set"
-    bash scripts/check_machine_shapes.sh --cheap
+if (( $# )); then        # arguments pick the tests: one pass, as given
+    exec .venv/bin/python -m pytest tests notebooks --nbval-lax --durations=15 "$@"
 fi
+# The whole suite, in two passes. First the tests that time nothing on the wall clock
+# (tests/conftest.py: PARALLEL_MODULES), BATCHLAB_TEST_WORKERS at a time (default 2); then the
+# rest one at a time, so no claim about measured time shares the CPU with another test: the
+# servers, vLLM and every notebook. At the end: the 25 slowest tests of both, and the total.
+reports=$(mktemp -d)
+started=$SECONDS
+status=0
+.venv/bin/python -m pytest tests -m parallel -n "${BATCHLAB_TEST_WORKERS:-2}" -q \
+    --junitxml="$reports/1-parallel.xml" || status=1
+.venv/bin/python -m pytest tests notebooks -m "not parallel" --nbval-lax \
+    --junitxml="$reports/2-alone.xml" || status=1
+.venv/bin/python scripts/slowest_tests.py "$reports"/*.xml --top 25 || status=1
+echo "test.sh: pytest, both passes: $((SECONDS - started)) s"
+rm -rf "$reports"
+(( status == 0 )) || exit "$status"
+# Then the static copy of the course, and the cheap checks on other machines' shapes
+# (scripts/check_machine_shapes.sh: one core busy, oneDNN capped at AVX2 and at AVX-512 bf16,
+# and the notebooks whose claims depend on the dtype in bf16; docs/machines-and-dtypes.md:
+# "Other machines").
+echo "test.sh: the static copy of the course, from this run's executed notebooks"
+.venv/bin/python scripts/build_site.py --executed "$BATCHLAB_EXECUTED_DIR" --check
+echo "test.sh: other machines' shapes, the cheap set"
+bash scripts/check_machine_shapes.sh --cheap

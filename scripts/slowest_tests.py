@@ -1,0 +1,51 @@
+"""The slowest tests of a whole run, from pytest's JUnit XML reports (one per pytest pass).
+
+scripts/test.sh runs the suite in two passes (the tests that time nothing two at a time, then the
+rest alone) and prints this at the end: the N slowest tests over both, and each pass's totals.
+
+    python scripts/slowest_tests.py REPORT.xml [REPORT.xml ...] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def read_cases(path: Path) -> list[tuple[float, str, str]]:
+    """``(seconds, test id, outcome)`` of every test case in one report."""
+    cases = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        cases.append((float(case.get("time", 0.0)), name, outcome))
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", type=Path, help="JUnit XML files written by pytest --junitxml")
+    parser.add_argument("--top", type=int, default=25, help="how many of the slowest tests to list (default 25)")
+    args = parser.parse_args(argv)
+    if args.top < 1:
+        parser.error(f"--top {args.top}: must be at least 1")
+    everything = []
+    for path in args.reports:
+        if not path.is_file():
+            print(f"slowest_tests: no report at {path} (did that pytest pass run?)", file=sys.stderr)
+            return 2
+        cases = read_cases(path)
+        counts = {o: sum(c[2] == o for c in cases) for o in ("passed", "failed", "error", "skipped")}
+        print(f"{path.name}: {len(cases)} tests, {sum(c[0] for c in cases):.0f} s of test time, "
+              + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
+        everything += cases
+    print(f"the {min(args.top, len(everything))} slowest tests of this run:")
+    for seconds, name, outcome in sorted(everything, reverse=True)[:args.top]:
+        print(f"{seconds:8.1f} s  {name}" + ("" if outcome == "passed" else f"  ({outcome})"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
