@@ -14,11 +14,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
+OUTCOMES = {"failure": "failed", "error": "error", "skipped": "skipped"}     # JUnit's tag: pytest's word
+
+
 def read_cases(path: Path) -> list[tuple[float, str, str]]:
     """``(seconds, test id, outcome)`` of every test case in one report."""
     cases = []
     for case in ET.parse(path).getroot().iter("testcase"):
-        outcome = next((tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None), "passed")
+        outcome = next((word for tag, word in OUTCOMES.items() if case.find(tag) is not None), "passed")
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         cases.append((float(case.get("time", 0.0)), name, outcome))
     return cases
@@ -37,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slowest_tests: no report at {path} (did that pytest pass run?)", file=sys.stderr)
             return 2
         cases = read_cases(path)
-        counts = {o: sum(c[2] == o for c in cases) for o in ("passed", "failed", "error", "skipped")}
+        counts = {o: sum(c[2] == o for c in cases) for o in ("passed", *OUTCOMES.values())}
         print(f"{path.name}: {len(cases)} tests, {sum(c[0] for c in cases):.0f} s of test time, "
               + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
         everything += cases

@@ -41,17 +41,19 @@ def vllm_ready():
 # runs alone afterwards, so no test's timing shares the CPU with another test. A new module runs
 # alone until it is named here.
 PARALLEL_MODULES = {
-    # servers and vLLM whose tests check answers, counts and files, not speed
-    "test_aiperf", "test_bench", "test_cli", "test_openai_sdk", "test_pd_loopback", "test_prefill_stall",
-    "test_vllm_dashboards", "test_vllm_ref",
-    "test_architecture", "test_cpu_dtype", "test_batched_step", "test_batches", "test_bf16_step", "test_capstone", "test_checks",
-    "test_claims", "test_cluster", "test_cost_model", "test_detok", "test_device_profiles", "test_diagnosis",
-    "test_disaggregated", "test_divergence", "test_dtype_switch", "test_exercises", "test_generate",
-    "test_goodput_rate", "test_gpu_check", "test_gpu_presets", "test_kv_blocks", "test_measured_kernels",
-    "test_metrics", "test_model_loading", "test_model_shapes", "test_notebooks_policy", "test_packaging",
-    "test_paged_kv_cache", "test_plots", "test_predict", "test_readme", "test_recommend", "test_request_life",
-    "test_roofline", "test_sampling", "test_schedulers", "test_scripted_workloads", "test_setup_scripts",
-    "test_site", "test_speculative", "test_sweeps", "test_trace_io", "test_vllm_sim", "test_workloads",
+    # servers and vLLM, checked on answers, counts and files, not on speed
+    "test_aiperf", "test_bench", "test_cli", "test_openai_sdk", "test_pd_loopback", "test_vllm_dashboards",
+    "test_vllm_ref",
+    # answers, numerics, simulations on a virtual clock, files and refusals
+    "test_architecture", "test_batched_step", "test_batches", "test_bf16_step", "test_capstone",
+    "test_checks", "test_claims", "test_cluster", "test_cost_model", "test_cpu_dtype", "test_detok",
+    "test_device_profiles", "test_diagnosis", "test_disaggregated", "test_divergence", "test_dtype_switch",
+    "test_exercises", "test_generate", "test_goodput_rate", "test_gpu_check", "test_gpu_presets",
+    "test_kv_blocks", "test_measured_kernels", "test_metrics", "test_model_loading", "test_model_shapes",
+    "test_notebooks_policy", "test_packaging", "test_paged_kv_cache", "test_plots", "test_predict",
+    "test_prefill_stall", "test_readme", "test_recommend", "test_request_life", "test_roofline",
+    "test_sampling", "test_schedulers", "test_scripted_workloads", "test_setup_scripts", "test_site",
+    "test_speculative", "test_sweeps", "test_trace_io", "test_vllm_sim", "test_workloads",
 }
 
 

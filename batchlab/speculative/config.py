@@ -4,10 +4,10 @@
 model's own first ``early_exit_layer`` layers, then its final norm and LM head, drafting greedily;
 ``batchlab.model.early_exit``) or ``"draft_model"`` (vLLM's: a smaller model, ``model``, drafts;
 priced by the simulator only, ``VllmStepModel.draft_model``: the course's CPU engine serves one
-model). ``early_exit`` is batchlab's, not vLLM's: vLLM 0.32's methods (``SpeculativeMethod`` in its
-``config/speculative.py``) have none like it. ``model`` given without ``method`` means
-``draft_model``, as in vLLM. ``num_speculative_tokens``: ``k``, the most tokens drafted for a request per step;
-a step then verifies up to ``k + 1`` positions of it. ``prompt_lookup_min`` /
+model). ``early_exit`` is batchlab's, not vLLM's: vLLM 0.32's methods (``SpeculativeMethod`` in
+its ``config/speculative.py``) have none like it. ``model`` given without ``method`` means
+``draft_model``, as in vLLM. ``num_speculative_tokens``: ``k``, the most tokens drafted for a
+request per step; a step then verifies up to ``k + 1`` positions of it. ``prompt_lookup_min`` /
 ``prompt_lookup_max`` (``ngram`` only): the n-gram lengths searched (vLLM 0.32: both 5 when
 neither is given; one given, the other takes its value). ``early_exit_layer`` (``early_exit``
 only, required): how many layers the draft runs, 1 to the model's layers - 1.
