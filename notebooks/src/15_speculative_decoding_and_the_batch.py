@@ -199,6 +199,8 @@ ax.set_title(f"At batch 1 on this CPU, {best} gains most: {spec_rows.loc[best, '
 plt.show()
 expect("code edits accept a larger share of their drafts than open chat",
        spec_rows.loc["code_edit", "acceptance"] - spec_rows.loc["chat", "acceptance"], above=0.15)
+# A many-core CPU reads the weights for a 5-position check about as fast as for a 1-position
+# step, so its gain at batch 1 is at least this 2-core VM's: the bound holds there too.
 expect("at batch 1 on this CPU, speculation makes code edits at least 1.5x faster",
        spec_rows.loc["code_edit", "speedup"], above=1.5)
 
