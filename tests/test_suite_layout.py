@@ -1,11 +1,22 @@
 """scripts/test.sh's two passes: the modules named to run two at a time are real test modules, and
 the test command runs both passes and reports them."""
 
+import importlib.util
 from pathlib import Path
 
-from conftest import PARALLEL_MODULES
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, path: Path):
+    """A module by its file: `import conftest` names whichever conftest.py pytest loaded last
+    (notebooks/ has one too when both folders are collected)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PARALLEL_MODULES = _load("tests_conftest", ROOT / "tests" / "conftest.py").PARALLEL_MODULES
 
 
 def test_every_module_named_to_run_two_at_a_time_exists():
@@ -22,11 +33,7 @@ def test_the_test_command_runs_both_passes_and_reports_the_slowest():
 
 
 def test_the_report_lists_the_slowest_across_passes(tmp_path, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("slowest_tests", ROOT / "scripts" / "slowest_tests.py")
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = _load("slowest_tests", ROOT / "scripts" / "slowest_tests.py")
     (tmp_path / "a.xml").write_text('<testsuites><testsuite><testcase classname="tests.test_x" name="fast" time="1.5"/>'
                                     '<testcase classname="tests.test_x" name="slow" time="9.0"><failure/></testcase>'
                                     "</testsuite></testsuites>")
