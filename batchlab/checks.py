@@ -23,11 +23,17 @@ _INTERVALS = {"(0, 1]": (False, True), "[0, 1)": (True, False),
 
 def is_int(value: object) -> bool:
     """True for Python and numpy integers, False for bools."""
+    if type(value) is int:                  # the common case, without the ABC's slower check
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def is_number(value: object) -> bool:
     """True for finite real numbers (ints or floats, numpy's too), False for bools."""
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) is int:
+        return True
     return (isinstance(value, numbers.Real) and not isinstance(value, bool)
             and math.isfinite(value))
 

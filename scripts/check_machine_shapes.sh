@@ -14,7 +14,9 @@
 #   avx512_bf16  oneDNN capped at AVX512_CORE_BF16: AVX-512 bf16 kernels without AMX tiles
 #   bf16         every notebook with BATCHLAB_DTYPE=bfloat16 (the claims that depend on the dtype)
 # A CPU's other kernels (AMX tiles, on Intel Xeons from Sapphire Rapids on) cannot be called up on
-# a CPU without them: their claims are the dtype's claims (batchlab.model.divergence).
+# a CPU without them: their claims are the dtype's claims (batchlab.model.divergence). A cap that
+# leaves oneDNN the kernels it picks uncapped (AVX512_CORE_BF16 on a CPU with avx512_bf16 and no
+# AMX, AVX2 on one without AVX-512) would repeat the main pass: that variant is skipped, saying so.
 #
 # --cheap runs busy, avx2, avx512_bf16 and bf16 over a few minutes' worth of tests: notebook 09
 # (busy: the timing claims of a simulator calibrated in the run), the batched step, the dtypes and
@@ -65,6 +67,14 @@ targets() {  # $1: the variant
   fi
 }
 
+# oneDNN's instruction set and the kernels it ran for one fp32 and one bf16 product, under the
+# environment given (batchlab.model.cpu_kernels; a fresh process each, a few seconds).
+kernels_under() {
+  env "$@" "$PY" -c 'from batchlab.model.cpu_kernels import kernel_report as k; r = k()
+print(r["isa"], r["fp32_kernel"], r["bf16_kernel"], *r["bf16_units"])' 2>/dev/null
+}
+uncapped=""
+
 hog=""
 stop_hog() { [ -n "$hog" ] && kill "$hog" 2>/dev/null; wait "$hog" 2>/dev/null; hog=""; }
 trap stop_hog EXIT
@@ -80,6 +90,16 @@ for v in "${variants[@]}"; do
     avx512_bf16) env+=(ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16) ;;
     bf16) env=(BATCHLAB_DTYPE=bfloat16) ;;
   esac
+  if [[ "$v" == avx2 || "$v" == avx512_bf16 ]]; then
+    [ -n "$uncapped" ] || uncapped=$(kernels_under)
+    capped=$(kernels_under "${env[@]}")
+    if [ -n "$capped" ] && [ "$capped" = "$uncapped" ]; then
+      echo "== check_machine_shapes: $v skipped: ${env[*]} leaves oneDNN the kernels it picks uncapped" \
+           "on this CPU ($capped), so the main pass already ran them"
+      summary+=("$(printf '%-12s %-8s %5s s  %s' "$v" same 0 "the main pass's kernels: $capped")")
+      continue
+    fi
+  fi
   if [ "$v" = busy ]; then
     # One core's worth of other work, for at most two hours, whatever happens to this script.
     timeout 7200 "$PY" -c 'while True: pass' &
