@@ -25,17 +25,19 @@ fi
 # The whole suite, in two passes. First the tests that time nothing on the wall clock
 # (tests/conftest.py: PARALLEL_MODULES), BATCHLAB_TEST_WORKERS at a time (default 2); then the
 # rest one at a time, so no claim about measured time shares the CPU with another test: the
-# servers, vLLM and every notebook. At the end: the 25 slowest tests of both, and the total.
-reports=$(mktemp -d)
+# servers, vLLM and every notebook. At the end: the 25 slowest tests of both, the 10 slowest
+# files, and the total. BATCHLAB_TEST_REPORTS=DIR keeps both passes' JUnit reports there.
+reports=${BATCHLAB_TEST_REPORTS:-$(mktemp -d)}
+mkdir -p "$reports"
 started=$SECONDS
 status=0
 .venv/bin/python -m pytest tests -m parallel -n "${BATCHLAB_TEST_WORKERS:-2}" -q \
     --junitxml="$reports/1-parallel.xml" || status=1
 .venv/bin/python -m pytest tests notebooks -m "not parallel" --nbval-lax \
     --junitxml="$reports/2-alone.xml" || status=1
-.venv/bin/python scripts/slowest_tests.py "$reports"/*.xml --top 25 || status=1
+.venv/bin/python scripts/slowest_tests.py "$reports"/{1-parallel,2-alone}.xml --top 25 --files 10 || status=1
 echo "test.sh: pytest, both passes: $((SECONDS - started)) s"
-rm -rf "$reports"
+[ -n "${BATCHLAB_TEST_REPORTS:-}" ] || rm -rf "$reports"
 (( status == 0 )) || exit "$status"
 # Then the static copy of the course, and the cheap checks on other machines' shapes
 # (scripts/check_machine_shapes.sh: one core busy, oneDNN capped at AVX2 and at AVX-512 bf16,

@@ -29,7 +29,7 @@ def test_every_module_named_to_run_two_at_a_time_exists():
 def test_the_test_command_runs_both_passes_and_reports_the_slowest():
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert '-m parallel -n "${BATCHLAB_TEST_WORKERS:-2}"' in script and '-m "not parallel" --nbval-lax' in script
-    assert "scripts/slowest_tests.py" in script and "--top 25" in script
+    assert "scripts/slowest_tests.py" in script and "--top 25 --files 10" in script
 
 
 def test_the_report_lists_the_slowest_across_passes(tmp_path, capsys):
@@ -43,4 +43,7 @@ def test_the_report_lists_the_slowest_across_passes(tmp_path, capsys):
     assert "a.xml: 2 tests, 10 s of test time, 1 passed, 1 failed" in out
     lines = out.splitlines()
     assert lines[-2].endswith("tests.test_x::slow  (failed)") and lines[-1].endswith("nb::Cell 3")
+    assert report.main([str(tmp_path / "a.xml"), str(tmp_path / "b.xml"), "--files", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2] == "the 1 test files that took longest:" and lines[-1] == "    10.5 s  tests.test_x  (2 tests)"
     assert report.main([str(tmp_path / "missing.xml")]) == 2
