@@ -30,7 +30,7 @@ def is_int(value: object) -> bool:
 
 def is_number(value: object) -> bool:
     """True for finite real numbers (ints or floats, numpy's too), False for bools."""
-    if type(value) is float:
+    if isinstance(value, float):             # (numpy's float64 too) the common case, checked fast
         return math.isfinite(value)
     if type(value) is int:
         return True
@@ -73,7 +73,7 @@ def check_number(name: str, value: object, minimum: float = 0.0, *, strict: bool
     ``maximum``)."""
     if value is None and allow_none:
         return
-    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    real = type(value) in (float, int) or (isinstance(value, numbers.Real) and not isinstance(value, bool))
     ok = (real and (math.isfinite(value) or (allow_inf and maximum is None and value == math.inf))
           and (value > minimum if strict else value >= minimum)
           and (maximum is None or value <= maximum))

@@ -127,6 +127,9 @@ class SamplingParams:
         return self.greedy and not self.penalized and self.min_tokens == 0 and not self.logit_bias
 
 
+GREEDY = SamplingParams()        # the default, shared: it is frozen
+
+
 @dataclass(frozen=True)
 class TokenLogprobs:
     """The model's log-probabilities at one output position, from its raw logits (before
@@ -175,7 +178,7 @@ class Request:
     prompt_ids: list[int] | None
     max_new_tokens: int
     arrival_time: float = 0.0
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingParams = field(default_factory=lambda: GREEDY)
     prompt_len: int = -1
     stop_token_ids: tuple[int, ...] = ()
     kv_transfer_tokens: int = 0
@@ -201,7 +204,8 @@ class Request:
         if not isinstance(self.request_id, str) or not self.request_id:
             raise ValueError(f"request_id={self.request_id!r}; must be a non-empty string")
         if self.prompt_ids is not None:
-            self.prompt_ids = list(map(int, self.prompt_ids))
+            ids = self.prompt_ids       # a list of Python ints is copied as it is (a fast check)
+            self.prompt_ids = list(ids) if type(ids) is list and set(map(type, ids)) <= {int} else list(map(int, ids))
             if self.prompt_len not in (-1, len(self.prompt_ids)):
                 raise ValueError(
                     f"request {self.request_id!r}: prompt_len={self.prompt_len} but prompt_ids has "
@@ -285,7 +289,7 @@ class Request:
         """A new request with the same inputs, except the ``inputs`` given (``max_new_tokens=1``,
         ...), and no run state."""
         same = {"request_id": self.request_id, "max_new_tokens": self.max_new_tokens,
-                "prompt_ids": None if self.prompt_ids is None else list(self.prompt_ids),
+                "prompt_ids": self.prompt_ids,         # (copied by __post_init__)
                 "arrival_time": self.arrival_time, "sampling": self.sampling, "prompt_len": self.prompt_len,
                 "stop_token_ids": self.stop_token_ids, "kv_transfer_tokens": self.kv_transfer_tokens,
                 "remote_kv": self.remote_kv, "export_kv": self.export_kv,
