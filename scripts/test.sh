@@ -8,13 +8,15 @@ cd "$(dirname "$0")/.."
 # venv (.venv-vllm/), the reference server the tests and notebook 10 measure beside batchlab's
 # (BATCHLAB_SKIP_VLLM=1 skips it; those tests then skip, except in CI); and AIPerf, a third-party
 # benchmark client (.venv-aiperf/), that tests/test_aiperf.py runs against batchlab's server
-# (BATCHLAB_SKIP_AIPERF=1 skips it; that test then skips, except in CI). Each one's output is
-# printed when it ends; the first that fails stops the run.
+# (BATCHLAB_SKIP_AIPERF=1 skips it; that test then skips, except in CI); and beside them Debian's
+# Chromium, which the course site is checked in (as root; elsewhere it says what to install). Each
+# one's output is printed when it ends; the first that fails stops the run.
 setup_logs=$(mktemp -d)
 bash scripts/setup_vllm.sh > "$setup_logs/vllm" 2>&1 & vllm_setup=$!
 bash scripts/setup_aiperf.sh > "$setup_logs/aiperf" 2>&1 & aiperf_setup=$!
-BATCHLAB_ENTRY=test.sh bash scripts/setup.sh || { kill "$vllm_setup" "$aiperf_setup" 2>/dev/null; exit 1; }
-for job in vllm:$vllm_setup aiperf:$aiperf_setup; do
+bash scripts/setup_browser.sh > "$setup_logs/browser" 2>&1 & browser_setup=$!
+BATCHLAB_ENTRY=test.sh bash scripts/setup.sh || { kill "$vllm_setup" "$aiperf_setup" "$browser_setup" 2>/dev/null; exit 1; }
+for job in vllm:$vllm_setup aiperf:$aiperf_setup browser:$browser_setup; do
   wait "${job#*:}" && rc=0 || rc=$?
   cat "$setup_logs/${job%%:*}"
   (( rc == 0 )) || { echo "test.sh: scripts/setup_${job%%:*}.sh failed (exit $rc), as printed above" >&2; exit "$rc"; }
@@ -53,7 +55,8 @@ echo "test.sh: pytest, both passes: $((SECONDS - started)) s"
 # (scripts/check_machine_shapes.sh: one core busy, oneDNN capped at AVX2 and at AVX-512 bf16,
 # and the notebooks whose claims depend on the dtype in bf16; docs/machines-and-dtypes.md:
 # "Other machines").
-echo "test.sh: the static copy of the course, from this run's executed notebooks"
+echo "test.sh: the course site, from this run's executed notebooks, then opened in a browser"
 .venv/bin/python scripts/build_site.py --executed "$BATCHLAB_EXECUTED_DIR" --check
+.venv/bin/python scripts/check_site.py || { rc=$?; (( rc == 2 )) && [ -z "${CI:-}" ] || exit "$rc"; }
 echo "test.sh: other machines' shapes, the cheap set"
 bash scripts/check_machine_shapes.sh --cheap

@@ -17,6 +17,7 @@ def _setup_copy(tmp_path: Path) -> Path:
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
     shutil.copy(ROOT / "requirements.txt", tmp_path / "requirements.txt")
+    shutil.copy(ROOT / "requirements-site.txt", tmp_path / "requirements-site.txt")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path / "scripts" / "setup.sh"
 
