@@ -3,13 +3,13 @@
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -x -k metrics`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Three venvs, set up side by side (on a fresh clone about 150 s instead of 245 s one after the
-# other: much of an install is waiting on files): the course's .venv; vLLM's CPU build in its own
+# Three venvs and a browser, set up side by side (on a fresh clone the venvs take about 150 s so,
+# 245 s one after the other: much of an install is waiting on files): the course's .venv; vLLM's CPU build in its own
 # venv (.venv-vllm/), the reference server the tests and notebook 10 measure beside batchlab's
 # (BATCHLAB_SKIP_VLLM=1 skips it; those tests then skip, except in CI); and AIPerf, a third-party
 # benchmark client (.venv-aiperf/), that tests/test_aiperf.py runs against batchlab's server
-# (BATCHLAB_SKIP_AIPERF=1 skips it; that test then skips, except in CI); and beside them Debian's
-# Chromium, which the course site is checked in (as root; elsewhere it says what to install). Each
+# (BATCHLAB_SKIP_AIPERF=1 skips it; that test then skips, except in CI); and Debian's Chromium,
+# which the course site is checked in (as root; elsewhere it says what to install). Each
 # one's output is printed when it ends; the first that fails stops the run.
 setup_logs=$(mktemp -d)
 bash scripts/setup_vllm.sh > "$setup_logs/vllm" 2>&1 & vllm_setup=$!
@@ -23,8 +23,8 @@ for job in vllm:$vllm_setup aiperf:$aiperf_setup browser:$browser_setup; do
 done
 rm -rf "$setup_logs"
 # The notebooks' kernels draw with matplotlib's inline backend, as in JupyterLab (MPLBACKEND=Agg
-# would draw nothing); they are written with their outputs to executed/, which the static copy of
-# the course is built from and checked against (scripts/build_site.py).
+# would draw nothing); they are written with their outputs to executed/, which the course site is
+# built from and checked against (scripts/build_site.py).
 unset MPLBACKEND
 export BATCHLAB_EXECUTED_DIR=${BATCHLAB_EXECUTED_DIR:-$PWD/executed}
 # The suite's claims are fp32's (bit-identical answers however requests are batched, logits
@@ -51,7 +51,7 @@ status=0
 echo "test.sh: pytest, both passes: $((SECONDS - started)) s"
 [ -n "${BATCHLAB_TEST_REPORTS:-}" ] || rm -rf "$reports"
 (( status == 0 )) || exit "$status"
-# Then the static copy of the course, and the cheap checks on other machines' shapes
+# Then the course site, and the cheap checks on other machines' shapes
 # (scripts/check_machine_shapes.sh: one core busy, oneDNN capped at AVX2 and at AVX-512 bf16,
 # and the notebooks whose claims depend on the dtype in bf16; docs/machines-and-dtypes.md:
 # "Other machines").
