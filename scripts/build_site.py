@@ -157,8 +157,10 @@ def assemble(executed: Path, source: Path, docs: Path, check: bool, course: Path
 def build(executed: Path, out: Path, check: bool, docs: Path = ROOT / "docs",
           source: Path = ROOT / "build" / "site-source", course: Path = ROOT) -> list[str]:
     """Assemble the sources (``assemble``), run Sphinx, and with ``check`` return every problem."""
+    if out.exists() and any(out.iterdir()) and not (out / "index.html").exists():
+        raise SystemExit(f"--out {out}: not empty and holds no site (no index.html); name an empty folder")
     stems, problems, runs = assemble(executed, source, docs, check, course)
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)     # the last build's pages, gone: a page removed since stays removed
     warnings = source.parent / f"{source.name}-warnings.txt"
     done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-c", str(CONFIG), "-w", str(warnings),
                            "-d", str(source.parent / f"{source.name}-doctrees"), str(source), str(out)],

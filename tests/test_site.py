@@ -153,3 +153,11 @@ def test_a_broken_build_is_reported_with_sphinxs_warning(tmp_path):
     problems = build_site.build(executed, tmp_path / "site", check=True, docs=tmp_path / "course" / "docs",
                                 source=tmp_path / "source", course=tmp_path / "course")
     assert len(problems) == 1 and problems[0].startswith("Sphinx warned:") and "no-such-page" in problems[0], problems
+
+
+def test_a_folder_that_holds_no_site_is_never_emptied(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work")
+    with pytest.raises(SystemExit, match="not empty and holds no site"):
+        build_site.build(tmp_path / "executed", tmp_path / "mine", check=True, source=tmp_path / "source")
+    assert (tmp_path / "mine" / "thesis.tex").read_text() == "years of work"
