@@ -178,7 +178,7 @@ class Request:
     prompt_ids: list[int] | None
     max_new_tokens: int
     arrival_time: float = 0.0
-    sampling: SamplingParams = field(default_factory=lambda: GREEDY)
+    sampling: SamplingParams = GREEDY
     prompt_len: int = -1
     stop_token_ids: tuple[int, ...] = ()
     kv_transfer_tokens: int = 0
