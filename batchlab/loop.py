@@ -136,6 +136,11 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            # The run's survivors would all sit in the youngest generation, scanned in full by the
+            # first collection after it (a tenth of a cluster simulation); moved to the oldest
+            # (freeze, then unfreeze), they are scanned only when a full collection is due.
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 

@@ -288,10 +288,17 @@ class Request:
     def fresh_copy(self, **inputs) -> "Request":
         """A new request with the same inputs, except the ``inputs`` given (``max_new_tokens=1``,
         ...), and no run state."""
+        # The prompt, checked token by token when this request was made, is copied after (a
+        # simulation copies every request of its workload; long prompts made that scan its cost).
+        same_prompt = (self.prompt_ids is not None and "prompt_ids" not in inputs and "prompt_len" not in inputs
+                       and len(self.prompt_ids) == self.prompt_len)
         same = {"request_id": self.request_id, "max_new_tokens": self.max_new_tokens,
-                "prompt_ids": self.prompt_ids,         # (copied by __post_init__)
+                "prompt_ids": None if same_prompt else self.prompt_ids,      # (else copied by __post_init__)
                 "arrival_time": self.arrival_time, "sampling": self.sampling, "prompt_len": self.prompt_len,
                 "stop_token_ids": self.stop_token_ids, "kv_transfer_tokens": self.kv_transfer_tokens,
                 "remote_kv": self.remote_kv, "export_kv": self.export_kv,
                 "kv_transfer_seconds": self.kv_transfer_seconds, "kv_transfer_not_before": self.kv_transfer_not_before}
-        return Request(**{**same, **inputs})
+        copy = Request(**{**same, **inputs})
+        if same_prompt:
+            copy.prompt_ids = list(self.prompt_ids)
+        return copy
