@@ -72,6 +72,8 @@ def start(flags: VLLMFlags):
     try:
         server = start_vllm(max_model_len=1024, kv_cache_gib=2, flags=flags)
     except VLLMUnavailable as e:
+        if os.environ.get("CI"):           # CI sets vLLM up: a start that fails is a failure there
+            raise
         print(f"vLLM did not start, so this section has no measurement; fix what its log says, then rerun:\n{e}")
         return None
     print(f"vLLM {' '.join(flags.args())} healthy after {time.perf_counter() - t0:.0f} s")
@@ -139,6 +141,7 @@ TELLS_APART = (runs["predicted"] - 1).abs().gt(NOISE, axis=0).all(axis=1)
 print(f"{len(spread['runs'])} runs on {spread['machine']['cpu']} ({spread['machine']['cores']} cores), load average "
       f"{min(r['load_before'] for r in spread['runs']):.1f}-{max(r['load_after'] for r in spread['runs']):.1f}")
 pd.DataFrame({"measured, lowest": runs["measured"].min(axis=1), "measured, highest": runs["measured"].max(axis=1),
+              "predicted, lowest": runs["predicted"].min(axis=1), "predicted, highest": runs["predicted"].max(axis=1),
               "measurement's range": NOISE, "prediction's range": rel_range(runs["predicted"]),
               "tolerance": TOLERANCE, "tells apart from no effect": TELLS_APART}).round(3)
 
@@ -187,7 +190,7 @@ if server is not None:
 cal = None
 if server is not None:
     ensure_running(server)
-    cal = calibrate_outside_in(server.url, tok, source="vLLM 0.32 CPU, SmolLM2-135M fp32, from outside")
+    cal = calibrate_outside_in(server.url, tok, source=f"vLLM {why.split()[1]} CPU, SmolLM2-135M fp32, from outside")
     cost = cal.cost_model
     print(cost)
     display(cal.points.round(4))
@@ -264,8 +267,8 @@ if cal is not None:
 # The simulator expects the large setting to serve more tokens per second at this load (two
 # sequences at a time fall behind the arrivals), with a first token more than five times
 # sooner, for a slower stream (bigger steps): how much slower is the fitted price per token, so
-# this CPU's kernels' answer (1.2-1.3x predicted in the stored runs at the top, more on a CPU
-# whose per-token price is higher).
+# this CPU's kernels' answer (the stored runs' predictions are in the table at the top; more on a
+# CPU whose per-token price is higher).
 #
 # **Prefix caching.** Sixteen requests share a system prompt of 384 tokens, each followed by its
 # own 32-token question, sent one at a time. The first eight each carry their own `cache_salt`:
@@ -338,8 +341,8 @@ if cal is not None:
 # In every stored run the prediction told four knobs apart from no effect: `--max-num-seqs`'s
 # throughput and TTFT, prefix caching's TTFT gain and the chats' ITL gain from a smaller budget;
 # this run's predictions do too (checked above). It did not for two: the stream of
-# `--max-num-seqs 128` against 2 (predicted 1.2-1.3x slower there, while the measured ratio
-# spanned 0.97-1.70) and the newcomer's TTFT (a predicted cost about the size of its measurement's
+# `--max-num-seqs 128` against 2 (its predicted and measured ranges are in the table at the top:
+# the measured one is wide and holds the prediction) and the newcomer's TTFT (a predicted cost about the size of its measurement's
 # range, inside it in some runs and outside in others). This run's figures for those two are
 # printed above. On a CPU whose price per token is higher, the stream's predicted slowdown can
 # stand clear of the stored range, but that range was measured on another machine: to judge it on
@@ -511,8 +514,12 @@ if LARGE in measured:
     hist = pd.DataFrame(rows).T
     hist["off by"] = (hist["histogram p99"] - hist["client p99 (exact)"]).abs()
     display(hist)
-    expect("histogram p99 error / the wider of the two buckets", (hist["off by"] / hist["wider bucket"]).astype(float),
-           below=1.0)
+    expect_true("every p99 lies in a bucket with a finite upper bound (a rank in +Inf has no width to compare)",
+                np.isfinite(hist["wider bucket"].astype(float)).all(), hist["wider bucket"].to_dict())
+    # Interpolating inside the bucket that holds the rank cannot miss by more than that bucket: this
+    # checks that the server's histogram and the client's times saw the same requests and times.
+    expect("histogram p99 error / the wider of the two buckets (server's histogram vs the client's times)",
+           (hist["off by"] / hist["wider bucket"]).astype(float), below=1.0)
     expect_true("a TTFT of 1.1 s and one of 2.4 s fall in the same bucket",
                 prom.bucket_of(1.1, buckets["ttft"]) == prom.bucket_of(2.4, buckets["ttft"]),
                 prom.bucket_of(1.1, buckets["ttft"]))

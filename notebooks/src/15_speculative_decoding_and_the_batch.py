@@ -302,10 +302,11 @@ expect_true("the policy drafted nothing in a step of 9 or more requests", len(la
             f"{drafted_after_large} drafts after {len(large)} large steps")
 
 # %% [markdown]
-# With no drafts a step of the policy is the plain run's step, so while the batch stays large its
-# speed is the plain run's up to the CPU's noise; if the batch thins out as answers end, the
-# policy drafts again (2 tokens from 8 requests down, 4 from 4), as at batch 1 to 4. Where to put the
-# turn is a measurement: the machine, the model and the task's acceptance all move it.
+# With no drafts a step of the policy is the plain run's step, so while the batch stays large it
+# runs as the plain run does (its speed is printed above beside drafting always); if the batch
+# thins out as answers end, the policy drafts again (2 tokens from 8 requests down, 4 from 4), as
+# at batch 1 to 4. Where to put the turn is a measurement: the machine, the model and the task's
+# acceptance all move it.
 
 # %% [markdown]
 # ## A drafter inside the model: early exit
@@ -418,7 +419,9 @@ expect("speculation shortens TPOT at batch 1",
 itl_change = bursts.loc["ngram", "ITL mean (ms)"] / bursts.loc["none", "ITL mean (ms)"]
 tpot_change = bursts.loc["ngram", "TPOT mean (ms)"] / bursts.loc["none", "TPOT mean (ms)"]
 print(f"turning speculation on changed the mean ITL by {itl_change:.2f}x and the mean TPOT by {tpot_change:.2f}x")
-expect("at batch 1 TPOT falls much more than ITL does", tpot_change / itl_change, below=0.7)
+# At batch 1 every step hands out one chunk, so the mean ITL is the mean step: a check of 5
+# positions costs about a plain 1-position step (a little more where compute is scarce).
+expect("at batch 1 the mean ITL changes little with speculation (with / without)", itl_change, above=0.8, below=1.5)
 
 # %% [markdown]
 # A dashboard that watches ITL sees much less of speculation than TPOT does: at batch 1 a check's
@@ -487,8 +490,8 @@ expect("predicted for an H100: code edits gain more than chat at batch 1",
 
 # %%
 DRAFT_MODEL = {"method": "draft_model", "model": "Llama-3.2-1B", "num_speculative_tokens": 4}
-print(f"one pass of the draft model costs {cost.draft_model('Llama-3.2-1B').predict_features(1, 1, 768) / cost.predict_features(1, 1, 768):.2f} "
-      "of a Llama-3-8B decode step at batch 1")
+pass_share = cost.draft_model("Llama-3.2-1B").predict_features(1, 1, 768) / cost.predict_features(1, 1, 768)
+print(f"one pass of the draft model costs {pass_share:.2f} of a Llama-3-8B decode step at batch 1")
 ALPHAS = (0.2, 0.4, 0.6, 0.8)
 DRAFTERS = {"free drafts": SPEC, "Llama-3.2-1B drafts": DRAFT_MODEL}
 bar = tqdm(total=len(ALPHAS) * len(DRAFTERS), desc="sweeps")
@@ -544,13 +547,15 @@ expect("predicted for an H100: a draft model right at alpha 0.8 gains at least 1
        above=1.5)
 expect("predicted for an H100: a draft model rarely right (alpha 0.2) loses even at batch 1", drafted.loc[1, 0.2],
        below=1.0)
+expect("predicted for an H100 from measured kernels: one 1B draft pass / one 8B decode step at batch 1 (about a "
+       "quarter)", pass_share, above=0.15, below=0.35)
 
 # %% [markdown]
 # A draft model at batch 1 spends `k` passes of about a quarter of a step each, so a check costs
 # about two steps and pays only when it emits more than two tokens: at alpha 0.2 it emits 1.25
 # and loses even alone, where free drafts at the same acceptance still gain. And as the batch grows
-# its passes grow with it. The free drafts' curves are the ceiling of any drafter; a real
-# drafter's own cost lowers every curve and moves every turn to a smaller batch.
+# its passes grow with it. The free drafts' curves are the ceiling of any drafter scheduled the
+# same way; a real drafter's own cost lowers every curve and moves every turn to a smaller batch.
 #
 # A server does not choose its batch size; its traffic does. The same prediction by request rate:
 # Poisson arrivals of 512-token prompts asking for 256 tokens each, up to 256 requests a step, and
@@ -650,6 +655,8 @@ if VLLM_READY:
         server = start_vllm(max_model_len=1024, kv_cache_gib=2, flags=VLLMFlags(max_num_seqs=4, stats=True),
                             extra_args=("--speculative-config", json.dumps(SPEC)))
     except VLLMUnavailable as e:
+        if os.environ.get("CI"):           # CI sets vLLM up: a start that fails is a failure there
+            raise
         server = None
         print(f"vLLM did not start, so this section has no measurement; fix what its log says, then rerun:\n{e}")
     if server is not None:
@@ -674,6 +681,8 @@ if vllm_counts:
     print(f"batchlab: {ours['checks']} drafts, acceptance {ours['acceptance']:.2f}")
     expect_true("vLLM's CPU build ran prompt lookup: it checked drafts and accepted some",
                 vllm_counts["drafts"] > 0 and vllm_counts["accepted_tokens"] > 0, vllm_counts)
+else:
+    print("Not checked on this machine: vLLM did not run, so what follows is what it did on the course's machines.")
 
 # %% [markdown]
 # It does: vLLM's CPU build drafts by prompt lookup and checks the drafts in its steps. Its
@@ -702,9 +711,9 @@ if vllm_counts:
 #   simulator predicts large gains at small batches (and low request rates) for Llama-3-8B on an
 #   H100, and a loss at large batches (high rates) that starts sooner the fewer drafts are
 #   accepted: the shape vLLM measured.
-# - The drafter's own cost moves the turn: free drafts are the ceiling; a 1B draft model's passes
-#   cost about a quarter of a step each, so it needs good acceptance to pay even alone, and it
-#   stops paying at a smaller batch.
+# - The drafter's own cost moves the turn: free drafts are the ceiling (at the same scheduling);
+#   a 1B draft model's passes cost about a quarter of a step each, so it needs good acceptance to
+#   pay even alone, and it stops paying at a smaller batch.
 
 # %% [markdown]
 # ## Exercises

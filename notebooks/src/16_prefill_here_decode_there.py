@@ -283,6 +283,9 @@ envelope = {f"{p}P{d}D": min(p * prefill_per_s, d * decode_per_s) for p, d in ((
 print(f"a prefill GPU: {prefill_per_s:.1f} prompts/s; a decode GPU: {seats} seats under "
       f"{tpot_bound * 1e3:.0f} ms, {decode_per_s:.1f} answers/s")
 print("what each split carries at most (req/s):", {k: round(v, 1) for k, v in envelope.items()})
+expect_true("predicted (back-of-envelope): 1P2D is limited by its prefill GPU, 2P1D by its decode GPU",
+            prefill_per_s < 2 * decode_per_s and decode_per_s < 2 * prefill_per_s,
+            f"prefill {prefill_per_s:.1f}/s, decode {decode_per_s:.1f}/s per GPU")
 
 # %% [markdown]
 # So with one prefill GPU and two decode GPUs the prefill GPU is the limit, and with two and one
@@ -304,6 +307,23 @@ expect_true("the back-of-envelope picked the sweep's better split", max(envelope
 expect("one prefill GPU and two decode GPUs / two and one", per_gpu["1P2D"] / per_gpu["2P1D"], above=1)
 expect("one prefill GPU and two decode GPUs / three colocated", per_gpu["1P2D"] / per_gpu["colocated"], above=1)
 expect("two prefill GPUs and one decode GPU / three colocated", per_gpu["2P1D"] / per_gpu["colocated"], below=1.1)
+
+
+def first_miss(layout: str) -> pd.Series:
+    """The layout's row at the lowest swept rate where under 90% of requests met the SLO, with
+    each percentile over its target (above 1: missed)."""
+    rows = three[(three["layout"] == layout) & (three["num_good"] < 0.9 * three["num_requests"])]
+    row = rows.sort_values("request_rate").iloc[0]
+    return pd.Series({"rate": row["request_rate"], "TTFT p90 / 1 s": row["ttft_p90"] / 1.0,
+                      "TPOT p90 / 12 ms": row["tpot_p90"] / 0.012})
+
+
+misses = pd.DataFrame({layout: first_miss(layout) for layout in ("1P2D", "2P1D")}).T
+print(misses.round(2).to_string())
+expect_true("at the first rate each split misses: 2P1D's TPOT is further past its target than its TTFT, "
+            "1P2D's TTFT further than its TPOT",
+            misses.loc["2P1D", "TPOT p90 / 12 ms"] > misses.loc["2P1D", "TTFT p90 / 1 s"]
+            and misses.loc["1P2D", "TTFT p90 / 1 s"] > misses.loc["1P2D", "TPOT p90 / 12 ms"], misses.round(2).to_dict())
 
 # %% [markdown]
 # The wrong ratio gains at most a tenth over not splitting at all: with two
@@ -375,6 +395,9 @@ finally:
 # lands on the same tokens.
 
 # %%
+expect_true("every request through both ended with its answer (no error, no cut stream)",
+            all(r.ok for result in real.values() for r in result.records),
+            {name: result.status_counts() for name, result in real.items()})
 texts = {name: [r.text for r in result.records] for name, result in real.items()}
 same = sum(a == b for a, b in zip(texts["split"], texts["colocated"]))
 print(f"{same} of {len(real_load)} answers identical; the first: {texts['split'][0][:60]!r}...")
