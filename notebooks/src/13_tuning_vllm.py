@@ -603,8 +603,9 @@ accuracy = pd.DataFrame({"median error": stored_error.median(axis=1), "lowest er
                          "highest error": stored_error.max(axis=1), "tolerance": TOLERANCE})
 display(accuracy.round(3))
 chats = "budget 2048/128: chats' ITL p99"
-expect("chats' ITL gain, stored runs: highest prediction error (all below zero)", stored_error.loc[chats].max(), below=0)
-expect("chats' ITL gain, stored runs: median error / measurement's range", -stored_error.loc[chats].median()
+expect("check on the stored runs: chats' ITL gain, highest prediction error (all below zero)",
+       stored_error.loc[chats].max(), below=0)
+expect("check on the stored runs: chats' ITL gain, median error / measurement's range", -stored_error.loc[chats].median()
        / NOISE[chats], above=0.5)
 
 # %% [markdown]
