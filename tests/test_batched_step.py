@@ -70,15 +70,20 @@ def greedy_alone(weights, ids, chunk_sizes=None):
     return out, first_logits
 
 
-def test_prompt_logits_match_transformers(weights, prompts, reference):
-    for ids, (_, ref_logits) in zip(prompts, reference):
-        _, logits = greedy_alone(weights, ids)
+@pytest.fixture(scope="module")
+def alone(weights, prompts):
+    """batchlab's greedy tokens and prompt logits for each prompt served alone (computed once)."""
+    return [greedy_alone(weights, ids) for ids in prompts]
+
+
+def test_prompt_logits_match_transformers(alone, reference):
+    for (_, logits), (_, ref_logits) in zip(alone, reference):
         assert torch.allclose(logits, ref_logits, atol=LOGIT_ATOL), (logits - ref_logits).abs().max()
 
 
-def test_each_prompt_alone_matches_generate(weights, prompts, reference):
-    for ids, (ref_tokens, _) in zip(prompts, reference):
-        assert greedy_alone(weights, ids)[0] == ref_tokens
+def test_each_prompt_alone_matches_generate(alone, reference):
+    for (tokens, _), (ref_tokens, _) in zip(alone, reference):
+        assert tokens == ref_tokens
 
 
 def test_chunked_prefill_matches_generate(weights, prompts, reference):

@@ -2,14 +2,13 @@
 
 It finds the model and its tokenizer through ``/v1/models`` (``id`` and ``root``), aligns its
 random prompts through ``/tokenize`` and ``/detokenize``, sends an ``X-Request-Id`` with each
-request and ``"logprobs": null``, ``"repetition_penalty": 1.0`` in each body. On the same server
-and workload (prompts of 32 tokens, 12 greedy output tokens with ``ignore_eos``, one request at a
-time), its TTFT and ITL medians and ``python -m batchlab.loadgen``'s agree within 20%: three back-to-back
-pairs, the median pair's ratio. Within 20%, not closer: each client's median is over 6 requests of
-a few tens of ms, and on the course's 2-core VM one pair's TTFT ratio moved from run to run between
-0.91 and 1.20 (the median pair: 1.00-1.18 over three whole-suite and lone runs). A client that
-timed another event (a first chunk without a token, a chunk of several tokens as one gap) would
-be off by a whole decode step (35-45 ms here, 50% of TTFT) or halve ITL.
+request and ``"logprobs": null``, ``"repetition_penalty": 1.0`` in each body. It runs here beside
+``python -m batchlab.loadgen`` on the same server and workload (prompts of 32 tokens, 12 greedy
+output tokens with ``ignore_eos``, one request at a time). Whether the two clients' TTFT and ITL
+medians agree is notebook 10's check, on three alternated pairs (one pair's TTFT ratio moved from
+run to run between 0.91 and 1.20 on the course's 2-core VM, so one pair here would prove little);
+a client that timed another event (a first chunk without a token, a chunk of several tokens as one
+gap) would be off by a whole decode step (35-45 ms here, 50% of TTFT) or halve ITL.
 
 What each measures: both time a request from just before the POST. vLLM's TTFT ends at the first
 SSE chunk that has ``choices`` (even with empty text); its ITL is the gap between successive
@@ -32,10 +31,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from batchlab.loadgen import course_tokenizer, plan_requests, run_load
 from batchlab.loadgen.__main__ import main as loadgen_main
 from batchlab.loadgen.vllm_result import BenchResult, read_result
 from batchlab.loadgen.prom import scrape, value
@@ -43,7 +40,6 @@ from batchlab.serve import start_server
 from batchlab.vllm_ref import vllm_bench_serve
 
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 32, 12
-WARMUP = 2                                          # requests that warm the server up first
 
 
 @pytest.fixture(scope="module")
@@ -73,19 +69,14 @@ def loadgen_bench(url: str, seed: int, path: Path) -> BenchResult:
     return read_result(path)
 
 
-def test_vllm_bench_serve_runs_against_batchlab_and_agrees_with_loadgen(server, tmp_path):
-    tok = course_tokenizer()
+def test_vllm_bench_serve_runs_against_batchlab_and_loadgen_writes_the_same_file(server, tmp_path):
+    """Both clients on the same flags, each file read with one reader: the same keys and units.
+    Whether their latencies agree is notebook 10's check (three alternated pairs, as a claim about
+    measured time on a shared CPU needs)."""
     before = scrape(server.url)
-    # A fresh server's first requests are slower (caches, allocator): the first client measured
-    # would pay for it, so the server is warmed up before the comparison.
-    warm = run_load(server.url, plan_requests(WARMUP, PROMPT_LEN, OUTPUT_LEN, tok, arrival="at_once", seed=99),
-                    max_concurrency=1, max_duration=300)
-    assert warm.status_counts() == {"ok": WARMUP}
-    theirs, ours = [], []
-    for seed in (0, 1, 2):                          # alternated: vLLM's client, then ours, three times
-        theirs.append(vllm_bench(server.url, seed, tmp_path / f"vllm-{seed}.json"))
-        ours.append(loadgen_bench(server.url, seed, tmp_path / f"loadgen-{seed}.json"))
-    for result in theirs + ours:                    # one reader, the same keys and units in both files
+    theirs = vllm_bench(server.url, 0, tmp_path / "vllm.json")
+    ours = loadgen_bench(server.url, 0, tmp_path / "loadgen.json")
+    for result in (theirs, ours):
         assert result.completed == NUM_PROMPTS and result.failed == 0
         assert result.total_input_tokens == NUM_PROMPTS * PROMPT_LEN
         assert result.total_output_tokens == NUM_PROMPTS * OUTPUT_LEN
@@ -101,21 +92,12 @@ def test_vllm_bench_serve_runs_against_batchlab_and_agrees_with_loadgen(server, 
         assert lat.loc["e2el", "mean"] == pytest.approx(lat.loc["ttft", "mean"] + (OUTPUT_LEN - 1) * lat.loc["tpot", "mean"],
                                                         rel=1e-6)
         assert lat.loc["ttft", "median"] == pytest.approx(lat.loc["ttft", "p50"])
-    # Each pair's ratio (ours / theirs, measured back to back), then the median pair: a burst of
-    # other work on the machine during one run moves one pair, not the verdict.
-    ratios = {m: float(np.median([o.latency_ms.loc[m, "median"] / t.latency_ms.loc[m, "median"]
-                                  for o, t in zip(ours, theirs)])) for m in ("ttft", "itl")}
-    def ms(runs):
-        return ", ".join(f"{r.latency_ms.loc['ttft', 'median']:.1f} / {r.latency_ms.loc['itl', 'median']:.1f}"
-                         for r in runs)
-    report = f"TTFT / ITL medians (ms): vLLM bench {ms(theirs)}; loadgen {ms(ours)}"
-    print(report)
-    assert abs(ratios["ttft"] - 1) < 0.20, report
-    assert abs(ratios["itl"] - 1) < 0.20, report
-    # The server's /metrics saw every request of both clients (our warm-ups too).
-    after = scrape(server.url)
-    finished = value(after, "vllm:request_success") - value(before, "vllm:request_success")
-    assert finished == WARMUP + 3 * NUM_PROMPTS + 3 * (NUM_PROMPTS + 1)
+    print(f"TTFT / ITL medians (ms): vLLM bench {theirs.latency_ms.loc['ttft', 'median']:.1f} / "
+          f"{theirs.latency_ms.loc['itl', 'median']:.1f}; loadgen {ours.latency_ms.loc['ttft', 'median']:.1f} / "
+          f"{ours.latency_ms.loc['itl', 'median']:.1f}")
+    # The server's /metrics saw every request of both clients (loadgen's warm-up too).
+    finished = value(scrape(server.url), "vllm:request_success") - value(before, "vllm:request_success")
+    assert finished == NUM_PROMPTS + (NUM_PROMPTS + 1)
 
 
 def test_vllm_bench_serve_with_vllms_sampling_flags(server, tmp_path):
