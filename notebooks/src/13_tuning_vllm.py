@@ -273,7 +273,9 @@ if cal is not None:
 # **Prefix caching.** Sixteen requests share a system prompt of 384 tokens, each followed by its
 # own 32-token question, sent one at a time. The first eight each carry their own `cache_salt`:
 # vLLM mixes the salt into the hash of the first block, so a salted request can only reuse blocks
-# made under the same salt, never the shared ones. The last eight carry none and share the cache.
+# made under the same salt. The last eight all carry one salt, so they share the cache with each
+# other and with nothing this server computed before (an earlier prompt cut from the same place in
+# the corpus would otherwise lend the first of them its blocks).
 # The prediction: the simulator's paged cache, with and without prefix caching, the requests 10 s
 # apart so that none waits for another.
 
@@ -282,7 +284,8 @@ system, questions = fresh_prompts(tok, 1, 384)[0], fresh_prompts(tok, 16, 32)
 prefix_loads = {
     "salted": [LoadRequest(f"salted-{i}", system + q, 8, prompt_len=416, extra_body={"cache_salt": f"user-{i}"})
                for i, q in enumerate(questions[:8])],
-    "shared": [LoadRequest(f"shared-{i}", system + q, 8, prompt_len=416) for i, q in enumerate(questions[8:])]}
+    "shared": [LoadRequest(f"shared-{i}", system + q, 8, prompt_len=416, extra_body={"cache_salt": "shared"})
+               for i, q in enumerate(questions[8:])]}
 apart = lambda reqs: [LoadRequest(r.request_id, r.prompt, r.max_tokens, 10.0 * i) for i, r in enumerate(reqs)]
 prefix_result = {name: {} for name in prefix_loads}
 if cal is not None:
@@ -662,8 +665,9 @@ expect("predicted for an H100: 64 sequences of 2,048 tokens' step / one short se
 # - At the same offered load, `--max-num-seqs 128` against `2` served more tokens per second and
 #   gave the first token more than five times sooner; the queue it avoided shows in
 #   `vllm:num_requests_waiting`.
-# - `cache_salt` keeps a request out of the shared prefix cache on the same server; the shared
-#   requests were served whole blocks from the cache, exactly as many tokens as the block rule says.
+# - `cache_salt` keeps a request out of the prefix cache other requests made on the same server;
+#   the requests sharing a salt were served whole blocks from the cache, exactly as many tokens as
+#   the block rule says.
 # - A smaller token budget (`--max-num-batched-tokens 128`) cut a long prompt into chunks: the
 #   streaming chats' ITL p99 fell more than twofold. The newcomer's first token was predicted to
 #   come a little later, a cost too small for one run on this machine to show.
