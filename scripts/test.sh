@@ -43,28 +43,20 @@ reports=${BATCHLAB_TEST_REPORTS:-$(mktemp -d)}
 mkdir -p "$reports"
 started=$SECONDS
 status=0
-# The capped machine shapes (oneDNN at AVX2 and at AVX-512 bf16: the model's tests, which time
-# nothing either) run beside the first pass; their output is printed when it ends.
-capped_log=$(mktemp)
-bash scripts/check_machine_shapes.sh --cheap --only avx2,avx512_bf16 > "$capped_log" 2>&1 & capped=$!
 .venv/bin/python -m pytest tests -m parallel -n "${BATCHLAB_TEST_WORKERS:-2}" -q \
     --junitxml="$reports/1-parallel.xml" || status=1
-wait "$capped" || status=1
-echo "test.sh: the capped machine shapes, run beside the first pass:"
-cat "$capped_log"
-rm -f "$capped_log"
 .venv/bin/python -m pytest tests notebooks -m "not parallel" --nbval-lax \
     --junitxml="$reports/2-alone.xml" || status=1
 .venv/bin/python scripts/slowest_tests.py "$reports"/{1-parallel,2-alone}.xml --top 25 --files 10 || status=1
 echo "test.sh: pytest, both passes: $((SECONDS - started)) s"
 [ -n "${BATCHLAB_TEST_REPORTS:-}" ] || rm -rf "$reports"
 (( status == 0 )) || exit "$status"
-# Then the course site, and the rest of the cheap checks on other machines' shapes
-# (scripts/check_machine_shapes.sh: one core busy, and the notebooks whose claims depend on the
-# dtype in bf16; the capped ones ran beside the first pass; docs/machines-and-dtypes.md:
+# Then the course site, and the cheap checks on other machines' shapes
+# (scripts/check_machine_shapes.sh: one core busy, oneDNN capped at AVX2 and at AVX-512 bf16,
+# and the notebooks whose claims depend on the dtype in bf16; docs/machines-and-dtypes.md:
 # "Other machines").
 echo "test.sh: the course site, from this run's executed notebooks, then opened in a browser"
 .venv/bin/python scripts/build_site.py --executed "$BATCHLAB_EXECUTED_DIR" --check
 .venv/bin/python scripts/check_site.py || { rc=$?; (( rc == 2 )) && [ -z "${CI:-}" ] || exit "$rc"; }
-echo "test.sh: other machines' shapes, the rest of the cheap set"
-bash scripts/check_machine_shapes.sh --cheap --only busy,bf16
+echo "test.sh: other machines' shapes, the cheap set"
+bash scripts/check_machine_shapes.sh --cheap

@@ -30,9 +30,6 @@ def test_the_test_command_runs_both_passes_and_reports_the_slowest():
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert '-m parallel -n "${BATCHLAB_TEST_WORKERS:-2}"' in script and '-m "not parallel" --nbval-lax' in script
     assert "scripts/slowest_tests.py" in script and "--top 25 --files 10" in script
-    # every cheap machine shape: the capped ones (which time nothing) beside the first pass, the rest at the end
-    assert "check_machine_shapes.sh --cheap --only avx2,avx512_bf16" in script
-    assert "check_machine_shapes.sh --cheap --only busy,bf16" in script
 
 
 def test_the_report_lists_the_slowest_across_passes(tmp_path, capsys):
