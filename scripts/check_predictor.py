@@ -8,16 +8,21 @@ whose licence you have checked). Each object has ``model`` (a Hugging Face name 
 (optional), ``flags`` (vLLM's flags by their names: ``max_num_seqs``, ``max_num_batched_tokens``,
 ``max_model_len``, ``block_size``, ...), ``workload`` (``rate_rps``, ``arrival`` starting with
 "constant" or "poisson", ``num_requests``, ``input_tokens`` and ``output_tokens`` as ``{"p50": ...}``,
-``prefix_tokens`` and ``resolved_shared_prefix.num_groups`` when prompts share a system prompt)
-and ``measured`` (``ttft_ms`` and ``e2e_ms`` as ``{"p50": ...}``). TPOT's median is taken as
-``(e2e p50 - ttft p50) / (output p50 - 1)``, so that clients that count stream events instead of
-tokens compare alike. A stage whose measured median TTFT is over 10 s counts as saturated.
+``prefix_tokens`` and ``resolved_shared_prefix.num_groups`` when prompts share a system prompt;
+``prompt_pool`` when the client cycled through that many fixed prompts, each sent again verbatim
+after ``prompt_pool`` requests, so that vLLM's prefix cache holds all of a repeated prompt but its
+last partial block) and ``measured`` (``ttft_ms`` and ``e2e_ms`` as ``{"p50": ...}``). TPOT's
+median is taken as ``(e2e p50 - ttft p50) / (output p50 - 1)``, so that clients that count stream
+events instead of tokens compare alike. A stage whose measured median TTFT is over 10 s counts as saturated.
 
 ``--inference-sim DIR`` reads the layout of inference-sim's ``training`` repository instead (a
 local clone: ``default_args/<run>/exp-config.yaml`` for the model, TP and flags,
 ``results/config.yaml`` for the shared-prefix workload and its stages, and each stage's
 ``results/stage_N_lifecycle_metrics.json`` for the measured medians); a model named there is read
-from its ``model_configs/<name>/config.json`` when the shapes table does not hold it.
+from its ``model_configs/<name>/config.json`` when the shapes table does not hold it. Its client,
+inference-perf, generates ``num_groups x num_prompts_per_group`` prompts once and sends them in
+turn (``data_index % len(prompts)`` in its shared-prefix generator), so those stages are predicted
+with that ``prompt_pool``: after the first round every prompt is one the server has cached.
 
 The last line is the median absolute error over TTFT, TPOT and E2E p50 of every stage that both
 the real server and the prediction keep up with, and how many saturation verdicts were right;
@@ -71,6 +76,8 @@ def inference_sim_runs(root: Path) -> list[dict]:
         server = yaml.safe_load((exp / "exp-config.yaml").read_text(encoding="utf-8"))
         config = yaml.safe_load((exp / "results" / "config.yaml").read_text(encoding="utf-8"))
         shared = config["data"]["shared_prefix"]
+        multi_turn = bool(shared.get("enable_multi_turn_chat"))     # then each turn adds to the prompt
+        pool = None if multi_turn else int(shared["num_groups"]) * int(shared.get("num_prompts_per_group", 1))
         local = root / "model_configs" / server["model"].split("/")[-1] / "config.json"
         for i, stage in enumerate(config["load"]["stages"]):
             path = exp / "results" / f"stage_{i}_lifecycle_metrics.json"
@@ -85,7 +92,8 @@ def inference_sim_runs(root: Path) -> list[dict]:
                                       "input_tokens": {"p50": m["prompt_len"]["median"]},
                                       "output_tokens": {"p50": m["output_len"]["median"]},
                                       "prefix_tokens": shared["system_prompt_len"],
-                                      "resolved_shared_prefix": {"num_groups": shared["num_groups"]}},
+                                      "resolved_shared_prefix": {"num_groups": shared["num_groups"]},
+                                      "prompt_pool": pool},
                          "measured": {"ttft_ms": {"p50": 1e3 * m["latency"]["time_to_first_token"]["median"]},
                                       "e2e_ms": {"p50": 1e3 * m["latency"]["request_latency"]["median"]}},
                          "source": exp.name})
@@ -102,11 +110,14 @@ def stage_prediction(run: dict, gpu: str, max_requests: int | None) -> dict:
     flags = EngineFlags(**{k: int(run["flags"][k]) for k in FLAG_NAMES if k in run["flags"]})
     w = run["workload"]
     n = int(w["num_requests"]) if max_requests is None else min(int(w["num_requests"]), max_requests)
+    prompt = int(w["input_tokens"]["p50"])
     prefix = int(w.get("prefix_tokens") or 0)
     groups = int((w.get("resolved_shared_prefix") or {}).get("num_groups") or 1)
+    if w.get("prompt_pool"):        # the same prompts in turn: request i repeats request i - pool, all but
+        prefix, groups = prompt - 1, int(w["prompt_pool"])     # its last token (vLLM computes at least one)
     spec = TrafficSpec(num_prompts=n, request_rate=float(w["rate_rps"]),
                        arrival="constant" if str(w.get("arrival", "")).startswith("constant") else "poisson",
-                       input_len=max(1, int(w["input_tokens"]["p50"]) - prefix),
+                       input_len=max(1, prompt - prefix),
                        output_len=int(w["output_tokens"]["p50"]), prefix_len=prefix, num_prefix_groups=groups)
     deployment = Deployment(model, run.get("gpu_preset", gpu), int(run["tensor_parallel"]), flags=flags)
     p = predict(deployment, spec.generate()).bench_result()

@@ -218,3 +218,39 @@ def test_the_check_script_scores_measured_runs(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"model": "x"}\n')
     done = subprocess.run(script + [str(tmp_path / "bad.jsonl")], capture_output=True, text=True)
     assert done.returncode == 2 and "bad.jsonl line 1: KeyError" in done.stderr
+
+
+def _inference_sim_layout(root: Path, multi_turn: bool) -> None:
+    """One run of inference-sim's layout: 2 system prompts x 3 questions, one stage at 5 requests/s."""
+    import yaml
+    run = root / "default_args" / "run-1"
+    (run / "results").mkdir(parents=True)
+    (run / "exp-config.yaml").write_text(yaml.safe_dump({
+        "model": "meta-llama/Llama-2-7b-hf", "tensor_parallelism": 1, "max_model_len": 4096,
+        "max_num_batched_tokens": 2048, "max_num_seqs": 128}))
+    shared = {"num_groups": 2, "num_prompts_per_group": 3, "system_prompt_len": 100, "question_len": 400,
+              "output_len": 50, **({"enable_multi_turn_chat": True} if multi_turn else {})}
+    (run / "results" / "config.yaml").write_text(yaml.safe_dump({
+        "data": {"type": "shared_prefix", "shared_prefix": shared},
+        "load": {"type": "constant", "stages": [{"rate": 5.0, "duration": 30}]}}))
+    (run / "results" / "stage_0_lifecycle_metrics.json").write_text(json.dumps({"successes": {
+        "prompt_len": {"median": 500}, "output_len": {"median": 50},
+        "latency": {"time_to_first_token": {"median": 0.03}, "request_latency": {"median": 0.5}}}}))
+
+
+def test_the_check_script_sends_inference_perfs_prompts_in_turn_as_it_did(tmp_path):
+    """inference-perf's shared-prefix client makes groups x questions prompts once and sends them in
+    turn, so each one comes back verbatim: the stage carries that pool, and its prediction finds
+    every repeated prompt in the prefix cache (a shorter TTFT than fresh prompts of the same length)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("check_predictor", ROOT / "scripts" / "check_predictor.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    _inference_sim_layout(tmp_path / "single", multi_turn=False)
+    _inference_sim_layout(tmp_path / "chat", multi_turn=True)
+    (run,) = check.inference_sim_runs(tmp_path / "single")
+    assert run["workload"]["prompt_pool"] == 6
+    assert check.inference_sim_runs(tmp_path / "chat")[0]["workload"]["prompt_pool"] is None   # turns grow
+    pooled = check.stage_prediction(run, "H100", None)["predicted"]
+    fresh = check.stage_prediction({**run, "workload": {**run["workload"], "prompt_pool": None}}, "H100", None)
+    assert pooled["ttft"] < 0.9 * fresh["predicted"]["ttft"], (pooled, fresh["predicted"])   # 0.80 here
