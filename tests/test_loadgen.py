@@ -104,12 +104,16 @@ def test_open_and_closed_loop_against_batchlab(server, lm):
     # The engine's first token comes before the client sees it, and after the client sent the request.
     for c, e in zip(result.trace.requests, engine.requests):
         assert c.arrival_time <= e.arrival_time + 0.005 and e.token_times[0] <= c.token_times[0] + 0.005
+    # One server, one clock offset: a step that gave two requests a token is one instant in both.
+    assert len({r.server["engine_clock_unix_offset"] for r in result.records}) == 1
     closed = run_load(server.url, reqs, mode="closed", concurrency=2, max_duration=120)
     assert all(r.ok for r in closed.records)
     starts = sorted(r.send_time for r in closed.records)
     ends = sorted(r.end_time for r in closed.records)
     # Never more than 2 in flight: the third request is sent only after the first one ended.
     assert starts[2] >= ends[0] - 1e-6
+    # Fewer users than slots: a request waits for the step in progress at most, never a slot.
+    assert metrics.steps_waited(closed.server_trace()).max() <= 1
     assert np.all(np.array([r.scheduled_time for r in closed.records]) >= 0)
 
 

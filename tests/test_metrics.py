@@ -23,6 +23,7 @@ from batchlab.analysis.metrics import (
     per_request_metrics,
     request_counts,
     slot_waste,
+    steps_waited,
     summarize,
     throughput,
 )
@@ -104,6 +105,15 @@ def test_per_request_metrics_by_hand():
 def test_itl_values_pool_every_gap():
     # A: gaps 1, 2; B: gap 0.5; C: none
     assert itl_values(three_request_trace()).tolist() == [1.0, 2.0, 0.5]
+
+
+def test_steps_waited_counts_the_step_ends_between_arrival_and_first_scheduling():
+    # step ends seen in the token times: 1, 2, 2.5, 3, 4 (R, rejected, has none and is left out)
+    # A: (0, 0.5) holds none; B: arrived and was scheduled at 1.0, itself an end; C: (0, 2) holds 1.0
+    assert steps_waited(three_request_trace()).to_dict() == {"A": 0, "B": 0, "C": 1}
+    late = Trace(requests=[record("X", 0.0, [1.0, 2.0, 3.0, 4.0], first_scheduled=0.0),
+                           record("Y", 0.5, [3.5], first_scheduled=3.2)])      # ends 1, 2, 3 passed
+    assert steps_waited(late).to_dict() == {"X": 0, "Y": 3}
 
 
 def test_streamed_vs_non_streamed_ttft():
@@ -310,7 +320,7 @@ def test_guidellm_mean_itl_equals_pooled_vllm_itl_on_random_trace():
 
 # --- validation -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("fn", [per_request_metrics, itl_values, summarize, throughput,
-                                benchmark_duration, itl_definitions, request_counts])
+                                benchmark_duration, itl_definitions, request_counts, steps_waited])
 def test_empty_trace_is_a_clear_error(fn):
     with pytest.raises(ValueError, match="no requests"):
         fn(Trace())

@@ -206,6 +206,20 @@ def per_request_metrics(trace: Trace) -> pd.DataFrame:
     return df.astype({c: float for c in float_cols})
 
 
+def steps_waited(trace: Trace) -> pd.Series:
+    """How many engine steps each finished request waited through before its first scheduling,
+    indexed by ``request_id``: the step ends (instants when any request in the trace got a token)
+    after its arrival and before it was first scheduled. 0: scheduled at once; 1: it waited for
+    the step in progress. Works on a server's trace, which has token times but no step records;
+    a step that gave nobody in the trace a token is not counted."""
+    _check_trace(trace)
+    done = [r for r in _finished(trace) if r.first_scheduled_time is not None]
+    ends = np.unique(np.concatenate([np.asarray(r.token_times, dtype=float) for r in done] or [np.empty(0)]))
+    counts = [max(0, int(np.searchsorted(ends, r.first_scheduled_time, "left")
+                         - np.searchsorted(ends, r.arrival_time, "right"))) for r in done]
+    return pd.Series(counts, index=[r.request_id for r in done], name="steps_waited", dtype=int)
+
+
 def itl_values(trace: Trace) -> np.ndarray:
     """All gaps between successive visible tokens, pooled over finished requests (seconds).
 

@@ -316,6 +316,7 @@ class EngineRunner:
         self.num_accepted = 0
         self.num_refused = 0
         self.started_unix = time.time()
+        self._clock_unix_offset: float | None = None   # unix time = engine time + this (read once)
         self.window = TraceWindow(config.trace_window)
         spec = None if config.speculative_config is None else SpeculativeConfig.parse(config.speculative_config)
         self.metrics = ServerMetrics(config.model_name, config.max_model_len,
@@ -444,6 +445,13 @@ class EngineRunner:
         self.abort(handle.request_id, "stop string matched")
 
     # --- reporting --------------------------------------------------------------------------------
+    def _unix_offset(self) -> float:
+        """Unix time minus engine time, read once: every response then places the same step's end
+        at the same instant (two clock reads per response would differ by microseconds)."""
+        if self._clock_unix_offset is None:
+            self._clock_unix_offset = time.time() - self.engine.clock.now()
+        return self._clock_unix_offset
+
     def timings(self, handle: Handle, req: Request, release: float) -> dict:
         """The server's own times for one request (engine clock, seconds), for the extension field,
         and how it ended (the one place the runner reads a request's end state)."""
@@ -456,8 +464,7 @@ class EngineRunner:
             "request_id": req.request_id,
             "x_request_id": handle.x_request_id,
             "received_unix": handle.received_unix,
-            # unix time = engine time + this (the engine's clock counts from its start)
-            "engine_clock_unix_offset": time.time() - self.engine.clock.now(),
+            "engine_clock_unix_offset": self._unix_offset(),
             "arrival_time": arrival,
             "first_scheduled_time": first,
             "first_token_time": first_token,
