@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import numpy as np
@@ -102,3 +103,35 @@ def test_a_device_is_simulated_as_vllm_serves_it_and_refused_where_vllm_would():
     assert device.cost_model == VllmReplica("Llama-2-7B", "H100").step_model
     with pytest.raises(ValueError, match=r"simulate='T4': vLLM would not serve it: weights=1\d\.\d GiB"):
         SimulatedDevice.parse("T4")
+
+
+# --- a server never outlives the Python that started it ---------------------------------------------
+def _ended(pid: int) -> bool:
+    """The process is gone, or a zombie nobody has reaped yet (its parent exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _server_pid_after(ending: str) -> int:
+    """Start a simulated server from a child Python that then ends with ``ending``; the server's pid."""
+    code = ("import os, signal, sys\n"
+            "from batchlab.serve import start_server\n"
+            "server = start_server(simulate='L4', max_num_seqs=4, max_model_len=256)\n"
+            "print(server.proc.pid, flush=True)\n" + ending)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    return int(done.stdout.split()[0])
+
+
+@pytest.mark.parametrize("ending", ["sys.exit(0)", "os.kill(os.getpid(), signal.SIGKILL)"],
+                         ids=["exits", "is-killed"])
+def test_a_server_left_running_stops_when_the_python_that_started_it_ends(ending):
+    # exits: stopped at exit (a script's end, a notebook kernel shut down); is-killed: no exit
+    # hook runs, the server sees its parent gone and stops itself
+    pid = _server_pid_after(ending)
+    deadline = time.monotonic() + 30
+    while not _ended(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ended(pid), f"server {pid} still running after its parent ended ({ending})"

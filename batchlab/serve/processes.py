@@ -6,11 +6,16 @@ thread) and waits until ``/health`` answers; ``stop()`` sends SIGTERM, which end
 flight with a reason. ``ServerThread`` runs one in this process instead (the tests use it, to
 share a loaded model). ``serve`` is what the subprocess runs. vLLM's server and the replicas behind
 the real router are started with the same pieces (``ServerProcess``, ``wait_healthy``).
+
+A server started here never outlives the Python that started it: the ones not stopped are
+stopped when it exits (a script's end, a notebook kernel shut down or restarted), and a batchlab
+server whose parent dies without exiting (a kernel killed) stops itself within a second.
 """
 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -26,6 +31,39 @@ from batchlab.serve.runner import EngineRunner, ServerConfig
 
 HOST = "127.0.0.1"
 SHUTDOWN_REASON = "server shutting down"
+PARENT_ENV = "BATCHLAB_STOP_WITH_PARENT"     # set by launch_server: the pid the server stops without
+_STARTED: dict[int, subprocess.Popen] = {}   # pid: every server process started here, not yet stopped
+
+
+@atexit.register
+def _stop_started(timeout: float = 15.0) -> None:
+    """At exit: SIGTERM every server still running (each ends its requests with a reason), then
+    wait for them together; SIGKILL what is left after ``timeout`` seconds."""
+    procs = [p for p in _STARTED.values() if p.poll() is None]
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    _STARTED.clear()
+
+
+def _stop_with_parent() -> None:
+    """In a server that ``launch_server`` started: SIGTERM itself once that parent is gone."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent is None or parent != str(os.getppid()):
+        return                                  # started by hand, or the parent is already gone
+
+    def watch() -> None:
+        while str(os.getppid()) == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="batchlab-parent-watch", daemon=True).start()
 
 
 def free_port(host: str = HOST) -> int:
@@ -60,6 +98,7 @@ def serve(config: ServerConfig, host: str = HOST, port: int = 8000, api_key: str
     many step sizes."""
     from batchlab.model import load_model
     from batchlab.serve.memory import bound_shape_caches
+    _stop_with_parent()
     bound_shape_caches()
     _log_to_stderr(log_level)
     if config.simulate is None:
@@ -113,6 +152,7 @@ class ServerProcess:
 
     def __init__(self, proc: subprocess.Popen, url: str, log_path: str) -> None:
         self.proc, self.url, self.log_path = proc, url, log_path
+        _STARTED[proc.pid] = proc                # stopped at exit if nobody stops it before
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
@@ -127,6 +167,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        _STARTED.pop(self.proc.pid, None)
         return self.proc.returncode
 
     def __enter__(self) -> "ServerProcess":
@@ -200,6 +241,7 @@ def launch_server(policy: str = "continuous", port: int | None = None, api_key: 
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env[PARENT_ENV] = str(os.getpid())
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     return ServerProcess(proc, f"http://{HOST}:{port}", log_path)
