@@ -55,8 +55,8 @@ def _stop_started(timeout: float = 15.0) -> None:
 def _stop_with_parent() -> None:
     """In a server that ``launch_server`` started: SIGTERM itself once that parent is gone."""
     parent = os.environ.get(PARENT_ENV)
-    if parent is None or parent != str(os.getppid()):
-        return                                  # started by hand, or the parent is already gone
+    if parent is None:
+        return                                  # started by hand: it runs until stopped
 
     def watch() -> None:
         while str(os.getppid()) == parent:

