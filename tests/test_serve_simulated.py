@@ -8,6 +8,7 @@ sleeps up to it, and not far beyond it.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -135,3 +136,26 @@ def test_a_server_left_running_stops_when_the_python_that_started_it_ends(ending
     while not _ended(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _ended(pid), f"server {pid} still running after its parent ended ({ending})"
+
+
+def test_the_server_shim_stops_its_server_once_the_python_that_started_it_is_killed():
+    # SERVER_SHIM's watch, around a stand-in server (the standard library's); vLLM itself starts
+    # through the shim in tests/test_vllm_ref.py
+    from batchlab.serve.processes import PARENT_ENV
+    from batchlab.vllm_ref.server import SERVER_SHIM
+    shim = SERVER_SHIM.replace("vllm.entrypoints.openai.api_server", "http.server")
+    assert shim != SERVER_SHIM
+    parent = ("import os, signal, subprocess, sys\n"                 # killed at once: no race either
+              f"env = dict(os.environ, {PARENT_ENV}=str(os.getpid()))\n"
+              f"p = subprocess.Popen([sys.executable, '-c', {shim!r}, '--bind', '127.0.0.1', '0'], env=env,\n"
+              "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+              "print(p.pid, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    pid = int(done.stdout.split()[0])
+
+    deadline = time.monotonic() + 20
+    while not _ended(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ended(pid), f"the stand-in server {pid} outlived its killed parent"

@@ -102,37 +102,3 @@ def test_vllms_sampling_fields_give_vllms_answers(vllm, lm):
             assert list(mine_top) == list(their_top)      # the same tokens, in the same order
             assert np.allclose(list(mine_top.values()), list(their_top.values()), atol=2e-3)
 
-
-def test_the_server_shim_stops_its_server_once_the_python_that_started_it_is_killed():
-    # SERVER_SHIM's watch, around a stand-in server (the standard library's): vLLM's own start
-    # through the shim is what the tests above use
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from batchlab.serve.processes import PARENT_ENV
-    from batchlab.vllm_ref.server import SERVER_SHIM
-    shim = SERVER_SHIM.replace("vllm.entrypoints.openai.api_server", "http.server")
-    assert shim != SERVER_SHIM
-    parent = ("import os, signal, subprocess, sys\n"                 # killed at once: no race either
-              f"env = dict(os.environ, {PARENT_ENV}=str(os.getpid()))\n"
-              f"p = subprocess.Popen([sys.executable, '-c', {shim!r}, '--bind', '127.0.0.1', '0'], env=env,\n"
-              "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-              "print(p.pid, flush=True)\n"
-              "os.kill(os.getpid(), signal.SIGKILL)\n")
-    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
-    assert done.returncode == -signal.SIGKILL
-    pid = int(done.stdout.split()[0])
-
-    def ended() -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except FileNotFoundError:
-            return True
-
-    deadline = time.monotonic() + 20
-    while not ended() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert ended(), f"the stand-in server {pid} outlived its killed parent"
