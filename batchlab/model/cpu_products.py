@@ -11,8 +11,12 @@ and multiplies with it (``prepack`` and ``packed_product``):
 - bf16 on a CPU with bf16 matrix units (``avx512_bf16``, AMX): packed from one row on. On the
   course's AMD EPYC (AVX-512 bf16) the packed product took 0.3-0.7x the time of ``x @ w`` at 1-32
   rows (the LM head at one row: 2.1 against 6.7 ms), 0.95-1.0x at 256-512.
-- bf16 without such units: torch's bf16 product is an emulated fallback, so the step widens the
-  weight to fp32 and rounds the result back (``project(..., widen=True)``).
+- bf16 without such units: torch's bf16 product is an emulated fallback, so the step multiplies by
+  an fp32 copy of the weight, made once (the same values: bf16 widens to fp32 exactly), and rounds
+  the result back. Widening the weight at every product instead (``x.float() @ w.float()``) gives
+  the same bits but writes and reads twice the weights' bytes again at every product: on the
+  course's 2-core AVX2 VM a batch-1 greedy step of SmolLM2-135M took 112-115 ms that way, 42-43
+  ms with the copy (an fp32 model's: 37 ms). The copy costs twice the bf16 weights' memory.
 
 Which units a CPU has is read from /proc/cpuinfo (``cpu_bf16_flags``), less those above the level
 ``ONEDNN_MAX_CPU_ISA`` caps oneDNN at: with ``ONEDNN_MAX_CPU_ISA=AVX2`` a CPU with bf16 units
@@ -99,30 +103,34 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
-def project(x: torch.Tensor, w: torch.Tensor, widen: bool = False) -> torch.Tensor:
-    """``x @ w`` for a (rows, in) activation and an (in, out) weight. ``widen``: compute in fp32
-    and round the result back to ``x``'s dtype (bf16 on a CPU without bf16 units)."""
-    if widen:
-        return (x.float() @ w.float()).to(x.dtype)
-    return x @ w
-
-
 class StepProducts:
     """``x @ w`` for a model's (in, out) weights, each by the step's route on their dtype and device:
-    bf16 widened to fp32 (``widen``: a CPU without bf16 units), else the weight's packed copy from
-    ``min_rows`` rows on, else a plain matmul. The packed copies are made here, once."""
+    bf16 through the weight's fp32 copy (``widen``: a CPU without bf16 units), else the weight's
+    packed copy from ``min_rows`` rows on, else a plain matmul. The copies are made here, once."""
 
     def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype, device: torch.device | str) -> None:
-        self.widen = widens_bf16(dtype, device)
         self.min_rows = min_pack_rows(dtype)
+        self._weights = weights
+        self.widened: dict[int, torch.Tensor] = {}     # id(weight) -> its fp32 copy, while ``widen``
+        self.widen = widens_bf16(dtype, device)
         # id(weight) -> its packed copy (empty where the step does not pack)
         self.packed: dict[int, torch.Tensor] = (
             {id(w): prepack(w) for w in weights} if uses_packing(dtype, device, self.widen) else {})
 
+    @property
+    def widen(self) -> bool:
+        """Whether bf16 products are computed in fp32, through each weight's fp32 copy."""
+        return self._widen
+
+    @widen.setter
+    def widen(self, widen: bool) -> None:
+        self._widen = widen
+        self.widened = {id(w): w.float() for w in self._weights} if widen else {}
+
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """(rows, in) activation times one of the (in, out) weights: (rows, out)."""
         if self.widen:
-            return project(x, w, widen=True)
+            return (x.float() @ self.widened[id(w)]).to(x.dtype)      # (rows, out), rounded back
         packed = self.packed.get(id(w))
         if packed is not None and x.shape[0] >= self.min_rows:
             return packed_product(x, packed)

@@ -100,9 +100,10 @@ class LlamaWeights:
         self.sin = angles.sin().to(embed.dtype).to(embed.device)
         # Every projection goes through ``products``, which picks each product's route on a CPU
         # (``batchlab.model.cpu_products``): bf16 weights on a CPU without bf16 matrix units are
-        # widened to fp32 for the product (torch's bf16 matmul there is an emulated fallback, about
-        # 1 GFLOP/s on the course's AVX2 VM against 50-60 in fp32), so the weights stay bf16 in
-        # memory and the arithmetic is fp32's; otherwise each weight's oneDNN packed copy is used.
+        # multiplied through an fp32 copy of each, made once (torch's bf16 matmul there is an
+        # emulated fallback, about 1 GFLOP/s on the course's AVX2 VM against 50-60 in fp32): the
+        # values are the bf16 weights' and the arithmetic is fp32's; otherwise each weight's oneDNN
+        # packed copy is used.
         self.products = StepProducts([lm_head] + [w for lw in layers
                                                   for w in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down)],
                                      embed.dtype, embed.device)
