@@ -95,3 +95,22 @@ def test_a_bracketed_capacity_search_finds_the_same_rate():
     plain = capacity(d, traffic_at, slo, low=4.0, high=64.0, tolerance=0.05)
     known = capacity(d, traffic_at, slo, low=4.0, high=64.0, tolerance=0.05, bracketed=True)
     assert known["rate"] == pytest.approx(plain["rate"]) and known["runs"] == plain["runs"] - 2
+
+
+def test_a_rate_sweep_predicts_each_deployment_and_traffic_once_and_hands_out_copies():
+    from batchlab.predict.planning import _predicted, run_at, sweep_rates
+
+    def traffic_at(rate: float) -> TrafficSpec:
+        return TrafficSpec(int(rate * 5) + 1, rate, input_len=300, output_len=40, seed=4)
+
+    d = Deployment("Llama-3-8B", "H100")
+    _predicted.cache_clear()
+    row = run_at(d, traffic_at, 6.0)
+    row["ttft_p50_ms"] = -1.0                                    # a caller's edit stays in its row
+    table = sweep_rates({"a": d, "b": Deployment("Llama-3-8B", "H100", 2)}, traffic_at, [6.0, 9.0])
+    assert _predicted.cache_info().hits == 1 and _predicted.cache_info().misses == 4
+    assert table.loc[0, "ttft_p50_ms"] > 0 and table.loc[0, "rate"] == 6.0
+    fresh = predict(d, traffic_at(6.0).generate()).bench_result()  # what an uncached run predicts
+    assert table.loc[0, "ttft_p50_ms"] == fresh["median_ttft_ms"]
+    shifted = run_at(d, lambda rate: TrafficSpec(int(rate * 5) + 1, rate, input_len=300, output_len=40, seed=5), 6.0)
+    assert _predicted.cache_info().misses == 5 and shifted["ttft_p50_ms"] != table.loc[0, "ttft_p50_ms"]
