@@ -200,13 +200,27 @@ def mixed_requests(lm, n: int = 6, max_new_tokens: int = 40) -> list[Request]:
 PREEMPTING = {"paged": True, "block_size": 16, "num_kv_blocks": 26, "enable_prefix_caching": True}
 
 
+@pytest.fixture(scope="module")
+def answers_without(lm):
+    """The answers without speculation, served once per requests and cache setting (the two
+    drafters' tests on one cache share them)."""
+    served: dict[tuple, dict] = {}
+
+    def answers(requests: list[Request], cache: dict) -> dict:
+        key = (tuple(r.request_id for r in requests), repr(sorted(cache.items())))
+        if key not in served:
+            served[key] = serve(lm, requests, **cache)[0]
+        return served[key]
+    return answers
+
+
 @pytest.mark.parametrize("cache, drafter", [
     ({}, SPEC), ({"max_num_seqs": 1}, SPEC), ({"paged": True, "block_size": 16}, SPEC), (PREEMPTING, SPEC),
     ({}, EARLY_EXIT), (PREEMPTING, EARLY_EXIT),     # an early exit borrows room for its passes, and gives it back
 ], ids=["slots", "slots-batch1", "paged", "paged-preempting", "early-exit-slots", "early-exit-paged-preempting"])
-def test_greedy_answers_with_speculation_are_the_answers_without(lm, cache, drafter):
+def test_greedy_answers_with_speculation_are_the_answers_without(lm, answers_without, cache, drafter):
     reqs = mixed_requests(lm)
-    base, _ = serve(lm, reqs, **cache)
+    base = answers_without(reqs, cache)
     spec, engine = serve(lm, reqs, drafter, **cache)
     assert_same_answers(lm, reqs, base, spec)
     checks = [c for r in engine.requests.values() for c in r.spec_checks]
