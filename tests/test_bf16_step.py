@@ -34,9 +34,9 @@ def test_widened_bf16_step_keeps_bf16_weights_and_fp32_like_logits(lm):
 def test_the_fp32_copies_give_the_bits_of_widening_each_weight_at_its_product(monkeypatch):
     w16 = LlamaWeights.from_hf(load_model(device="cpu", dtype="bfloat16").model)
     w16.widen_bf16 = True
-    assert set(w16.products.widened) == {id(w) for w in w16.products._weights}
+    assert set(w16.products.widened) == {id(w) for w in w16.products.weights}
     assert all(c.dtype == torch.float32 and torch.equal(c, w.float())
-               for w in w16.products._weights for c in [w16.products.widened[id(w)]])
+               for w in w16.products.weights for c in [w16.products.widened[id(w)]])
     prompts = [[1, 504, 3458, 282, 4649, 314], [1, 504, 1], [1, 2, 3, 4]]   # rows of 6, 3 and 4 tokens
 
     def run():

@@ -110,7 +110,7 @@ class StepProducts:
 
     def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype, device: torch.device | str) -> None:
         self.min_rows = min_pack_rows(dtype)
-        self._weights = weights
+        self.weights = weights                         # the (in, out) weights it multiplies by
         self.widened: dict[int, torch.Tensor] = {}     # id(weight) -> its fp32 copy, while ``widen``
         self.widen = widens_bf16(dtype, device)
         # id(weight) -> its packed copy (empty where the step does not pack)
@@ -125,7 +125,7 @@ class StepProducts:
     @widen.setter
     def widen(self, widen: bool) -> None:
         self._widen = widen
-        self.widened = {id(w): w.float() for w in self._weights} if widen else {}
+        self.widened = {id(w): w.float() for w in self.weights} if widen else {}
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """(rows, in) activation times one of the (in, out) weights: (rows, out)."""
