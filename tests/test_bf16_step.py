@@ -31,20 +31,41 @@ def test_widened_bf16_step_keeps_bf16_weights_and_fp32_like_logits(lm):
         assert (got - ref).abs().max() < 0.1 * (ref.max() - ref.min()), widen
 
 
-def test_the_fp32_copies_give_the_bits_of_widening_each_weight_at_its_product(monkeypatch):
+def test_widened_bf16_products_take_fp32s_route_on_fp32_copies_and_round_back():
     w16 = LlamaWeights.from_hf(load_model(device="cpu", dtype="bfloat16").model)
     w16.widen_bf16 = True
-    assert set(w16.products.widened) == {id(w) for w in w16.products.weights}
+    products = w16.products
+    assert set(products.widened) == {id(w) for w in products.weights}
     assert all(c.dtype == torch.float32 and torch.equal(c, w.float())
-               for w in w16.products.weights for c in [w16.products.widened[id(w)]])
-    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 504, 1], [1, 2, 3, 4]]   # rows of 6, 3 and 4 tokens
-
-    def run():
-        cache = w16.new_kv_cache(len(prompts), 32)
-        return forward_step(w16, cache, [SeqChunk(i, 0, p, True) for i, p in enumerate(prompts)])
-
-    copies = run()
-    monkeypatch.setattr(StepProducts, "__call__", lambda self, x, w: (x.float() @ w.float()).to(x.dtype))
-    assert torch.equal(run(), copies)
+               for w in products.weights for c in [products.widened[id(w)]])
+    fp32 = StepProducts([products.widened[id(w)] for w in products.weights], torch.float32, "cpu")
+    assert products.min_rows == fp32.min_rows and len(products.packed) == len(fp32.packed)
+    torch.manual_seed(0)
+    for w in (w16.layers[0].w_qkv, w16.lm_head):
+        for rows in (1, 2, 7):                       # fp32's route: plain at one row, packed from two
+            x = torch.randn(rows, w.shape[0]).bfloat16()
+            got = products(x, w)
+            assert got.dtype == torch.bfloat16
+            assert torch.equal(got, fp32(x.float(), products.widened[id(w)]).to(torch.bfloat16)), rows
     w16.widen_bf16 = False
-    assert w16.products.widened == {}
+    assert products.widened == {} and products.min_rows == 1       # bf16's own route again
+
+
+def test_decode_attention_in_bf16_widens_exactly_where_the_cpu_has_no_bf16_units(monkeypatch):
+    import batchlab.model.step_layout as step_layout
+    from batchlab.model.step_layout import decode_attention, grouped_attention
+
+    torch.manual_seed(0)
+    S, H, KV, hd, ctx = 4, 9, 3, 64, 40
+    q, k, v = (torch.randn(*shape).bfloat16() for shape in ((S, H, 1, hd), (S, KV, ctx, hd), (S, KV, ctx, hd)))
+    mask = (torch.arange(ctx)[None, :] < torch.tensor([40, 33, 17, 1])[:, None]).view(S, 1, 1, ctx)
+    # by hand: each product in fp32, its result rounded to bf16; softmax in fp32
+    scores = (q[:, :, 0].float().reshape(S, KV, H // KV, hd) @ k.float().transpose(-1, -2)).bfloat16().float()
+    scores = (scores * hd ** -0.5).masked_fill(~mask.view(S, 1, 1, -1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).bfloat16().float()
+    by_hand = (probs @ v.float()).bfloat16().reshape(S, H, hd)
+    assert torch.equal(grouped_attention(q[:, :, 0], k, v, mask, widen=True), by_hand)
+    for units in (False, True):
+        monkeypatch.setattr(step_layout, "cpu_has_bf16_units", lambda: units)
+        want = grouped_attention(q[:, :, 0], k, v, mask, widen=not units)
+        assert torch.equal(decode_attention(q, k, v, mask), want), units

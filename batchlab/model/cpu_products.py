@@ -11,12 +11,13 @@ and multiplies with it (``prepack`` and ``packed_product``):
 - bf16 on a CPU with bf16 matrix units (``avx512_bf16``, AMX): packed from one row on. On the
   course's AMD EPYC (AVX-512 bf16) the packed product took 0.3-0.7x the time of ``x @ w`` at 1-32
   rows (the LM head at one row: 2.1 against 6.7 ms), 0.95-1.0x at 256-512.
-- bf16 without such units: torch's bf16 product is an emulated fallback, so the step multiplies by
-  an fp32 copy of the weight, made once (the same values: bf16 widens to fp32 exactly), and rounds
-  the result back. Widening the weight at every product instead (``x.float() @ w.float()``) gives
-  the same bits but writes and reads twice the weights' bytes again at every product: on the
-  course's 2-core AVX2 VM a batch-1 greedy step of SmolLM2-135M took 112-115 ms that way, 42-43
-  ms with the copy (an fp32 model's: 37 ms). The copy costs twice the bf16 weights' memory.
+- bf16 without such units: torch's bf16 product is an emulated fallback, so the step takes fp32's
+  route on fp32 copies of the weights, made once (the same values: bf16 widens to fp32 exactly),
+  and rounds each result back to bf16. Widening the weight at every product instead
+  (``x.float() @ w.float()``) writes and reads twice the weights' bytes again at every product:
+  on the course's 2-core AVX2 VM a batch-1 greedy step of SmolLM2-135M took 112-115 ms that way,
+  42-43 ms on a plain fp32 copy (an fp32 model's: 37 ms). The copies cost 4x the bf16 weights'
+  memory, as an fp32 model's weights and their packed copies do.
 
 Which units a CPU has is read from /proc/cpuinfo (``cpu_bf16_flags``), less those above the level
 ``ONEDNN_MAX_CPU_ISA`` caps oneDNN at: with ``ONEDNN_MAX_CPU_ISA=AVX2`` a CPU with bf16 units
@@ -30,6 +31,7 @@ the probe measures is what a step does.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -77,6 +79,17 @@ def widens_bf16(dtype: torch.dtype, device: torch.device | str) -> bool:
     return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_bf16_flags()
 
 
+@lru_cache(maxsize=None)
+def _bf16_units_under(cap: str | None) -> bool:
+    return bool(cpu_bf16_flags())
+
+
+def cpu_has_bf16_units() -> bool:
+    """``cpu_bf16_flags()`` non-empty, read once per ``ONEDNN_MAX_CPU_ISA`` cap (the step's
+    attention asks at every layer)."""
+    return _bf16_units_under(onednn_isa_cap())
+
+
 def prepack_available() -> bool:
     """Whether this torch build can pack weights for oneDNN (CPU builds with mkldnn)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -105,33 +118,42 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 class StepProducts:
     """``x @ w`` for a model's (in, out) weights, each by the step's route on their dtype and device:
-    bf16 through the weight's fp32 copy (``widen``: a CPU without bf16 units), else the weight's
-    packed copy from ``min_rows`` rows on, else a plain matmul. The copies are made here, once."""
+    the weight's packed copy from ``min_rows`` rows on, else a plain matmul; bf16 on a CPU without
+    bf16 units (``widen``) takes fp32's route on an fp32 copy of each weight and rounds the result
+    back. The copies are made here, once."""
 
     def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype, device: torch.device | str) -> None:
-        self.min_rows = min_pack_rows(dtype)
         self.weights = weights                         # the (in, out) weights it multiplies by
-        self.widened: dict[int, torch.Tensor] = {}     # id(weight) -> its fp32 copy, while ``widen``
+        self.dtype, self.device = dtype, device
         self.widen = widens_bf16(dtype, device)
-        # id(weight) -> its packed copy (empty where the step does not pack)
-        self.packed: dict[int, torch.Tensor] = (
-            {id(w): prepack(w) for w in weights} if uses_packing(dtype, device, self.widen) else {})
 
     @property
     def widen(self) -> bool:
-        """Whether bf16 products are computed in fp32, through each weight's fp32 copy."""
+        """Whether bf16 products are computed in fp32, on fp32 copies of the weights."""
         return self._widen
 
     @widen.setter
     def widen(self, widen: bool) -> None:
         self._widen = widen
-        self.widened = {id(w): w.float() for w in self.weights} if widen else {}
+        # id(weight) -> its fp32 copy (the same values: bf16 widens to fp32 exactly), while ``widen``
+        self.widened: dict[int, torch.Tensor] = {id(w): w.float() for w in self.weights} if widen else {}
+        route = torch.float32 if widen else self.dtype
+        self.min_rows = min_pack_rows(route)
+        # id(weight) -> the packed copy of what it multiplies by (empty where the step does not
+        # pack; oneDNN packs bf16 only for a CPU with bf16 units)
+        emulated = route == torch.bfloat16 and widens_bf16(self.dtype, self.device)
+        self.packed: dict[int, torch.Tensor] = (
+            {id(w): prepack(self.widened.get(id(w), w)) for w in self.weights}
+            if uses_packing(route, self.device, widen_bf16=emulated) else {})
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """(rows, in) activation times one of the (in, out) weights: (rows, out)."""
         if self.widen:
-            return (x.float() @ self.widened[id(w)]).to(x.dtype)      # (rows, out), rounded back
-        packed = self.packed.get(id(w))
+            return self._product(x.float(), self.widened[id(w)], id(w)).to(x.dtype)   # rounded back
+        return self._product(x, w, id(w))
+
+    def _product(self, x: torch.Tensor, w: torch.Tensor, key: int) -> torch.Tensor:
+        packed = self.packed.get(key)
         if packed is not None and x.shape[0] >= self.min_rows:
             return packed_product(x, packed)
         return x @ w

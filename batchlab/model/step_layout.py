@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from batchlab.model.cpu_products import cpu_has_bf16_units
+
 
 class StepLayout:
     """Index tensors for one step, computed once and shared by all layers.
@@ -108,26 +110,34 @@ def decode_attention(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     torch's fused attention, except for bf16/fp16 on a CPU: there, with a mask, it took 2.8 ms
     for 32 sequences of 160 positions (SmolLM2's 9 query and 3 key/value heads), 4.8x its fp32
     time, and half of a bf16 decode step; ``grouped_attention`` took 0.37 ms (2026-12-02, the
-    course's 2-core AMD EPYC with AVX-512 bf16, torch 2.13)."""
+    course's 2-core AMD EPYC with AVX-512 bf16, torch 2.13). On a CPU without bf16 units its bf16
+    products are emulated, so they are computed in fp32 and rounded back, as the step's weight
+    products are (``cpu_products``): 32 sequences of 400 positions took 1.75 ms a layer that way
+    against 8.7 ms emulated (and 7.5 ms fused), on the course's AVX2 VM (2026-12-07)."""
     if qs.device.type == "cpu" and qs.dtype in (torch.bfloat16, torch.float16):
-        return grouped_attention(qs[:, :, 0], k, v, mask)
+        widen = qs.dtype == torch.bfloat16 and not cpu_has_bf16_units()
+        return grouped_attention(qs[:, :, 0], k, v, mask, widen=widen)
     return F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, enable_gqa=True)[:, :, 0]
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      widen: bool = False) -> torch.Tensor:
     """Attention written out for one query per sequence: ``q`` (S, H, hd), ``k``/``v`` (S, KV, ctx,
     hd), ``mask`` (S, 1, 1, ctx). Each key/value head serves a group of H/KV query heads (query
     head h reads key/value head h // (H/KV), as ``enable_gqa``), so the scores are one batched
-    matmul per sequence without copying K and V per query head; softmax in fp32. (S, H, hd)."""
+    matmul per sequence without copying K and V per query head; softmax in fp32. ``widen``: both
+    products in fp32, each result rounded back to ``q``'s dtype. (S, H, hd)."""
     S, H, hd = q.shape
-    KV = k.shape[1]
+    KV, dtype = k.shape[1], q.dtype
+    if widen:
+        q, k, v = q.float(), k.float(), v.float()
     qg = q.reshape(S, KV, H // KV, hd)                              # (S, KV, G, hd)
     # (k made contiguous first: bf16 matmul against a strided, transposed cache view took 340 us,
     # the copy plus the contiguous product 150 us; 32 sequences of 160 positions, 2026-12-02)
-    scores = (qg @ k.contiguous().transpose(-1, -2)).float() * hd ** -0.5   # (S, KV, G, ctx)
+    scores = (qg @ k.contiguous().transpose(-1, -2)).to(dtype).float() * hd ** -0.5   # (S, KV, G, ctx)
     scores.masked_fill_(~mask.view(S, 1, 1, -1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return (probs @ v).reshape(S, H, hd)                            # (S, KV, G, hd) -> (S, H, hd)
+    probs = torch.softmax(scores, dim=-1).to(dtype).to(v.dtype)     # rounded to the dtype, widened again
+    return (probs @ v).to(dtype).reshape(S, H, hd)                  # (S, KV, G, hd) -> (S, H, hd)
 
 
 def chunk_attention(qc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
