@@ -16,8 +16,8 @@ and multiplies with it (``prepack`` and ``packed_product``):
   and rounds each result back to bf16. Widening the weight at every product instead
   (``x.float() @ w.float()``) writes and reads twice the weights' bytes again at every product:
   on the course's 2-core AVX2 VM a batch-1 greedy step of SmolLM2-135M took 112-115 ms that way,
-  42-43 ms on a plain fp32 copy (an fp32 model's: 37 ms). The copies cost 4x the bf16 weights'
-  memory, as an fp32 model's weights and their packed copies do.
+  42-43 ms on a plain fp32 copy (an fp32 model's: 37 ms). The copies (an fp32 copy of each
+  weight and its packed copy) hold what an fp32 model's weights and packed copies hold.
 
 Which units a CPU has is read from /proc/cpuinfo (``cpu_bf16_flags``), less those above the level
 ``ONEDNN_MAX_CPU_ISA`` caps oneDNN at: with ``ONEDNN_MAX_CPU_ISA=AVX2`` a CPU with bf16 units
