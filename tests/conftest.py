@@ -53,7 +53,7 @@ PARALLEL_MODULES = {
     "test_notebooks_policy", "test_packaging", "test_paged_kv_cache", "test_plots", "test_predict",
     "test_prefill_stall", "test_readme", "test_recommend", "test_request_life", "test_roofline",
     "test_sampling", "test_schedulers", "test_scripted_workloads", "test_setup_scripts", "test_site",
-    "test_speculative", "test_sweeps", "test_trace_io", "test_vllm_sim", "test_workloads",
+    "test_speculative", "test_stored_calibration", "test_sweeps", "test_trace_io", "test_vllm_sim", "test_workloads",
 }
 
 

@@ -132,7 +132,8 @@ class CostModel(StepTimeModel):
 
     ``source`` says what was measured (model, device, dtype, date); ``fit_stats`` holds how well
     the fit matched its measurements (``num_steps``, ``r2``, ``median_rel_error``,
-    ``p90_rel_error``), or None for a model written by hand.
+    ``p90_rel_error``; a stored fit reused after a check adds ``checked_steps``, ``checked_error``
+    and ``stored_minutes_ago``), or None for a model written by hand.
     """
 
     fixed_s: float
@@ -236,6 +237,9 @@ class CostModel(StepTimeModel):
         if self.fit_stats:
             terms += (f"; fit on {self.fit_stats['num_steps']} steps, median error "
                       f"{self.fit_stats['median_rel_error']:.1%}")
+        if self.fit_stats and "checked_error" in self.fit_stats:   # a stored fit, checked (calibration)
+            terms += (f"; stored {self.fit_stats['stored_minutes_ago']:.0f} min ago, checked on "
+                      f"{self.fit_stats['checked_steps']} fresh steps: median error {self.fit_stats['checked_error']:.1%}")
         return f"CostModel({terms})"
 
 

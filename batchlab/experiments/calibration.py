@@ -17,15 +17,33 @@ measures them. And since a chunk that starts at token ``s`` attends to the ``s``
 (through an explicit mask: another attention call than a whole prompt's causal one, whose cost
 per pair need not be the same), one prompt is also served alone in small chunks: the same
 tokens per step, ever more pairs.
+
+Every fit is stored in the per-user cache, under its machine and setup (model, dtype, threads,
+KV cache, oneDNN's cap). ``reuse=True`` takes a stored fit only after timing about 30 fresh steps
+(a batch of decodes and the lone prompts: some 4 s instead of some 20) and finding it predicts
+them within ``REUSE_ERROR``; a slower or faster machine (a busy core, another power mode) is
+calibrated anew. So each notebook after the first checks the fit instead of measuring it again.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
 import warnings
+from pathlib import Path
 
-from batchlab.backends.cost_model import CostModel
+import numpy as np
+import torch
+
+from batchlab.backends.cost_model import CostModel, features_df
 from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
+from batchlab.model.loading import cache_root
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.trace import StepRecord, Trace
 from batchlab.workloads import make_workload
@@ -37,6 +55,12 @@ POOR_FIT_ERROR = 0.15
 # each in one step; then one prompt served alone in chunks of each CHUNK_BUDGETS size.
 LONE_PROMPT_LENS = (32, 64, 128, 256, 384)
 CHUNKED_PROMPT_LEN, CHUNK_BUDGETS = 256, (32, 64)
+# A stored fit is reused when it predicts fresh steps within this median relative error (quiet
+# CPUs here: 5-7%; one busy core: 60-70%), and when it is at most REUSE_MAX_AGE_S old.
+REUSE_ERROR, REUSE_MAX_AGE_S = 0.10, 6 * 3600
+# The batch of decodes the check times (after its first, prefill step): sequences, prompt, output.
+CHECK_BATCH = (16, 32, 6)
+STORE_FORMAT = 1
 
 
 def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
@@ -56,14 +80,22 @@ def calibration_trace(backend: ModelBackend, num_requests: int = 24, max_num_seq
 
 
 def calibrate_cost_model(backend: ModelBackend, num_requests: int = 24, seed: int = 0,
-                         progress: bool = False) -> CostModel:
+                         progress: bool = False, reuse: bool = False) -> CostModel:
     """Fit the simulator's cost model to real steps measured on ``backend``'s model and device.
 
     Two passes with different token budgets (a small one for many small mixed steps, a large one
     for whole prompts at once) and a pass of lone prompts of several lengths (one step each) give
-    the fit a wide range of step shapes.
+    the fit a wide range of step shapes. The fit is stored for this machine and setup;
+    ``reuse=True`` returns the stored one instead when fresh steps confirm it (module docstring).
     """
-    return fit_calibration(backend, calibration_steps(backend, num_requests, seed, progress))
+    store = stored_fit_path(backend, num_requests, seed)
+    if reuse:
+        cost = checked_stored_fit(backend, store, seed)
+        if cost is not None:
+            return cost
+    cost = fit_calibration(backend, calibration_steps(backend, num_requests, seed, progress))
+    write_stored_fit(store, cost)
+    return cost
 
 
 def calibration_steps(backend: ModelBackend, num_requests: int = 24, seed: int = 0,
@@ -117,3 +149,65 @@ def warn_if_poor_fit(cost: CostModel) -> bool:
                   "CPU during calibration, so simulated latencies will be off: calibrate again when "
                   "the machine is quiet.", RuntimeWarning, stacklevel=2)
     return True
+
+
+# --- the stored fit ------------------------------------------------------------------------------
+def stored_fit_path(backend: ModelBackend, num_requests: int = 24, seed: int = 0) -> Path:
+    """Where the fit for this machine and setup is stored: named by a hash of everything that
+    changes a step's time (the JSON file also holds them in the clear)."""
+    kv = backend.kv
+    setup = {"format": STORE_FORMAT, "host": platform.node(), "machine": platform.machine(),
+             "torch": torch.__version__, "threads": torch.get_num_threads(),
+             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+             "model": backend.lm.name, "device": str(backend.lm.device), "dtype": str(backend.lm.dtype),
+             "kv": type(kv).__name__, **{name: getattr(kv, name, None) for name in
+                                          ("num_slots", "num_blocks", "block_size", "max_seq_len")},
+             "speculative": repr(backend.speculative), "num_requests": num_requests, "seed": seed,
+             "lone_prompts": [LONE_PROMPT_LENS, CHUNKED_PROMPT_LEN, CHUNK_BUDGETS]}
+    digest = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "calibrations" / f"{digest}.json"
+
+
+def write_stored_fit(path: Path, cost: CostModel) -> None:
+    """Store ``cost`` at ``path`` (written whole, then renamed: a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"stored_at": time.time(), "cost_model": cost.to_dict()}, f)
+    os.replace(tmp, path)
+
+
+def check_steps(backend: ModelBackend, seed: int = 0) -> list[StepRecord]:
+    """About 30 fresh steps to check a stored fit on: a batch of decodes (its first step, the
+    prefill that warms the caches, left out), then the lone prompts."""
+    num_seqs, prompt_len, output_len = CHECK_BATCH
+    requests = make_workload(num_seqs, prompt_len=prompt_len, output_len=output_len, arrival="at_once",
+                             seed=seed, tokenizer=backend.lm.tokenizer, id_prefix="check")
+    scheduler = ContinuousBatcher(max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
+    return Engine(scheduler, backend).run(requests).steps[1:] + lone_prompt_steps(backend, seed=seed)
+
+
+def fit_error(cost: CostModel, steps: list[StepRecord]) -> float:
+    """Median relative error of ``cost``'s predictions for measured ``steps``."""
+    table = features_df(steps)
+    measured = table["duration"].to_numpy()
+    return float(np.median(np.abs(cost.predict_df(table) / measured - 1)))
+
+
+def checked_stored_fit(backend: ModelBackend, path: Path, seed: int = 0) -> CostModel | None:
+    """The fit stored at ``path`` if it is recent and predicts fresh steps within ``REUSE_ERROR``
+    (its ``fit_stats`` then record the check), else None."""
+    try:
+        stored = json.loads(path.read_text())
+        cost, age = CostModel.from_dict(stored["cost_model"]), time.time() - stored["stored_at"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None                     # none stored, or damaged: calibrate anew (and store)
+    if not 0 <= age <= REUSE_MAX_AGE_S:
+        return None
+    steps = check_steps(backend, seed)
+    error = fit_error(cost, steps)
+    if error > REUSE_ERROR:
+        return None
+    checked = {**(cost.fit_stats or {}), "checked_steps": len(steps), "checked_error": error,
+               "stored_minutes_ago": age / 60}
+    return dataclasses.replace(cost, fit_stats=checked)

@@ -455,7 +455,9 @@ print(f"{len(stored)} stored profile(s): " + (", ".join(p.label for p in stored)
 # A few requests on the real model show the idea; to see how a server behaves over thousands of
 # requests and many traffic levels we use the **simulator**: `calibrate_cost_model` times a varied
 # set of real steps on this machine (10-20 s on a CPU) and fits a step-time formula to them;
-# `SimBackend` then predicts step durations from that formula instead of computing them.
+# `SimBackend` then predicts step durations from that formula instead of computing them. The fit
+# is stored for this machine and setup: later notebooks pass `reuse=True`, which times about 30
+# fresh steps (a few seconds) and takes the stored fit only if it predicts them within 10%.
 #
 # The formula has four terms: a fixed cost per step, a cost per sequence in the step, a cost per
 # token computed, and a cost per **attention pair**. An attention pair is one (query token, key

@@ -235,12 +235,13 @@ check_phases(real_phases)
 # At full size the real model would take minutes on a CPU, so we use the simulator. First we
 # calibrate it: `calibrate_cost_model` serves a short, varied workload on the real model and
 # fits a four-term step-time formula (a fixed cost per step, per sequence, per token and per
-# attention pair) to the measured steps (10-30 s on a CPU). Then the article's requests at their
-# real sizes:
+# attention pair) to the measured steps (10-30 s on a CPU; a few seconds with `reuse=True` when a
+# fit stored by an earlier notebook on this machine still predicts fresh steps within 10%). Then
+# the article's requests at their real sizes:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-cost = calibrate_cost_model(backend)
+cost = calibrate_cost_model(backend, reuse=True)
 cost
 
 # %%

@@ -31,8 +31,9 @@
 #
 # We load the model, measure its step costs (`calibrate_cost_model` serves a short, varied
 # workload on the real model and fits the simulator's four-term cost formula to the measured
-# steps; up to half a minute on a CPU), and build simulator backends whose KV cache is the size
-# of the real backend's.
+# steps; up to half a minute on a CPU, a few seconds when `reuse=True` finds a stored fit that
+# still predicts fresh steps), and build simulator backends whose KV cache is the size of the
+# real backend's.
 
 # %%
 import math
@@ -74,7 +75,7 @@ def sim(cost_model=None):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-cost = calibrate_cost_model(backend)
+cost = calibrate_cost_model(backend, reuse=True)
 print(cost)
 if cost.fit_stats["median_rel_error"] > 0.15:
     print("Warning: the fit is poor, so other programs were probably competing for the CPU.")

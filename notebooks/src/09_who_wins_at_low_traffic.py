@@ -31,7 +31,7 @@
 # ## Setup
 #
 # We load the model, measure its step costs (`calibrate_cost_model`, as in notebook 08: up to
-# half a minute on a CPU), and build simulator backends whose KV cache is the size of the real
+# half a minute on a CPU, a few seconds with a stored fit that fresh steps confirm), and build simulator backends whose KV cache is the size of the real
 # backend's.
 
 # %%
@@ -79,7 +79,7 @@ def sim(cost_model=None):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-cost = calibrate_cost_model(backend)
+cost = calibrate_cost_model(backend, reuse=True)
 print(cost)
 if cost.fit_stats["median_rel_error"] > 0.15:
     print("Warning: the fit is poor, so other programs were probably competing for the CPU; the "
