@@ -37,7 +37,7 @@ from batchlab.loadgen.__main__ import main as loadgen_main
 from batchlab.loadgen.vllm_result import BenchResult, read_result
 from batchlab.loadgen.prom import scrape, value
 from batchlab.serve import start_server
-from batchlab.vllm_ref import vllm_bench_serve
+from batchlab.vllm_ref import VllmBench
 
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 32, 12
 
@@ -48,16 +48,23 @@ def server(vllm_ready):
         yield s
 
 
+@pytest.fixture(scope="module")
+def bench(vllm_ready):
+    """vLLM's benchmark client: one Python for the module's runs (its import paid once)."""
+    with VllmBench() as b:
+        yield b
+
+
 WORKLOAD = ["--dataset-name", "random", "--random-input-len", str(PROMPT_LEN), "--random-output-len", str(OUTPUT_LEN),
             "--num-prompts", str(NUM_PROMPTS), "--max-concurrency", "1", "--ignore-eos", "--temperature", "0",
             "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"]
 
 
-def vllm_bench(url: str, seed: int, path: Path) -> BenchResult:
+def vllm_bench(bench: VllmBench, url: str, seed: int, path: Path) -> BenchResult:
     """``vllm bench serve`` on ``WORKLOAD``; its result JSON copied to ``path`` and read back."""
-    result = vllm_bench_serve(url, [*WORKLOAD, "--seed", str(seed)])
+    result = bench.run(url, [*WORKLOAD, "--seed", str(seed)])
     assert "/tokenize unavailable" not in result["stdout"] and "tokenizer mismatch" not in result["stdout"]
-    del result["stdout"]                            # added by vllm_bench_serve; the rest is vLLM's file
+    del result["stdout"]                            # added by VllmBench.run; the rest is vLLM's file
     path.write_text(json.dumps(result))
     return read_result(path)
 
@@ -69,12 +76,12 @@ def loadgen_bench(url: str, seed: int, path: Path) -> BenchResult:
     return read_result(path)
 
 
-def test_vllm_bench_serve_runs_against_batchlab_and_loadgen_writes_the_same_file(server, tmp_path):
+def test_vllm_bench_serve_runs_against_batchlab_and_loadgen_writes_the_same_file(server, bench, tmp_path):
     """Both clients on the same flags, each file read with one reader: the same keys and units.
     Whether their latencies agree is notebook 10's check (three alternated pairs, as a claim about
     measured time on a shared CPU needs)."""
     before = scrape(server.url)
-    theirs = vllm_bench(server.url, 0, tmp_path / "vllm.json")
+    theirs = vllm_bench(bench, server.url, 0, tmp_path / "vllm.json")
     ours = loadgen_bench(server.url, 0, tmp_path / "loadgen.json")
     for result in (theirs, ours):
         assert result.completed == NUM_PROMPTS and result.failed == 0
@@ -100,16 +107,21 @@ def test_vllm_bench_serve_runs_against_batchlab_and_loadgen_writes_the_same_file
     assert finished == NUM_PROMPTS + (NUM_PROMPTS + 1)
 
 
-def test_vllm_bench_serve_with_vllms_sampling_flags(server, tmp_path):
+def test_a_bad_flag_fails_with_vllms_own_message_and_the_client_runs_on(server, bench):
+    with pytest.raises(RuntimeError, match=r"exited with code 2[\s\S]*--num-prompts: invalid int value: 'many'"):
+        bench.run(server.url, ["--num-prompts", "many"])
+    # The next test's run is this same client's.
+
+
+def test_vllm_bench_serve_with_vllms_sampling_flags(server, bench, tmp_path):
     """``vllm bench serve --top-k 5`` and the rest of its sampling flags (sent in each body as
     vLLM's fields) plus ``--logprobs``: every request served, none failed, all counted."""
     before = value(scrape(server.url), "vllm:request_success")
     flags = ["--temperature", "0.8", "--top-k", "5", "--top-p", "0.9", "--min-p", "0.05", "--repetition-penalty", "1.1",
              "--presence-penalty", "0.5", "--frequency-penalty", "0.5", "--logprobs", "2"]
-    result = vllm_bench_serve(server.url, ["--dataset-name", "random", "--random-input-len", str(PROMPT_LEN),
-                                           "--random-output-len", str(OUTPUT_LEN), "--num-prompts", "8",
-                                           "--max-concurrency", "4", "--ignore-eos", "--disable-tqdm", "--seed", "0",
-                                           *flags])
+    result = bench.run(server.url, ["--dataset-name", "random", "--random-input-len", str(PROMPT_LEN),
+                                    "--random-output-len", str(OUTPUT_LEN), "--num-prompts", "8",
+                                    "--max-concurrency", "4", "--ignore-eos", "--disable-tqdm", "--seed", "0", *flags])
     assert result["completed"] == 8 and result["failed"] == 0, result["stdout"][-3000:]
     assert result["total_output_tokens"] == 8 * OUTPUT_LEN
     assert value(scrape(server.url), "vllm:request_success") - before == 8

