@@ -45,7 +45,7 @@ PARALLEL_MODULES = {
     "test_aiperf", "test_bench", "test_cli", "test_openai_sdk", "test_pd_loopback", "test_vllm_dashboards",
     "test_vllm_ref",
     # answers, numerics, simulations on a virtual clock, files and refusals
-    "test_architecture", "test_batched_step", "test_batches", "test_bf16_step", "test_capstone",
+    "test_architecture", "test_batched_step", "test_batches", "test_bf16_step", "test_calibration", "test_capstone",
     "test_checks", "test_claims", "test_cluster", "test_colab_path", "test_cost_model", "test_cpu_dtype", "test_detok",
     "test_device_profiles", "test_diagnosis", "test_disaggregated", "test_divergence", "test_dtype_switch",
     "test_exercises", "test_generate", "test_goodput_rate", "test_gpu_check", "test_gpu_presets",

@@ -84,7 +84,10 @@ def test_each_machine_setup_has_its_own_stored_fit(lm, backend, monkeypatch):
     assert len({path, *others}) == len(others) + 1
 
 
-def test_a_wrong_stored_fit_is_measured_anew_and_replaced(backend):
+def test_a_wrong_stored_fit_is_measured_anew_and_replaced(lm, tmp_path, monkeypatch):
+    monkeypatch.setenv("BATCHLAB_CACHE", str(tmp_path))
+    # Short slots keep it quick: the lone prompts stop at 62 tokens.
+    backend = ModelBackend(lm, num_slots=4, max_seq_len=64)
     # A fit three times too fast: fresh steps miss it on any machine, quiet or busy (busy is slower).
     too_fast = CostModel(*(c / 3 for c in STORED.coefficients), source="too fast")
     path = stored_fit_path(backend, num_requests=4)
