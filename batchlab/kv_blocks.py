@@ -107,7 +107,7 @@ class BlockPool:
         # Each prompt's chained block hashes, computed once: a scheduler asks about the head of its
         # queue every step. Keyed by the prompt list's identity (the entry holds it, so the id
         # cannot be reused while the entry lives); cleared when it grows past _CHAIN_MEMO_SIZE.
-        self._chains: dict[int, tuple[Sequence[int], list[int], list[tuple[int, ...]]]] = {}
+        self._chains: dict[int, tuple[Sequence[int], list[int], list[tuple[int, ...]], list]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -139,18 +139,26 @@ class BlockPool:
         """The cached blocks that start ``prompt_ids``: full blocks only, at most ``max_tokens``."""
         if not self.enable_prefix_caching or prompt_ids is None:
             return []
-        hits: list[int] = []
-        hash_to_block, block_tokens = self.hash_to_block, self.block_tokens
         num_blocks = min(len(prompt_ids), max_tokens) // self.block_size
-        if num_blocks <= 0 or hash_to_block.get(self.block_chain(prompt_ids, 1)[0][0]) is None:
-            return hits                          # (the common miss, without hashing the whole prompt)
-        hashes, tokens = self.block_chain(prompt_ids, num_blocks)
-        for b in range(num_blocks):
-            block = hash_to_block.get(hashes[b])
-            if block is None or block_tokens[block] != tokens[b]:
-                break
-            hits.append(block)
-        return hits
+        if num_blocks <= 0:
+            return []
+        memo = self._chain(prompt_ids)[3]
+        # The hits found last time still hold unless a cached block was evicted since (blocks are
+        # only added otherwise): the walk goes on from where it stopped.
+        hits = memo[1] if memo[0] == self.num_evictions else []
+        if len(hits) < num_blocks:
+            hash_to_block, block_tokens = self.hash_to_block, self.block_tokens
+            hashes, tokens = self.block_chain(prompt_ids, len(hits) + 1)
+            if hash_to_block.get(hashes[len(hits)]) is not None:   # (the common miss, without hashing on)
+                hashes, tokens = self.block_chain(prompt_ids, num_blocks)
+                hits = hits[:]
+                for b in range(len(hits), num_blocks):
+                    block = hash_to_block.get(hashes[b])
+                    if block is None or block_tokens[block] != tokens[b]:
+                        break
+                    hits.append(block)
+            memo[:] = [self.num_evictions, hits]
+        return hits[:num_blocks]
 
     def reuses_unheld_blocks(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:
         """Would the prompt hit cached blocks that nobody holds (free ones, which new blocks evict)?"""
@@ -161,18 +169,23 @@ class BlockPool:
     def block_chain(self, prompt_ids: Sequence[int], num_blocks: int) -> tuple[list[int], list[tuple[int, ...]]]:
         """The chained hashes and the token ids of (at least) the first ``num_blocks`` full blocks
         of ``prompt_ids``, computed once per prompt."""
-        entry = self._chains.get(id(prompt_ids))
-        if entry is None or entry[0] is not prompt_ids:
-            if len(self._chains) >= _CHAIN_MEMO_SIZE:
-                self._chains.clear()
-            entry = self._chains[id(prompt_ids)] = (prompt_ids, [], [])
-        _, hashes, tokens = entry
+        _, hashes, tokens, _ = self._chain(prompt_ids)
         bs = self.block_size
         for b in range(len(hashes), min(num_blocks, len(prompt_ids) // bs)):
             block_tokens = tuple(prompt_ids[b * bs:(b + 1) * bs])
             hashes.append(chain_hash(hashes[-1] if hashes else None, block_tokens))
             tokens.append(block_tokens)
         return hashes, tokens
+
+    def _chain(self, prompt_ids: Sequence[int]) -> tuple[Sequence[int], list[int], list[tuple[int, ...]], list]:
+        """The prompt's memo entry: (the prompt, its block hashes and token ids so far, and
+        [evictions when last looked up, the hits found then])."""
+        entry = self._chains.get(id(prompt_ids))
+        if entry is None or entry[0] is not prompt_ids:
+            if len(self._chains) >= _CHAIN_MEMO_SIZE:
+                self._chains.clear()
+            entry = self._chains[id(prompt_ids)] = (prompt_ids, [], [], [-1, []])
+        return entry
 
     def _take_free_block(self) -> int:
         """A free block that caches nothing if there is one, else the least recently freed cached

@@ -118,7 +118,7 @@ def test_prefix_blocks_are_shared_by_chained_hash_and_evicted_least_recently_fre
     check_books(kv)
 
 
-def test_prompt_hashes_are_remembered_per_prompt_and_give_the_same_hits_as_fresh_ones(monkeypatch):
+def test_prompt_hashes_and_hits_are_remembered_per_prompt_and_give_the_same_hits_as_fresh_ones(monkeypatch):
     import batchlab.kv_blocks as kv_blocks
 
     kv = BlockManager(num_blocks=32, block_size=4, enable_prefix_caching=True)
@@ -129,6 +129,12 @@ def test_prompt_hashes_are_remembered_per_prompt_and_give_the_same_hits_as_fresh
     hashes, tokens = kv.block_chain(prompt, 5)
     assert kv.block_chain(prompt, 5)[0] is hashes     # computed once, then remembered
     assert tokens == [tuple(prompt[i:i + 4]) for i in range(0, 20, 4)]
+    # The hits found are remembered too, and blocks cached since extend them (an eviction, which
+    # forgets them, is in the test above).
+    longer = prompt + list(range(50, 58))             # 7 blocks: the first 5 are cached
+    assert kv.cached_prefix_tokens(longer, 27) == 20
+    kv.admit("f", len(longer), len(longer), longer)
+    assert kv.cached_prefix_tokens(longer, 27) == 24 and kv.cached_prefix_tokens(longer, 11) == 8
     # A full memo is cleared, and the hits stay the same (the hashes are computed again).
     monkeypatch.setattr(kv_blocks, "_CHAIN_MEMO_SIZE", 2)
     for i in range(3):
