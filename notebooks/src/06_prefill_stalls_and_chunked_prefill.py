@@ -65,7 +65,7 @@ print(f"{lm.name} on {lm.device} ({lm.dtype})")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-cost = calibrate_cost_model(ModelBackend(lm, num_slots=16, max_seq_len=256), progress=True, reuse=True)
+cost = calibrate_cost_model(ModelBackend(lm, num_slots=16, max_seq_len=512), progress=True, reuse=True)
 print(cost)
 
 # %% [markdown]
