@@ -440,8 +440,10 @@ def test_by_request_rate_a_poor_drafter_helps_a_light_load_and_hurts_a_heavy_one
         return SimBackend(cost, 10**7, block_size=16, speculative_config=spec,
                           acceptance=AcceptanceModel(0.2) if spec else None)
 
+    runs = []
     table = serve_rates(backend, lambda rate: make_workload(200, prompt_len=512, output_len=128, rate=rate, seed=1),
-                        [1, 32], {"none": None, "ngram": SPEC})
+                        [1, 32], {"none": None, "ngram": SPEC}, progress=lambda: runs.append(1))
+    assert len(runs) == 4                                     # (2 rates) x (2 configs), each run told
     spec = table[table["config"] == "ngram"].set_index("rate")
     assert spec.loc[1, "tpot_speedup"] > 1.05 and spec.loc[32, "tpot_speedup"] < 0.9
     assert spec.loc[32, "mean_batch"] > 10 * spec.loc[1, "mean_batch"]

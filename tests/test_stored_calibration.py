@@ -95,5 +95,6 @@ def test_a_wrong_stored_fit_is_measured_anew_and_replaced(lm, tmp_path, monkeypa
     cost = calibrate_cost_model(backend, num_requests=4, reuse=True)
     assert cost.source != "too fast" and "checked_error" not in cost.fit_stats
     assert cost.fit_stats["num_steps"] > 20
-    stored = CostModel.from_dict(json.loads(path.read_text())["cost_model"])
-    assert stored == cost                                   # the new fit is the stored one now
+    stored = json.loads(path.read_text())
+    assert CostModel.from_dict(stored["cost_model"]) == cost          # the new fit is the stored one now
+    assert stored["setup"]["max_seq_len"] == 64 and stored["setup"]["num_requests"] == 4

@@ -56,7 +56,7 @@ POOR_FIT_ERROR = 0.15
 LONE_PROMPT_LENS = (32, 64, 128, 256, 384)
 CHUNKED_PROMPT_LEN, CHUNK_BUDGETS = 256, (32, 64)
 # A stored fit is reused when it predicts fresh steps within this median relative error (quiet
-# CPUs here: 5-7%; one busy core: 60-70%), and when it is at most REUSE_MAX_AGE_S old.
+# CPUs here: 4-8%; one busy core: 60-70%), and when it is at most REUSE_MAX_AGE_S old.
 REUSE_ERROR, REUSE_MAX_AGE_S = 0.10, 6 * 3600
 # The batch of decodes the check times (after its first, prefill step): sequences, prompt, output.
 CHECK_BATCH = (16, 32, 6)
@@ -94,7 +94,7 @@ def calibrate_cost_model(backend: ModelBackend, num_requests: int = 24, seed: in
         if cost is not None:
             return cost
     cost = fit_calibration(backend, calibration_steps(backend, num_requests, seed, progress))
-    write_stored_fit(store, cost)
+    write_stored_fit(store, cost, fit_setup(backend, num_requests, seed))
     return cost
 
 
@@ -152,28 +152,34 @@ def warn_if_poor_fit(cost: CostModel) -> bool:
 
 
 # --- the stored fit ------------------------------------------------------------------------------
-def stored_fit_path(backend: ModelBackend, num_requests: int = 24, seed: int = 0) -> Path:
-    """Where the fit for this machine and setup is stored: named by a hash of everything that
-    changes a step's time (the JSON file also holds them in the clear)."""
+def fit_setup(backend: ModelBackend, num_requests: int = 24, seed: int = 0) -> dict:
+    """Everything that changes a calibration's steps or their time: the machine, the library, the
+    threads and oneDNN's cap, the model and its dtype, the KV cache and the calibration's own sizes."""
     kv = backend.kv
-    setup = {"format": STORE_FORMAT, "host": platform.node(), "machine": platform.machine(),
-             "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
-             "model": backend.lm.name, "device": str(backend.lm.device), "dtype": str(backend.lm.dtype),
-             "kv": type(kv).__name__, **{name: getattr(kv, name, None) for name in
-                                          ("num_slots", "num_blocks", "block_size", "max_seq_len")},
-             "speculative": repr(backend.speculative), "num_requests": num_requests, "seed": seed,
-             "lone_prompts": [LONE_PROMPT_LENS, CHUNKED_PROMPT_LEN, CHUNK_BUDGETS]}
-    digest = hashlib.sha256(json.dumps(setup, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / "calibrations" / f"{digest}.json"
+    return {"format": STORE_FORMAT, "host": platform.node(), "machine": platform.machine(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+            "model": backend.lm.name, "device": str(backend.lm.device), "dtype": str(backend.lm.dtype),
+            "kv": type(kv).__name__, **{name: getattr(kv, name, None) for name in
+                                         ("num_slots", "num_blocks", "block_size", "max_seq_len")},
+            "speculative": repr(backend.speculative), "num_requests": num_requests, "seed": seed,
+            "lone_prompts": [LONE_PROMPT_LENS, CHUNKED_PROMPT_LEN, CHUNK_BUDGETS]}
 
 
-def write_stored_fit(path: Path, cost: CostModel) -> None:
-    """Store ``cost`` at ``path`` (written whole, then renamed: a reader never sees half a file)."""
+def stored_fit_path(backend: ModelBackend, num_requests: int = 24, seed: int = 0) -> Path:
+    """Where the fit for this machine and setup is stored: named by a hash of ``fit_setup`` (the
+    file holds the setup too, in the clear)."""
+    setup = json.dumps(fit_setup(backend, num_requests, seed), sort_keys=True)
+    return cache_root() / "calibrations" / f"{hashlib.sha256(setup.encode()).hexdigest()[:16]}.json"
+
+
+def write_stored_fit(path: Path, cost: CostModel, setup: dict | None = None) -> None:
+    """Store ``cost`` (and the ``setup`` it was measured in) at ``path``, written whole and then
+    renamed: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
     with os.fdopen(fd, "w") as f:
-        json.dump({"stored_at": time.time(), "cost_model": cost.to_dict()}, f)
+        json.dump({"stored_at": time.time(), "setup": setup, "cost_model": cost.to_dict()}, f, indent=1)
     os.replace(tmp, path)
 
 

@@ -47,11 +47,13 @@ def spec_stats(trace: Trace) -> dict:
             "tokens_per_check": (accepted + len(checks)) / len(checks) if checks else float("nan")}
 
 
-def serve_batches(make_backend: Callable[[dict | None, int], Backend], make_requests: Callable[[int], list[Request]],
-                  batch_sizes: Sequence[int], specs: Mapping[str, dict | None], min_requests: int = 1,
+def serve_batches(make_backend: Callable[[object, int], Backend], make_requests: Callable[[int], list[Request]],
+                  batch_sizes: Sequence[int], specs: Mapping[object, object], min_requests: int = 1,
                   progress: Callable | None = None, rounds: int = 1) -> tuple[pd.DataFrame, dict]:
     """One row per (batch size, config) and the runs' traces by ``(batch, config)`` (see the
-    module docstring). ``make_backend(spec, batch)`` builds a fresh backend; the configs alternate
+    module docstring). ``make_backend(spec, batch)`` builds a fresh backend from one of ``specs``'
+    values (a speculative config, or whatever else it needs, such as a (config, acceptance model)
+    pair; the one that is None is the baseline, run once for all the others); the configs alternate
     within each batch size, so drift on a shared CPU hits them alike. ``rounds`` > 1 repeats the
     alternation and keeps each config's fastest run (a moment of another process's work slows
     one run, never speeds one up); ``progress`` is called after every run."""
@@ -85,13 +87,14 @@ def serve_batches(make_backend: Callable[[dict | None, int], Backend], make_requ
     return table, traces
 
 
-def serve_rates(make_backend: Callable[[dict | None], Backend], make_requests: Callable[[float], list[Request]],
-                rates: Sequence[float], specs: Mapping[str, dict | None], max_num_seqs: int = 256,
-                max_num_batched_tokens: int = 8192) -> pd.DataFrame:
+def serve_rates(make_backend: Callable[[object], Backend], make_requests: Callable[[float], list[Request]],
+                rates: Sequence[float], specs: Mapping[object, object], max_num_seqs: int = 256,
+                max_num_batched_tokens: int = 8192, progress: Callable | None = None) -> pd.DataFrame:
     """One row per (rate, config): ``make_requests(rate)`` (arrivals at ``rate`` requests/s)
     served by ``ContinuousBatcher(max_num_seqs, max_num_batched_tokens)`` on a fresh
     ``make_backend(spec)``. ``tpot_speedup``: the baseline's median TPOT / the config's (above 1:
-    tokens come faster); ``mean_batch``: requests per step, what the rate turned into."""
+    tokens come faster); ``mean_batch``: requests per step, what the rate turned into.
+    ``progress`` is called after every run."""
     check_list("rates", rates, "a non-empty list of request rates")
     baseline = _baseline(specs)
     rows = []
@@ -104,13 +107,15 @@ def serve_rates(make_backend: Callable[[dict | None], Backend], make_requests: C
                          "ttft_ms": per_request["ttft"].median() * 1e3,
                          "mean_batch": sum(len(s.chunks) for s in trace.steps) / max(len(trace.steps), 1),
                          "acceptance": spec_stats(trace)["acceptance"]})
+            if progress is not None:
+                progress()
     table = pd.DataFrame(rows)
     base = table[table["config"] == baseline].set_index("rate")["tpot_ms"]
     table["tpot_speedup"] = table["rate"].map(base) / table["tpot_ms"]
     return table
 
 
-def _baseline(specs: Mapping[str, dict | None]) -> str:
+def _baseline(specs: Mapping[object, object]) -> object:
     """The name of the config without speculation (None), which the others are compared with."""
     names = [name for name, spec in specs.items() if spec is None]
     if not names:

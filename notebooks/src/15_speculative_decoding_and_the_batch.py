@@ -455,16 +455,25 @@ print(cost)
 GPU_BATCHES = [1, 4, 16, 64, 128, 256, 512]
 
 
-def gpu_speedups(model, batches=GPU_BATCHES, spec=SPEC):
-    """Predicted tokens/s with speculation / without, by batch size, for Llama-3-8B on an H100 (vLLM's step model)."""
-    def make(config, batch):
-        return SimBackend(cost, 10**7, block_size=16, speculative_config=config, acceptance=model if config else None)
-    table, _ = serve_batches(make, lambda n: [Request(f"r{i}", None, 256, prompt_len=512) for i in range(n)],
-                             batches, {"none": None, "spec": spec}, min_requests=8)
-    return table[table["config"] == "spec"].set_index("batch")["speedup"]
+def gpu_backend(case):
+    """A simulated H100 serving Llama-3-8B (vLLM's step model); ``case``: (speculative config, acceptance
+    model), or None: without speculation."""
+    spec, model = case or (None, None)
+    return SimBackend(cost, 10**7, block_size=16, speculative_config=spec, acceptance=model)
 
 
-fitted = pd.DataFrame({kind: gpu_speedups(model, [1, 512]) for kind, model in acceptance.items()})
+def gpu_speedups(cases, batches=GPU_BATCHES):
+    """Predicted tokens/s with speculation / without, by batch size (rows), one column per case (name:
+    (speculative config, acceptance model)). The run without speculation is the same for every case:
+    simulated once."""
+    table, _ = serve_batches(lambda case, batch: gpu_backend(case),
+                             lambda n: [Request(f"r{i}", None, 256, prompt_len=512) for i in range(n)],
+                             batches, {"none": None, **cases}, min_requests=8)
+    speedups = table[table["config"] != "none"].pivot(index="batch", columns="config", values="speedup")
+    return speedups[list(cases)].rename_axis(columns=None)
+
+
+fitted = gpu_speedups({kind: (SPEC, model) for kind, model in acceptance.items()}, [1, 512])
 print(fitted.round(2))
 expect("predicted for an H100: the fitted code edits gain at least 1.5x at batch 1", fitted.loc[1, "code_edit"],
        above=1.5)
@@ -497,7 +506,7 @@ DRAFTERS = {"free drafts": SPEC, "Llama-3.2-1B drafts": DRAFT_MODEL}
 bar = tqdm(total=len(ALPHAS) * len(DRAFTERS), desc="sweeps")
 sweeps = {}
 for name, spec in DRAFTERS.items():
-    sweeps[name] = pd.DataFrame({alpha: gpu_speedups(AcceptanceModel(alpha), spec=spec) for alpha in ALPHAS})
+    sweeps[name] = gpu_speedups({alpha: (spec, AcceptanceModel(alpha)) for alpha in ALPHAS})
     bar.update(len(ALPHAS))
 bar.close()
 turns = {name: {alpha: next((b for b, x in sweep[alpha].items() if x < 1), None) for alpha in ALPHAS}
@@ -563,18 +572,20 @@ expect("predicted for an H100 from measured kernels: one 1B draft pass / one 8B 
 # drafts that are rarely right (alpha 0.2), and the draft model right at alpha 0.8:
 
 # %%
-def gpu_by_rate(model, spec=SPEC, rates=(1, 4, 16, 32)):
-    """Predicted TPOT speedup (and the mean batch) by request rate, Llama-3-8B on an H100 (vLLM's step model)."""
-    def make(config):
-        return SimBackend(cost, 10**7, block_size=16, speculative_config=config, acceptance=model if config else None)
-    table = serve_rates(make, lambda rate: make_workload(400, prompt_len=512, output_len=256, arrival="poisson",
-                                                         rate=rate, seed=1), rates, {"none": None, "spec": spec})
-    return table[table["config"] == "spec"].set_index("rate")
+def gpu_by_rate(cases, rates=(1, 4, 16, 32)):
+    """Predicted TPOT speedup (and the mean batch) by request rate, for each case (name: (speculative
+    config, acceptance model)); the run without speculation is simulated once per rate."""
+    bar = tqdm(total=len(rates) * (len(cases) + 1), desc="runs")
+    table = serve_rates(gpu_backend, lambda rate: make_workload(400, prompt_len=512, output_len=256, arrival="poisson",
+                                                                rate=rate, seed=1),
+                        rates, {"none": None, **cases}, progress=bar.update)
+    bar.close()
+    return {name: table[table["config"] == name].set_index("rate") for name in cases}
 
 
-RATE_CASES = {"code_edit (fitted)": (acceptance["code_edit"], SPEC), "free drafts, alpha 0.2": (AcceptanceModel(0.2), SPEC),
-              "Llama-3.2-1B drafts, alpha 0.8": (AcceptanceModel(0.8), DRAFT_MODEL)}
-by_rate = {name: gpu_by_rate(model, spec) for name, (model, spec) in tqdm(RATE_CASES.items(), desc="cases")}
+RATE_CASES = {"code_edit (fitted)": (SPEC, acceptance["code_edit"]), "free drafts, alpha 0.2": (SPEC, AcceptanceModel(0.2)),
+              "Llama-3.2-1B drafts, alpha 0.8": (DRAFT_MODEL, AcceptanceModel(0.8))}
+by_rate = gpu_by_rate(RATE_CASES)
 print(pd.concat({name: t[["tpot_speedup", "mean_batch"]] for name, t in by_rate.items()}, axis=1).round(2).to_string())
 
 # %%
@@ -620,11 +631,9 @@ expect("predicted for an H100: the draft model's TPOT gain at 32 requests/s is w
 # reach:
 
 # %%
-gpu_exits = pd.DataFrame({
-    (layer, alpha): gpu_speedups(AcceptanceModel(alpha), [1, 16, 64], {"method": "early_exit", "num_speculative_tokens": 3,
-                                                                      "early_exit_layer": layer})
-    for layer in (8, 16) for alpha in (0.6, 0.8)})
-gpu_exits.columns = [f"exit {layer}, alpha {alpha}" for layer, alpha in gpu_exits.columns]
+gpu_exits = gpu_speedups({f"exit {layer}, alpha {alpha}": ({"method": "early_exit", "num_speculative_tokens": 3,
+                                                              "early_exit_layer": layer}, AcceptanceModel(alpha))
+                          for layer in (8, 16) for alpha in (0.6, 0.8)}, [1, 16, 64])
 print(gpu_exits.round(2).to_string())
 expect("predicted for an H100: drafts from layer 8 accepted at 0.8 gain at least 1.5x at batch 1",
        gpu_exits.loc[1, "exit 8, alpha 0.8"], above=1.5)
