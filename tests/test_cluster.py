@@ -361,10 +361,17 @@ def test_sessions_share_prefixes_as_the_knobs_say():
 POINTS = grid(policy=["round_robin", "cache_aware"], seed=[0, 1])
 
 
-def test_sweep_rows_are_small_and_reproducible():
+def test_sweep_rows_are_small_reproducible_and_simulated_once():
+    from batchlab.cluster.sweep import _cluster_row
     table = run_sweep(cluster_point, POINTS[:2])
     assert list(table["policy"]) == ["round_robin", "round_robin"] and table["num_finished"].gt(0).all()
-    pd.testing.assert_frame_equal(table, run_sweep(cluster_point, POINTS[:2]))
+    hits = _cluster_row.cache_info().hits
+    again = run_sweep(cluster_point, POINTS[:2])             # from the cache: two more hits
+    assert _cluster_row.cache_info().hits == hits + 2
+    pd.testing.assert_frame_equal(table, again)
+    simulated = _cluster_row.__wrapped__("round_robin", 4, 1, 100, 10.0, 4, 256, 20_000, "Llama-3-8B", "H100")
+    assert pd.Series(simulated).equals(pd.Series(cluster_point(**POINTS[1])))      # POINTS[1]: the defaults, seed 1
+    assert cluster_point(**POINTS[1]) is not cluster_point(**POINTS[1])              # copies: a row's edit stays in it
     with pytest.raises(ValueError, match="returned list"):
         run_sweep(lambda **kw: [1], [{}])
     with pytest.raises(ValueError, match="non-empty list"):
