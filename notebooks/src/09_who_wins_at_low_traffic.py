@@ -31,8 +31,8 @@
 # ## Setup
 #
 # We load the model, measure its step costs (`calibrate_cost_model`, as in notebook 08: up to
-# half a minute on a CPU, a few seconds with a stored fit that fresh steps confirm), and build simulator backends whose KV cache is the size of the real
-# backend's.
+# half a minute on a CPU, a few seconds with a stored fit that fresh steps confirm), and build
+# simulator backends whose KV cache is the size of the real backend's.
 
 # %%
 import math
