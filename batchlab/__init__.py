@@ -11,7 +11,7 @@ core, which knows nothing about tensors: one step is ``plan = scheduler.schedule
   fast_path    the simulator's bulk decode runs, asked of the policy and its KV space
   contract     what the engine checks (workloads, plans, how every request ended), and what it
                offers its drivers (ServingEngine)
-  listener     what an engine tells a listener: every token, every end
+  listener     what an engine tells a listener: each step's output (typed), every end
   requests     Request, SamplingParams, RequestStatus, FinishReason: what a client asked for,
                and its state
   plan         StepPlan / ScheduledChunk (one rule for prefill and decode) and a step's features

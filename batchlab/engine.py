@@ -17,7 +17,7 @@ every driver calls with its own arrivals:
 - ``offline.py`` (``Engine.run``): a known workload, with a progress bar and the simulator's
   fast path (``fast_path.py``);
 - ``online.py`` (``Engine.run_online``): a server's loop on the wall clock; requests added and
-  aborted from other threads through an inbox, and a listener told of every token and end;
+  aborted from other threads through an inbox, and a listener told of every step and end;
 - ``cluster/replica.py``: each replica of a cluster, up to the next event of the cluster's clock.
 
 The drivers know the engine through ``contract.ServingEngine``: they sit under it in the
@@ -53,7 +53,7 @@ from batchlab.checks import check_bool
 from batchlab.clock import Clock, make_clock
 from batchlab.contract import (EngineError, check_chunk, check_emitted, check_ended, check_parts, fresh_workload,
                                policy_params)
-from batchlab.listener import EngineListener
+from batchlab.listener import EngineListener, RequestOutput, StepOutput
 from batchlab.offline import serve_offline
 from batchlab.online import EngineInbox, serve_online
 from batchlab.plan import Idle, StepPlan
@@ -104,8 +104,7 @@ class Engine:
         self.release_times: dict[str, float | None] = {}
         self.steps: list[StepRecord] = []
         self.listener = listener
-        self.hears_tokens = (type(listener).on_token is not EngineListener.on_token
-                             or type(listener).on_tokens is not EngineListener.on_tokens)
+        self.hears_steps = type(listener).on_step is not EngineListener.on_step
 
     def start(self, listener: EngineListener | None = None) -> float:
         """Begin a run (a driver calls this): a clean scheduler and backend; returns ``now``."""
@@ -135,7 +134,9 @@ class Engine:
 
     # --- one step ------------------------------------------------------------------------------------
     def step(self, now: float) -> StepRecord | Idle:
-        """One step at ``now``: plan, run the plan, apply its tokens, release who ended."""
+        """One step at ``now``: plan, run the plan, apply its tokens, tell the listener, release
+        who ended."""
+        num_preempted = len(self.scheduler.preemptions)
         plan = self.scheduler.schedule(now)
         if plan.is_empty:
             return Idle(plan.wake_at)
@@ -145,16 +146,18 @@ class Engine:
                             plan.batch_id)
         self.steps.append(record)
         end = record.end
-        self._apply(plan, result, start, end)        # computed, sampled (or drafts checked), ends
+        outputs = self._apply(plan, result, start, end)      # computed, sampled (or drafts checked), ends
+        if self.hears_steps:
+            self.listener.on_step(StepOutput(record, outputs, self.scheduler.preemptions[num_preempted:]))
         self.release_ended(end)
         return record
 
-    def _apply(self, plan: StepPlan, result: StepResult, start: float, end: float) -> None:
+    def _apply(self, plan: StepPlan, result: StepResult, start: float, end: float) -> list[RequestOutput]:
         """Each chunk's tokens are now computed; each sampling chunk's request gets its next token
-        (at the step's end, with its logprobs if asked), or the tokens its checked draft emitted,
-        and ends on a stop token (once it has ``min_tokens``) or its last one. (Runs per chunk per
-        step, so it is written out.)"""
+        (at the step's end, with its logprobs if asked), or the tokens its checked draft emitted.
+        Returns what each request got, for a listener that hears steps. (Runs per chunk per step.)"""
         requests, new_tokens, logprobs = self.requests, result.new_tokens, result.logprobs
+        outputs: list[RequestOutput] = []
         for c in plan.chunks:
             req = requests.get(c.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
@@ -164,44 +167,40 @@ class Engine:
                 computed -= len(c.draft)                    # drafted tokens are not known yet
             if c.start != req.num_computed_tokens or computed > known or c.samples != (computed == known):
                 check_chunk(c, req)
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time, req.remote_kv = start, None   # (transferred KV: in the cache now)
+            cached = None
+            if req.first_scheduled_time is None:            # its first chunk starts past what was cached
+                req.first_scheduled_time, req.remote_kv, cached = start, None, c.start   # (transferred KV: in the cache now)
             req.num_computed_tokens = computed
-            if not c.samples:
-                continue
-            if c.draft:
-                self._apply_check(req, c.draft, result, end)
-                continue
-            token = new_tokens.get(c.request_id)
-            if token is None:
-                raise EngineError(f"the backend returned no token for {c.request_id!r}, whose chunk samples")
-            self._append(req, token, end, logprobs.get(c.request_id) if logprobs else None)
-        if self.backend.speculative is not None:      # each request that sampled: its draft for the next step
-            drafts = result.drafts
-            for c in plan.chunks:
-                if c.samples:
-                    requests[c.request_id].draft_ids = drafts.get(c.request_id, [])
+            num_before, spec = len(req.output_ids), None
+            if c.samples and c.draft:
+                spec = self._apply_check(req, c.draft, result, end)
+            elif c.samples:
+                token = new_tokens.get(c.request_id)
+                if token is None:
+                    raise EngineError(f"the backend returned no token for {c.request_id!r}, whose chunk samples")
+                self._append(req, token, end, logprobs.get(c.request_id) if logprobs else None)
+            if c.samples and self.backend.speculative is not None:     # its draft for the next step
+                req.draft_ids = result.drafts.get(c.request_id, [])
+            if self.hears_steps and (c.samples or cached):
+                outputs.append(RequestOutput(req, req.output_ids[num_before:], req.finish_reason, cached, spec))
+        return outputs
 
-    def _append(self, req: Request, token: int, end: float, logprobs=None, tell: bool = True) -> bool:
-        """Append one sampled token to ``req`` (and tell the listener); True if it ended the request."""
+    def _append(self, req: Request, token: int, end: float, logprobs=None) -> bool:
+        """Append one sampled token to ``req``; True if it ended the request (the end rule: a stop
+        token once it has ``min_tokens``, or its last token)."""
         req.output_ids.append(token)
         req.token_times.append(end)
         if logprobs is not None:
             req.output_logprobs.append(logprobs)
-        if tell and self.hears_tokens:                      # (the default listener hears nothing)
-            self.listener.on_token(req, token, end)
-        if req.stops_on(token):
-            self.end_request(req, FinishReason.STOP, end)
-        elif len(req.output_ids) >= req.max_new_tokens:
-            self.end_request(req, FinishReason.LENGTH, end)
-        else:
-            return False
-        return True
+        reason = req.ends_on(token)
+        if reason is not None:
+            self.end_request(req, reason, end)
+        return reason is not None
 
-    def _apply_check(self, req: Request, draft: tuple[int, ...], result: StepResult, end: float) -> None:
+    def _apply_check(self, req: Request, draft: tuple[int, ...], result: StepResult, end: float) -> tuple[int, int]:
         """A checked draft: the accepted draft tokens are computed (their KV is in the cache), the
         rejected ones' KV room is given back (``kv.rollback``), and the emitted tokens are appended
-        one by one, up to the first that ends the request."""
+        one by one, up to the first that ends the request. Returns ``(drafted, accepted)``."""
         emitted = check_emitted(req, draft, result.verified.get(req.request_id))
         accepted = len(emitted) - 1
         req.spec_checks.append((len(draft), accepted))
@@ -209,12 +208,10 @@ class Engine:
         if accepted < len(draft):
             self.scheduler.kv.rollback(req.request_id, len(draft) - accepted)
         logprobs = result.logprobs.get(req.request_id) or [None] * len(emitted)
-        num_before = len(req.output_ids)
         for token, token_logprobs in zip(emitted, logprobs):
-            if self._append(req, token, end, token_logprobs, tell=False):
+            if self._append(req, token, end, token_logprobs):
                 break
-        if self.hears_tokens:                   # one step's tokens told together: a stream sends them as one chunk
-            self.listener.on_tokens(req, req.output_ids[num_before:], end)
+        return len(draft), accepted
 
     # --- how requests end ----------------------------------------------------------------------------
     def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from batchlab.backends.simulator import PLACEHOLDER_TOKEN, SimBackend
 from batchlab.contract import ServingEngine
 from batchlab.plan import DecodeChunks, Idle, chunk_attention_pairs
-from batchlab.requests import FinishReason, Request, RequestStatus
+from batchlab.requests import Request, RequestStatus
 from batchlab.trace import StepRecord
 
 
@@ -56,11 +56,7 @@ class DecodeRun:
         self.starts = tuple([c.start + c.num_tokens - 1 for c in step.chunks])
         self.requests = requests
         self.held_slots, self.batch_id = step.held_slots, step.batch_id
-        # A request whose stop tokens include the placeholder stops at its next token (or, with
-        # min_tokens, at the token that makes min_tokens).
-        self.remaining = [min(r.max_new_tokens, max(len(r.output_ids) + 1, r.sampling.min_tokens)) - len(r.output_ids)
-                          if PLACEHOLDER_TOKEN in r.stop_token_ids else r.max_new_tokens - len(r.output_ids)
-                          for r in requests]
+        self.remaining = [r.tokens_to_end(PLACEHOLDER_TOKEN) for r in requests]
         self.last_offset = min(self.remaining)     # the step in which the first sequence finishes
         # The step at offset i decodes position starts[j] + i for every j; its attention pairs
         # are base_attention_pairs + num_seqs * i.
@@ -179,9 +175,9 @@ def apply_decode_run(engine: ServingEngine, requests: list[Request], token: int,
         req.num_computed_tokens += k
         req.output_ids.extend([token] * k)
         req.token_times.extend(ends)
-        stopped = req.stops_on(token)
-        if stopped or len(req.output_ids) >= req.max_new_tokens:
-            engine.end_request(req, FinishReason.STOP if stopped else FinishReason.LENGTH, t)
+        reason = req.ends_on(token)
+        if reason is not None:
+            engine.end_request(req, reason, t)
             ended = True
     if ended:
         engine.release_ended(t)

@@ -1,26 +1,50 @@
-"""What an engine tells whoever listens: every token as its step ends, every request as it ends.
+"""What an engine tells whoever listens: one output per step, and every request as it ends.
 
-A server streams from these (``serve/runner.py``); the offline driver's progress bar counts ends.
-The methods run on the engine's thread, between steps: they must be quick (hand the token to
+``StepOutput`` is shaped like vLLM's ``EngineCoreOutputs``: the step, one ``RequestOutput`` per
+request that got tokens (or was first scheduled with part of its prompt already cached), and the
+preemptions its planning made. A server streams and counts its metrics from these alone
+(``serve/runner.py``); the offline driver's progress bar counts ends.
+The methods run on the engine's thread, between steps: they must be quick (hand the data to
 another thread, e.g. with ``loop.call_soon_threadsafe``) and must not raise.
 """
 
 from __future__ import annotations
 
-from batchlab.requests import Request
+from dataclasses import dataclass
+
+from batchlab.requests import FinishReason, Request
+from batchlab.trace import PreemptionRecord, StepRecord
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step did for one request (its tokens are already in ``req.output_ids``)."""
+
+    req: Request
+    new_token_ids: list[int]                 # one, or a checked draft's accepted tokens and one more
+    finish_reason: FinishReason | None = None   # set on the step whose token ended the request
+    num_cached_tokens: int | None = None     # on its first step: prompt tokens it did not compute
+    spec: tuple[int, int] | None = None      # (drafted, accepted): the draft this step checked
+
+    @property
+    def request_id(self) -> str:
+        return self.req.request_id
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """One engine step as a listener sees it."""
+
+    step: StepRecord
+    outputs: list[RequestOutput]
+    preempted: list[PreemptionRecord]        # sent back to waiting while this step was planned
 
 
 class EngineListener:
     """What an engine reports. Subclass and override; the defaults do nothing."""
 
-    def on_token(self, req: Request, token: int, t: float) -> None:
-        """``req`` got ``token`` (already appended to ``req.output_ids``) at time ``t``."""
-
-    def on_tokens(self, req: Request, tokens: list[int], t: float) -> None:
-        """``req`` got several ``tokens`` from one step at ``t`` (a checked speculative draft: its
-        accepted tokens and one more; already appended). By default, ``on_token`` for each."""
-        for token in tokens:
-            self.on_token(req, token, t)
+    def on_step(self, out: StepOutput) -> None:
+        """A step ended at ``out.step.end`` (before the requests it finished are released)."""
 
     def on_end(self, req: Request, t: float) -> None:
         """``req``'s response is complete at ``t``: its ``status``, ``finish_reason`` and

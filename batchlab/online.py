@@ -11,9 +11,10 @@ differences:
   ``add`` was called (its ``arrival_time`` is set then, on the engine's clock). When there is
   nothing to run, the loop waits on the inbox (until a command comes, or the scheduler's timer is
   due) instead of ending.
-- It tells a listener (``listener.py``) what happens as it happens: ``on_token`` for every token
-  the moment its step ends, ``on_end`` when a request's response is complete (finished and
-  released, rejected, or aborted). A server streams from these.
+- It tells a listener (``listener.py``) what happens as it happens: ``on_step`` with each step's
+  output (every request's new tokens, finishes, cached prompts, preemptions) the moment the step
+  ends, ``on_end`` when a request's response is complete (finished and released, rejected, or
+  aborted). A server streams from these.
 
 Aborts. An aborted request ends with status ABORTED, ``finish_reason`` ABORT and the reason in
 ``finish_detail``. A waiting one leaves the queue at once; a running one leaves the scheduler,

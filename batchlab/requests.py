@@ -273,6 +273,21 @@ class Request:
         """Whether sampling ``token`` last ends this request: a stop token, once it has ``min_tokens``."""
         return token in self.stop_token_ids and len(self.output_ids) >= self.sampling.min_tokens
 
+    def ends_on(self, token: int) -> FinishReason | None:
+        """The end rule, for ``token`` just appended: STOP on a stop token (once it has
+        ``min_tokens``), LENGTH at ``max_new_tokens``, else None (it goes on)."""
+        if self.stops_on(token):
+            return FinishReason.STOP
+        return FinishReason.LENGTH if len(self.output_ids) >= self.max_new_tokens else None
+
+    def tokens_to_end(self, token: int) -> int:
+        """How many more tokens end it if every one is ``token`` (the end rule above, run ahead: the
+        simulator's fast path sizes its decode runs with it)."""
+        n = len(self.output_ids)
+        if token in self.stop_token_ids:
+            return min(self.max_new_tokens, max(n + 1, self.sampling.min_tokens)) - n
+        return self.max_new_tokens - n
+
     def token_ids(self, start: int, num: int) -> list[int]:
         """Known tokens ``[start, start + num)`` of ``prompt_ids + output_ids``."""
         if self.prompt_ids is None:

@@ -22,7 +22,8 @@ LAYERS = [
     ["requests"],
     ["plan"],
     ["speculative"],                   # who drafts, and how many tokens a step may check
-    ["trace", "listener"],
+    ["trace"],
+    ["listener"],                      # what an engine tells: one output per step, and each end
     ["kv_space"],
     ["kv_blocks"],
     ["shapes"],                        # models' sizes as data: weights, work and KV bytes per token

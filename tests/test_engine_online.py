@@ -14,6 +14,7 @@ import pytest
 
 from batchlab.backends import CostModel, SimBackend
 from batchlab.engine import Engine
+from batchlab.loop import Workload, run_until
 from batchlab.online import EngineInbox, EngineListener
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
@@ -30,9 +31,10 @@ class Recorder(EngineListener):
         self.ends: dict[str, list[tuple[str, str, float]]] = {}
         self.cond = threading.Condition()
 
-    def on_token(self, req, token, t):
+    def on_step(self, out):
         with self.cond:
-            self.tokens.setdefault(req.request_id, []).append((token, t))
+            for o in out.outputs:
+                self.tokens.setdefault(o.request_id, []).extend((token, out.step.end) for token in o.new_token_ids)
             self.cond.notify_all()
 
     def on_end(self, req, t):
@@ -72,6 +74,49 @@ class OnlineEngine:
         if self.error is not None:
             raise self.error
         return self.trace
+
+
+class StepLog(EngineListener):
+    """Every step output and end, as an offline run tells them."""
+
+    def __init__(self) -> None:
+        self.outs, self.ends = [], []
+
+    def on_step(self, out):
+        assert not any(rid == o.request_id for o in out.outputs for rid, _ in self.ends), "a token after its end"
+        self.outs.append(out)
+
+    def on_end(self, req, t):
+        self.ends.append((req.request_id, t))
+
+
+def test_each_step_tells_its_tokens_cached_prompt_preemptions_and_finishes_once():
+    """A paged cache with prefix caching, too small for everyone at once: the step outputs alone
+    give back every token, each request's cached prompt, every preemption and the finishing step."""
+    backend = SimBackend(RULER, kv_capacity_tokens=192, block_size=16, enable_prefix_caching=True)
+    engine = Engine(ContinuousBatcher(max_num_seqs=4, max_num_batched_tokens=64), backend, fast_decode_runs=False)
+    shared = list(range(100, 132))                          # two blocks every prompt starts with
+    workload = [Request(f"r{i}", shared + [200 + i] * 9, 40, arrival_time=0.01 * i) for i in range(5)]
+    log = StepLog()
+    run_until(engine, Workload(workload), engine.start(log))
+    trace = engine.finish()
+    assert [o.step for o in log.outs] == engine.steps                     # each step once, in order
+    tokens, cached, finished = {}, {}, {}
+    for out in log.outs:
+        for o in out.outputs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.num_cached_tokens is not None:
+                assert o.request_id not in cached, "cached tokens told twice"
+                cached[o.request_id] = o.num_cached_tokens
+            if o.finish_reason is not None:
+                finished[o.request_id] = (o.finish_reason, out.step.end)
+    preempted = [p for out in log.outs for p in out.preempted]
+    assert preempted and preempted == engine.scheduler.preemptions
+    for r in trace.requests:
+        assert tokens[r.request_id] == r.output_ids
+        assert finished[r.request_id] == (r.finish_reason, r.token_times[-1])
+    assert cached["r0"] == 0 and all(cached[f"r{i}"] == 32 for i in range(1, 5))   # the shared blocks
+    assert sorted(rid for rid, _ in log.ends) == sorted(finished)
 
 
 def sim_req(i: int, out: int = 5, prompt: int = 8) -> Request:

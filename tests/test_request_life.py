@@ -46,3 +46,22 @@ def test_plot_request_life_draws_ttft_and_e2e():
     ax = plot_request_life(_trace(), "a")
     texts = " ".join(t.get_text() for t in ax.texts)
     assert "TTFT 750 ms" in texts and "E2E 1350 ms" in texts and "longest gap (ITL) 400 ms" in texts
+
+
+@pytest.mark.parametrize("max_new, min_tokens, already, stop", [
+    (5, 0, 0, False), (5, 0, 0, True), (5, 3, 0, True), (5, 5, 0, True), (5, 0, 2, True), (7, 4, 5, True),
+    (1, 0, 0, True), (6, 2, 3, False)])
+def test_the_end_rule_run_ahead_agrees_with_the_rule_token_by_token(max_new, min_tokens, already, stop):
+    """``tokens_to_end`` (the fast path's run length) ends a request where ``ends_on`` (each step's
+    check) does, with and without the token among its stop tokens, before and after ``min_tokens``."""
+    from batchlab.requests import FinishReason, Request, SamplingParams
+    token = 7
+    req = Request("r", [1, 2], max_new, sampling=SamplingParams(min_tokens=min_tokens),
+                  stop_token_ids=(token,) if stop else ())
+    req.output_ids += [3] * already
+    ahead = req.tokens_to_end(token)
+    for n in range(1, ahead + 1):
+        req.output_ids.append(token)
+        reason = req.ends_on(token)
+        assert (reason is None) == (n < ahead), (n, ahead, reason)
+    assert reason is (FinishReason.STOP if stop and len(req.output_ids) >= min_tokens else FinishReason.LENGTH)

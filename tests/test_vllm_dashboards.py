@@ -193,23 +193,6 @@ def test_the_new_numbers_are_the_engines(scraped):
         assert value(values, "vllm:request_success_total", finished_reason=reason) == 0
 
 
-def test_each_step_is_counted_once_even_when_the_trace_window_drops_old_ones():
-    from types import SimpleNamespace
-
-    from batchlab.serve.engine_view import new_steps
-    a, b, c, d = (object() for _ in range(4))
-    engine = SimpleNamespace(steps=[a, b])
-    assert new_steps(engine, None) == [a, b]
-    assert new_steps(engine, b) == []
-    engine.steps += [c]
-    assert new_steps(engine, b) == [c]
-    del engine.steps[:2]                          # the window forgot a and b, then d ran
-    engine.steps.append(d)
-    assert new_steps(engine, c) == [d]
-    del engine.steps[:2]                          # ... and forgot c and d, the last one seen
-    assert new_steps(engine, d) == []
-
-
 def test_a_failed_engine_counts_its_requests_in_error():
     """The engine thread fails mid-request: the client gets 500, and ``finished_reason="error"``
     counts the request (vLLM's meaning: a request-level internal error, always a 500)."""

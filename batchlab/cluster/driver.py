@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from batchlab.cluster.reports import LiveReports, stored_blocks
 from batchlab.cluster.replica import Replica
 from batchlab.cluster.router import RouteRequest, Router
-from batchlab.listener import EngineListener
+from batchlab.listener import EngineListener, StepOutput
 from batchlab.requests import FinishReason, Request, RequestStatus
 from batchlab.trace import RequestRecord
 
@@ -54,9 +54,10 @@ class RouterFeed(EngineListener):
 class RouterFeedWithFirstTokens(RouterFeed):
     """Also queues each request's first token (for routers that track prefill work)."""
 
-    def on_token(self, req: Request, token: int, t: float) -> None:
-        if len(req.output_ids) == 1:
-            heapq.heappush(self.queue, (t, next(self.counter), FIRST_TOKEN, self.replica, req.request_id))
+    def on_step(self, out: StepOutput) -> None:
+        for o in out.outputs:
+            if o.new_token_ids and len(o.req.output_ids) == len(o.new_token_ids):
+                heapq.heappush(self.queue, (out.step.end, next(self.counter), FIRST_TOKEN, self.replica, o.request_id))
 
 
 class RoutingLog:

@@ -99,7 +99,7 @@ class LoopbackConfig:
         self.replica_knobs()        # the server's own checks (the simulate spec among them)
 
     def replica_knobs(self) -> dict:
-        from batchlab.serve.runner import ServerConfig
+        from batchlab.serve.config import ServerConfig
         knobs = dict(simulate=self.simulate, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                      max_num_batched_tokens=self.max_num_batched_tokens, paged=True, block_size=self.block_size,
                      enable_prefix_caching=self.enable_prefix_caching,

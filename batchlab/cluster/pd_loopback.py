@@ -86,7 +86,7 @@ class PDLoopbackConfig:
 
     def colocated_knobs(self, block_size: int | None = None) -> dict:
         """A worker's ``ServerConfig`` knobs without the hand-off (a colocated server)."""
-        from batchlab.serve.runner import ServerConfig
+        from batchlab.serve.config import ServerConfig
         knobs = dict(simulate=self.simulate, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                      max_num_batched_tokens=self.max_num_batched_tokens, paged=True,
                      block_size=block_size or self.decode_block_size)
@@ -96,7 +96,7 @@ class PDLoopbackConfig:
     def worker_knobs(self, pool: str) -> dict:
         if pool not in ("prefill", "decode"):
             fail("pool", pool, "'prefill' or 'decode'")
-        from batchlab.serve.runner import ServerConfig
+        from batchlab.serve.config import ServerConfig
         size = self.prefill_block_size if pool == "prefill" else self.decode_block_size
         knobs = {**self.colocated_knobs(size), "kv_transfer_config": self.transfer_config(pool).to_json()}
         ServerConfig(**knobs)

@@ -1,7 +1,9 @@
 """batchlab as a real server: OpenAI-compatible HTTP over the online engine.
 
 - ``protocol.py``: request validation (4xx naming the field) and OpenAI-style bodies.
-- ``runner.py``: ``ServerConfig`` and ``EngineRunner``, the engine thread and admission (429).
+- ``config.py``: ``ServerConfig``, what the server runs, and the scheduler and backend it makes.
+- ``runner.py``: ``EngineRunner``, the engine thread and admission (429).
+- ``bridge.py``: each engine step's output as typed events on a request's queue, and ``/metrics`` fed.
 - ``app.py``: the FastAPI app, streaming (SSE) and whole responses, disconnects, API key,
   ``X-Request-Id``, ``/tokenize`` and ``/detokenize``.
 - ``detok.py``: the incremental detokenizer, with stop strings held back.
@@ -27,7 +29,8 @@ until ``/health`` answers; ``stop()`` sends SIGTERM, which ends requests in flig
 
 from batchlab.serve.processes import (HOST, SHUTDOWN_REASON, ServerProcess, ServerThread, free_port,
                                        launch_server, serve, start_server, wait_healthy, wait_ready)
-from batchlab.serve.runner import DEFAULT_MODEL_NAME, EngineRunner, ServerConfig
+from batchlab.serve.config import DEFAULT_MODEL_NAME, ServerConfig
+from batchlab.serve.runner import EngineRunner
 
 __all__ = ["DEFAULT_MODEL_NAME", "HOST", "SHUTDOWN_REASON", "EngineRunner", "ServerConfig", "ServerProcess",
            "ServerThread", "free_port", "launch_server", "serve", "start_server", "wait_healthy", "wait_ready"]

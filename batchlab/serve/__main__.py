@@ -22,7 +22,7 @@ import sys
 from batchlab.model.loading import ALLOWED_DTYPES
 from batchlab.schedulers import SCHEDULERS
 from batchlab.serve.metrics import ADMISSION_REASON, VLLM_ADMISSION_FLAG
-from batchlab.serve.runner import DEFAULT_MODEL_NAME, RELEASES, ServerConfig
+from batchlab.serve.config import DEFAULT_MODEL_NAME, RELEASES, ServerConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

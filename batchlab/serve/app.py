@@ -47,7 +47,8 @@ from batchlab.serve.protocol import (APIError, GenerationRequest, chat_logprobs,
                                      parse_detokenize, parse_generation, parse_json, parse_tokenize, response_body,
                                      sse, usage)
 from batchlab.serve.kv_transfer import META_HEADER, Export, Received, TransferAsk
-from batchlab.serve.runner import EngineRunner, Handle
+from batchlab.serve.bridge import EndEvent, ErrorEvent, Event, Handle, TokenEvent
+from batchlab.serve.runner import EngineRunner
 
 LOG = logging.getLogger("batchlab.serve")
 KEEPALIVE_S = 1.0     # an SSE comment line after this long without an event (detects gone clients)
@@ -307,20 +308,14 @@ def _response_id(handle: Handle) -> str:
     return ("cmpl-" if handle.gen.kind == "completion" else "chatcmpl-") + handle.x_request_id
 
 
-async def _arrived_together(handle: Handle, event: tuple) -> list[tuple]:
-    """``event`` and every event already queued behind it. A request's last token (its
-    ``max_tokens``-th, or a stop token) is followed by its end from the same engine step: that
-    is waited for, so the finish reason rides on the last token's chunk."""
+async def _arrived_together(handle: Handle, event: Event) -> list[Event]:
+    """``event`` and every event already queued behind it. The step whose tokens ended the request
+    also ends it: its end is waited for, so the finish reason rides on the last token's chunk."""
     events = [event]
     while not handle.events.empty():
         events.append(handle.events.get_nowait())
-    last = events[-1]
-    if last[0] == "token":
-        req = handle.req
-        num_tokens = sum(e[0] == "token" for e in events) + handle.tokens_seen
-        handle.tokens_seen = num_tokens
-        if num_tokens >= req.max_new_tokens or last[1] in req.stop_token_ids:
-            events.append(await handle.events.get())
+    if isinstance(events[-1], TokenEvent) and events[-1].finished:
+        events.append(await handle.events.get())
     return events
 
 
@@ -340,15 +335,15 @@ async def _stream(runner: EngineRunner, handle: Handle) -> AsyncIterator[bytes]:
                 yield b": keepalive\n\n"
                 continue
             events = await _arrived_together(handle, event)
-            tokens = [e[1] for e in events if e[0] == "token"]
+            tokens = [t for e in events if isinstance(e, TokenEvent) for t in e.token_ids]
             last = events[-1]
-            if last[0] == "error":
+            if isinstance(last, ErrorEvent):
                 ended = True
-                yield sse({"error": {"message": last[1], "type": "server_error", "param": None, "code": 500}})
+                yield sse({"error": {"message": last.message, "type": "server_error", "param": None, "code": 500}})
                 yield sse("[DONE]")
                 return
             text = out.take(tokens)
-            if last[0] != "end":
+            if not isinstance(last, EndEvent):
                 chunk = chunk_body(gen, rid, text, first=first, logprobs=out.logprobs())
                 first = False
                 if gen.continuous_usage:
@@ -356,8 +351,8 @@ async def _stream(runner: EngineRunner, handle: Handle) -> AsyncIterator[bytes]:
                 yield sse(chunk)
                 continue
             ended = True
-            _, timings, whole_tokens = last
-            more, finish = out.finish(timings, whole_tokens)
+            timings = last.timings
+            more, finish = out.finish(timings, last.token_ids)
             chunk = chunk_body(gen, rid, text + more, finish, first=first, logprobs=out.logprobs())
             chunk["batchlab"] = timings
             if gen.continuous_usage:
@@ -394,13 +389,13 @@ async def _whole(runner: EngineRunner, handle: Handle, request: Request) -> JSON
                 runner.abort(handle.request_id, "client disconnected")
                 return JSONResponse({}, status_code=499)   # nobody reads it
             event = getter.result()
-            if event[0] == "token":
-                parts.append(out.take([event[1]]))
+            if isinstance(event, TokenEvent):
+                parts.append(out.take(event.token_ids))
                 continue
-            if event[0] == "error":
-                return _error(APIError(500, event[1], None, "server_error"))
-            _, timings, tokens = event
-            more, finish = out.finish(timings, tokens)
+            if isinstance(event, ErrorEvent):
+                return _error(APIError(500, event.message, None, "server_error"))
+            timings = event.timings
+            more, finish = out.finish(timings, event.token_ids)
             if finish == "abort":                # e.g. the server is shutting down
                 LOG.warning("request %s ended after %d tokens: %s", handle.request_id, out.num_tokens,
                             timings["finish_detail"])

@@ -5,8 +5,6 @@ through the functions here, so a change inside the engine is answered by a chang
 
 - ``end_state(req)``: how a request ended (the API's finish reason and the engine's words);
 - ``read_engine_stats(scheduler, kv)``: the queue and KV-cache numbers ``/metrics`` shows;
-- ``new_preemptions(scheduler, seen)``: preemptions logged since the last look;
-- ``new_steps(engine, last)``: engine steps run since the last one looked at;
 - ``run_online_bounded(engine, inbox, listener, window)``: ``Engine.run_online`` whose run
   forgets its oldest ended requests (``TraceWindow``), so a server that runs for weeks does not
   keep every request it ever served.
@@ -68,24 +66,6 @@ def read_engine_stats(scheduler, kv) -> EngineStats:
                        kv.capacity_tokens, kv.num_hit_tokens)
 
 
-def new_preemptions(scheduler, seen: int) -> list:
-    """Preemption records logged after the first ``seen`` (``PreemptionRecord``: request_id, time,
-    num_computed_tokens, num_output_tokens)."""
-    log = scheduler.preemptions
-    return list(log[seen:]) if len(log) > seen else []
-
-
-def new_steps(engine, last) -> list:
-    """The engine's steps after ``last`` (a ``StepRecord`` from an earlier call, or None): walks
-    back from the newest, so a call costs the new steps. If the trace window dropped ``last``, every
-    step kept is newer than it (the window drops the oldest steps), and all are returned."""
-    steps = engine.steps
-    i = len(steps)
-    while i > 0 and steps[i - 1] is not last:
-        i -= 1
-    return steps[i:]
-
-
 # --- a bounded memory for a long-running server ---------------------------------------------------
 class TraceWindow:
     """Keeps the engine's run to the last ``keep`` ended requests (and the steps and preemptions
@@ -100,19 +80,17 @@ class TraceWindow:
         self.num_forgotten = 0          # requests dropped from the trace so far
         self._ends = 0
 
-    def note_end(self) -> int:
-        """A request ended (engine thread). Returns how many preemption records were dropped."""
+    def note_end(self) -> None:
+        """A request ended (engine thread)."""
         self._ends += 1
-        if self._ends < self.every or self.engine is None:
-            return 0
-        self._ends = 0
-        return self.trim()
+        if self._ends >= self.every and self.engine is not None:
+            self._ends = 0
+            self.trim()
 
-    def trim(self) -> int:
-        """Drop the oldest ended requests past ``keep``; returns the preemption records dropped."""
-        num_requests, num_preemptions = forget_ended(self.engine, self.keep)
+    def trim(self) -> None:
+        """Drop the oldest ended requests past ``keep``."""
+        num_requests, _ = forget_ended(self.engine, self.keep)
         self.num_forgotten += num_requests
-        return num_preemptions
 
 
 def run_online_bounded(engine, inbox, listener, window: TraceWindow):

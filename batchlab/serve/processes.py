@@ -27,7 +27,8 @@ import time
 
 from batchlab.checks import check_choice
 from batchlab.model.loading import ALLOWED_DTYPES
-from batchlab.serve.runner import EngineRunner, ServerConfig
+from batchlab.serve.config import ServerConfig
+from batchlab.serve.runner import EngineRunner
 
 HOST = "127.0.0.1"
 SHUTDOWN_REASON = "server shutting down"

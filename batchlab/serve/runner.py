@@ -5,14 +5,14 @@ an ``Engine`` on the wall clock running ``run_online`` in a thread of its own. H
 the asyncio event loop; they never touch the engine directly:
 
     handler ── submit(gen) ──> EngineInbox.add ──> engine thread (top of its next loop pass)
-    handler <── asyncio.Queue <── call_soon_threadsafe <── listener.on_token / on_end
+    handler <── asyncio.Queue <── call_soon_threadsafe <── listener.on_step / on_end
 
 Admission control happens here, before the inbox: a request is refused with 429 when
 ``max_waiting`` requests are already waiting for admission (arrived, not yet running), and with
 503 once the server is shutting down. Refused requests never reach the engine; every accepted
-request ends with an "end" event (finished, or aborted with the reason).
+request ends with an ``EndEvent`` (finished, or aborted with the reason).
 
-The bridge also feeds ``/metrics`` (``metrics.ServerMetrics``) as steps, tokens and ends happen, and a
+The bridge feeds ``/metrics`` (``metrics.ServerMetrics``) from each step's output and each end, and a
 ``TraceWindow`` keeps the engine's trace to the last ``trace_window`` ended requests, so the
 server's memory stays bounded however long it runs. What the runner reads from the engine's
 insides goes through ``engine_view``.
@@ -24,253 +24,18 @@ import asyncio
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 
-from batchlab.backends import ModelBackend
-from batchlab.checks import check_bool, check_int
 from batchlab.engine import Engine
-from batchlab.online import EngineInbox, EngineListener
+from batchlab.online import EngineInbox
 from batchlab.requests import Request, RequestStatus
-from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
-from batchlab.schedulers.base import Scheduler
-from batchlab.speculative import SpeculativeConfig, check_runs_on_the_model
+from batchlab.speculative import SpeculativeConfig
+from batchlab.serve.bridge import Bridge, ErrorEvent, Handle
+from batchlab.serve.config import ServerConfig
 from batchlab.serve.kv_transfer import KVConnector, KVTransferConfig, Received, TransferAsk
-from batchlab.serve.engine_view import (TraceWindow, end_state, new_preemptions, new_steps, read_engine_stats,
-                                       run_online_bounded)
+from batchlab.serve.engine_view import TraceWindow, end_state, read_engine_stats, run_online_bounded
 from batchlab.serve.metrics import ServerMetrics
 from batchlab.serve.protocol import APIError, GenerationRequest
 from batchlab.serve.simulated import SimulatedDevice, placeholder_token_id
-
-RELEASES = ("batch", "request")
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """What the server runs: the policy and its knobs, the KV cache, admission.
-
-    ``max_num_seqs``: the most requests running at once (vLLM's meaning); the slot KV cache gets
-    that many slots.
-    ``max_model_len``: tokens per slot: the context window a request's prompt + output must fit.
-    ``max_num_batched_tokens``, ``chunked_prefill``, ``long_prefill_token_threshold``: continuous.
-    ``batch_size``: static. ``max_batch_size``, ``batch_timeout``: dynamic.
-    ``release``: static and dynamic only: "batch" (a non-streaming server: every member's
-    response is handed back when its batch ends, the course's default) or "request" (each member
-    as it finishes, tokens streamed as computed).
-    ``max_waiting``: requests waiting for admission before new ones get 429.
-    ``paged``, ``block_size``, ``enable_prefix_caching`` (needs ``paged``), ``kv_cache_memory_bytes``:
-    the KV cache (``ModelBackend``'s arguments): slots by default, or blocks of ``block_size``
-    tokens; a memory budget in bytes instead of ``max_num_seqs`` sequences of ``max_model_len``.
-    ``trace_window``: ended requests the engine's trace keeps (older ones are forgotten; the
-    ``/metrics`` counters keep counting them).
-    ``model_root``: what ``/v1/models`` reports as ``root`` (default: the tokenizer's folder).
-    ``simulate``: None (the real model), or a simulated device's spec (``simulated.py``): steps
-    last the time its cost model predicts and the generated tokens are placeholders.
-    ``kv_transfer_config``: vLLM's ``--kv-transfer-config`` JSON (or a dict): the server plays the
-    prefill or decode part of disaggregated serving (``kv_transfer.py``); needs continuous
-    batching on a paged cache.
-    ``speculative_config``: vLLM's ``--speculative-config`` JSON (or a dict): speculative decoding
-    by prompt lookup or an early exit (``batchlab.speculative``); needs continuous batching and
-    the real model.
-    """
-
-    policy: str = "continuous"
-    max_num_seqs: int = 32
-    max_model_len: int = 1024
-    max_num_batched_tokens: int = 512
-    chunked_prefill: bool = True
-    long_prefill_token_threshold: int | None = None
-    batch_size: int = 8
-    max_batch_size: int = 8
-    batch_timeout: float = 0.05
-    release: str = "batch"
-    max_waiting: int = 256
-    model_name: str = DEFAULT_MODEL_NAME
-    paged: bool = False
-    block_size: int = 16
-    enable_prefix_caching: bool = False
-    kv_cache_memory_bytes: int | None = None
-    trace_window: int = 10_000
-    model_root: str | None = None
-    simulate: str | None = None
-    kv_transfer_config: str | None = None
-    speculative_config: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.policy not in SCHEDULERS:
-            raise ValueError(f"policy={self.policy!r}; allowed: {list(SCHEDULERS)}")
-        if self.release not in RELEASES:
-            raise ValueError(f"release={self.release!r}; allowed: {list(RELEASES)}")
-        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "batch_size", "max_batch_size",
-                     "max_waiting"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name}={value!r}; must be an int >= 1")
-        if not (isinstance(self.batch_timeout, (int, float)) and self.batch_timeout >= 0):
-            raise ValueError(f"batch_timeout={self.batch_timeout!r}; must be a number of seconds >= 0")
-        if self.policy == "static" and self.max_waiting < self.batch_size:
-            raise ValueError(f"max_waiting={self.max_waiting} < batch_size={self.batch_size}: a static batch "
-                             "could never fill; allow at least batch_size waiting requests")
-        if not isinstance(self.model_name, str) or not self.model_name:
-            raise ValueError(f"model_name={self.model_name!r}; must be a non-empty string")
-        for name in ("paged", "enable_prefix_caching", "chunked_prefill"):
-            check_bool(name, getattr(self, name))
-        check_int("block_size", self.block_size)
-        check_int("trace_window", self.trace_window, hint="ended requests the trace keeps")
-        check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, allow_none=True)
-        if self.enable_prefix_caching and not self.paged:
-            raise ValueError("enable_prefix_caching=True; must come with paged=True (prefix caching "
-                             "shares whole KV blocks)")
-        if self.simulate is not None:
-            SimulatedDevice.parse(self.simulate).kv_capacity_tokens(     # a bad spec or size fails here
-                self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
-        if self.kv_transfer_config is not None:
-            transfer = KVTransferConfig.parse(self.kv_transfer_config)   # stored as its JSON
-            object.__setattr__(self, "kv_transfer_config", transfer.to_json())
-            if self.policy != "continuous" or not self.paged:
-                raise ValueError(f"kv_transfer_config with policy={self.policy!r}, paged={self.paged}; must come "
-                                 "with policy='continuous' and paged=True (the hand-off names KV blocks, as vLLM's)")
-        if self.speculative_config is not None:
-            spec = SpeculativeConfig.parse(self.speculative_config)     # stored as its JSON
-            object.__setattr__(self, "speculative_config", spec.to_json())
-            check_runs_on_the_model(spec)
-            if self.policy != "continuous" or self.simulate is not None:
-                raise ValueError(f"speculative_config with policy={self.policy!r}, simulate={self.simulate!r}; must "
-                                 "come with policy='continuous' (a request-level batch decodes in lockstep) and the "
-                                 "real model (a simulated device has no tokens to draft from)")
-            if spec.num_speculative_tokens >= self.max_model_len:
-                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}; must be below "
-                                 f"max_model_len={self.max_model_len}")
-
-    def make_backend(self, lm) -> ModelBackend:
-        return ModelBackend(lm, num_slots=self.max_num_seqs, max_seq_len=self.max_model_len,
-                            kv_memory_bytes=self.kv_cache_memory_bytes, paged=self.paged,
-                            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
-                            speculative_config=self.speculative_config)
-
-    def make_scheduler(self) -> Scheduler:
-        stream = self.release == "request"
-        if self.policy == "static":
-            return StaticBatcher(self.batch_size, stream=stream)
-        if self.policy == "dynamic":
-            return DynamicBatcher(self.max_batch_size, self.batch_timeout, stream=stream)
-        return ContinuousBatcher(self.max_num_seqs, self.max_num_batched_tokens, self.chunked_prefill,
-                                 self.long_prefill_token_threshold)
-
-
-@dataclass
-class Handle:
-    """One accepted request, as its HTTP handler sees it: events arrive on ``events``.
-
-    Events: ``("token", token_id)`` as each token becomes visible, then exactly one
-    ``("end", status, finish_reason, timings, tokens)`` (``tokens``: the output when the policy
-    hands it back whole at the end, else None), or ``("error", message)`` if the engine failed.
-    """
-
-    request_id: str
-    gen: GenerationRequest
-    req: Request
-    received_unix: float
-    x_request_id: str | None = None          # the client's X-Request-Id, echoed back
-    stop_string_matched: bool = False        # set by the handler before it aborts the request
-    tokens_seen: int = 0                     # token events the handler has taken so far
-    transfer: TransferAsk | None = None      # disaggregated serving: the part this server plays
-    received: Received | None = None         # the decode part: the KV it pulled
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-
-
-class _Bridge(EngineListener):
-    """Engine thread → event loop: each event is queued on its handle's asyncio queue; the
-    metrics are fed on the way."""
-
-    def __init__(self, runner: "EngineRunner") -> None:
-        self.runner = runner
-        self.preemptions_seen = 0
-        self.last_step = None                  # the last engine step fed to the metrics
-        self.cached: dict[str, int] = {}       # request id -> prompt tokens its first admission found cached
-        self.checks_seen: dict[str, int] = {}  # request id -> its speculative checks counted so far
-
-    def _count_steps(self) -> None:
-        """Each engine step once (``vllm:iteration_tokens_total``), and each request's cached
-        prompt tokens from its first chunk (which starts past them), until the request ends."""
-        steps = new_steps(self.runner.engine, self.last_step)
-        if not steps:
-            return
-        cached, metrics = self.cached, self.runner.metrics
-        for step in steps:
-            metrics.step(step.num_tokens)
-            for c in step.chunks:
-                if c.request_id not in cached:
-                    cached[c.request_id] = c.start
-        self.last_step = steps[-1]
-
-    def _count_preemptions(self) -> None:
-        runner = self.runner
-        for p in new_preemptions(runner.scheduler, self.preemptions_seen):
-            handle = runner.handles.get(p.request_id)
-            prompt_len = handle.req.prompt_len if handle is not None else 0
-            runner.metrics.preempted(prompt_len + p.num_output_tokens, runner.config.enable_prefix_caching)
-            self.preemptions_seen += 1
-
-    def _post(self, request_id: str, *events: tuple) -> None:
-        """Queue ``events`` on the request's handle, all in one callback of the event loop."""
-        handle = self.runner.handles.get(request_id)
-        if handle is None:
-            return
-        put = handle.events.put_nowait
-        try:
-            self.runner.loop.call_soon_threadsafe(lambda: [put(e) for e in events])
-        except RuntimeError:       # the event loop has closed: nobody is listening any more
-            pass
-
-    def on_token(self, req: Request, token: int, t: float) -> None:
-        self.on_tokens(req, [token], t)
-
-    def on_tokens(self, req: Request, tokens: list[int], t: float) -> None:
-        """One step's tokens of ``req`` (several: a checked speculative draft): counted as vLLM
-        counts a step's output (one inter-token gap), and queued in one go, so the stream sends
-        them as one chunk."""
-        runner = self.runner
-        times = req.token_times
-        self._count_steps()
-        start = self.cached.get(req.request_id, 0)         # where its first chunk started
-        external = start if req.kv_transfer_tokens and start == req.kv_transfer_tokens else 0
-        previous = times[-len(tokens) - 1] if len(times) > len(tokens) else None
-        runner.metrics.token(req.prompt_len, req.arrival_time, t, previous, runner.streams,
-                             runner.config.enable_prefix_caching, start - external, external, len(tokens))
-        self._count_preemptions()
-        if req.spec_checks:                                # a checked draft emitted these tokens
-            seen = self.checks_seen.get(req.request_id, 0)
-            for drafted, accepted in req.spec_checks[seen:]:
-                runner.metrics.checked(drafted, accepted)
-            self.checks_seen[req.request_id] = len(req.spec_checks)
-        if runner.streams:
-            self._post(req.request_id, *[("token", token) for token in tokens])
-
-    def on_end(self, req: Request, t: float) -> None:
-        runner = self.runner
-        self._count_preemptions()
-        self._count_steps()
-        self.cached.pop(req.request_id, None)
-        self.checks_seen.pop(req.request_id, None)
-        if req.exported_kv is not None:         # a prefill part finished: its KV waits for the decode part
-            runner.connector.export(req.exported_kv, req)
-            req.exported_kv = None
-        handle = runner.handles.pop(req.request_id, None)
-        if handle is not None:
-            tokens = None if runner.streams else list(req.output_ids)
-            timings = runner.timings(handle, req, t)
-            reason = "stop" if handle.stop_string_matched else timings["finish_reason"]
-            runner.metrics.finished(reason, timings, req.prompt_len, req.max_new_tokens, runner.streams)
-            try:
-                runner.loop.call_soon_threadsafe(handle.events.put_nowait, ("end", timings, tokens))
-            except RuntimeError:
-                pass
-        self.preemptions_seen -= runner.window.note_end()
 
 
 def _transfer_timings(handle: Handle) -> dict | None:
@@ -349,7 +114,7 @@ class EngineRunner:
 
     def _run(self) -> None:
         try:
-            self.trace = run_online_bounded(self.engine, self.inbox, _Bridge(self), self.window)
+            self.trace = run_online_bounded(self.engine, self.inbox, Bridge(self), self.window)
         except Exception as e:   # the engine broke its contract: say so to every waiting client
             self.error = f"engine failed: {type(e).__name__}: {e}"
             self.accepting = False
@@ -359,7 +124,7 @@ class EngineRunner:
                     self.metrics.failed(1)          # request_success{finished_reason="error"}
                 if handle is not None and self.loop is not None:
                     try:
-                        self.loop.call_soon_threadsafe(handle.events.put_nowait, ("error", self.error))
+                        self.loop.call_soon_threadsafe(handle.events.put_nowait, ErrorEvent(self.error))
                     except RuntimeError:
                         pass
 
@@ -475,7 +240,7 @@ class EngineRunner:
             "token_times": list(req.token_times),
             "token_ids": list(req.output_ids),
             "status": end.status,
-            "finish_reason": end.finish_reason,
+            "finish_reason": "stop" if handle.stop_string_matched else end.finish_reason,   # (an abort of ours)
             "finish_detail": end.detail,
             "policy": self.config.policy,
             "simulated": self.config.simulate,

@@ -1,0 +1,130 @@
+"""What a server runs: its policy and knobs, the KV cache, admission (``ServerConfig``), and the
+scheduler and model backend they make."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchlab.backends import ModelBackend
+from batchlab.checks import check_bool, check_int, is_int
+from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
+from batchlab.schedulers.base import Scheduler
+from batchlab.speculative import SpeculativeConfig, check_runs_on_the_model
+from batchlab.serve.kv_transfer import KVTransferConfig
+from batchlab.serve.simulated import SimulatedDevice
+
+RELEASES = ("batch", "request")
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server runs: the policy and its knobs, the KV cache, admission.
+
+    ``max_num_seqs``: the most requests running at once (vLLM's meaning); the slot KV cache gets
+    that many slots.
+    ``max_model_len``: tokens per slot: the context window a request's prompt + output must fit.
+    ``max_num_batched_tokens``, ``chunked_prefill``, ``long_prefill_token_threshold``: continuous.
+    ``batch_size``: static. ``max_batch_size``, ``batch_timeout``: dynamic.
+    ``release``: static and dynamic only: "batch" (a non-streaming server: every member's
+    response is handed back when its batch ends, the course's default) or "request" (each member
+    as it finishes, tokens streamed as computed).
+    ``max_waiting``: requests waiting for admission before new ones get 429.
+    ``paged``, ``block_size``, ``enable_prefix_caching`` (needs ``paged``), ``kv_cache_memory_bytes``:
+    the KV cache (``ModelBackend``'s arguments): slots by default, or blocks of ``block_size``
+    tokens; a memory budget in bytes instead of ``max_num_seqs`` sequences of ``max_model_len``.
+    ``trace_window``: ended requests the engine's trace keeps (older ones are forgotten; the
+    ``/metrics`` counters keep counting them).
+    ``model_root``: what ``/v1/models`` reports as ``root`` (default: the tokenizer's folder).
+    ``simulate``: None (the real model), or a simulated device's spec (``simulated.py``): steps
+    last the time its cost model predicts and the generated tokens are placeholders.
+    ``kv_transfer_config``: vLLM's ``--kv-transfer-config`` JSON (or a dict): the server plays the
+    prefill or decode part of disaggregated serving (``kv_transfer.py``); needs continuous
+    batching on a paged cache.
+    ``speculative_config``: vLLM's ``--speculative-config`` JSON (or a dict): speculative decoding
+    by prompt lookup or an early exit (``batchlab.speculative``); needs continuous batching and
+    the real model.
+    """
+
+    policy: str = "continuous"
+    max_num_seqs: int = 32
+    max_model_len: int = 1024
+    max_num_batched_tokens: int = 512
+    chunked_prefill: bool = True
+    long_prefill_token_threshold: int | None = None
+    batch_size: int = 8
+    max_batch_size: int = 8
+    batch_timeout: float = 0.05
+    release: str = "batch"
+    max_waiting: int = 256
+    model_name: str = DEFAULT_MODEL_NAME
+    paged: bool = False
+    block_size: int = 16
+    enable_prefix_caching: bool = False
+    kv_cache_memory_bytes: int | None = None
+    trace_window: int = 10_000
+    model_root: str | None = None
+    simulate: str | None = None
+    kv_transfer_config: str | None = None
+    speculative_config: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in SCHEDULERS:
+            raise ValueError(f"policy={self.policy!r}; allowed: {list(SCHEDULERS)}")
+        if self.release not in RELEASES:
+            raise ValueError(f"release={self.release!r}; allowed: {list(RELEASES)}")
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "batch_size", "max_batch_size",
+                     "max_waiting"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 1:
+                raise ValueError(f"{name}={value!r}; must be an int >= 1")
+        if not (isinstance(self.batch_timeout, (int, float)) and self.batch_timeout >= 0):
+            raise ValueError(f"batch_timeout={self.batch_timeout!r}; must be a number of seconds >= 0")
+        if self.policy == "static" and self.max_waiting < self.batch_size:
+            raise ValueError(f"max_waiting={self.max_waiting} < batch_size={self.batch_size}: a static batch "
+                             "could never fill; allow at least batch_size waiting requests")
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise ValueError(f"model_name={self.model_name!r}; must be a non-empty string")
+        for name in ("paged", "enable_prefix_caching", "chunked_prefill"):
+            check_bool(name, getattr(self, name))
+        check_int("block_size", self.block_size)
+        check_int("trace_window", self.trace_window, hint="ended requests the trace keeps")
+        check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, allow_none=True)
+        if self.enable_prefix_caching and not self.paged:
+            raise ValueError("enable_prefix_caching=True; must come with paged=True (prefix caching "
+                             "shares whole KV blocks)")
+        if self.simulate is not None:
+            SimulatedDevice.parse(self.simulate).kv_capacity_tokens(     # a bad spec or size fails here
+                self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
+        if self.kv_transfer_config is not None:
+            transfer = KVTransferConfig.parse(self.kv_transfer_config)   # stored as its JSON
+            object.__setattr__(self, "kv_transfer_config", transfer.to_json())
+            if self.policy != "continuous" or not self.paged:
+                raise ValueError(f"kv_transfer_config with policy={self.policy!r}, paged={self.paged}; must come "
+                                 "with policy='continuous' and paged=True (the hand-off names KV blocks, as vLLM's)")
+        if self.speculative_config is not None:
+            spec = SpeculativeConfig.parse(self.speculative_config)     # stored as its JSON
+            object.__setattr__(self, "speculative_config", spec.to_json())
+            check_runs_on_the_model(spec)
+            if self.policy != "continuous" or self.simulate is not None:
+                raise ValueError(f"speculative_config with policy={self.policy!r}, simulate={self.simulate!r}; must "
+                                 "come with policy='continuous' (a request-level batch decodes in lockstep) and the "
+                                 "real model (a simulated device has no tokens to draft from)")
+            if spec.num_speculative_tokens >= self.max_model_len:
+                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}; must be below "
+                                 f"max_model_len={self.max_model_len}")
+
+    def make_backend(self, lm) -> ModelBackend:
+        return ModelBackend(lm, num_slots=self.max_num_seqs, max_seq_len=self.max_model_len,
+                            kv_memory_bytes=self.kv_cache_memory_bytes, paged=self.paged,
+                            block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching,
+                            speculative_config=self.speculative_config)
+
+    def make_scheduler(self) -> Scheduler:
+        stream = self.release == "request"
+        if self.policy == "static":
+            return StaticBatcher(self.batch_size, stream=stream)
+        if self.policy == "dynamic":
+            return DynamicBatcher(self.max_batch_size, self.batch_timeout, stream=stream)
+        return ContinuousBatcher(self.max_num_seqs, self.max_num_batched_tokens, self.chunked_prefill,
+                                 self.long_prefill_token_threshold)
