@@ -1,4 +1,4 @@
-"""The package's shape: imports only run downward, and the serving core stays readable.
+"""The package's shape: imports only run downward, the serving core stays readable, the server is split by job.
 
 The layers, lowest first. A module may import from its own layer's unit (its folder, or itself)
 and from any lower layer, never from a higher one. Every import counts, those under
@@ -52,6 +52,8 @@ LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 CORE = ["engine.py", "loop.py", "offline.py", "online.py", "fast_path.py", "contract.py", "kv_space.py",
         "kv_blocks.py", "schedulers", "backends", "model"]
 MAX_FUNCTION_LINES, MAX_CLASS_LINES = 40, 200
+# The HTTP server: a file per job, none longer than this, and the core's function limit.
+SERVER, MAX_SERVER_FILE_LINES = "serve", 300
 
 
 def unit_of(module: str) -> str:
@@ -123,3 +125,15 @@ def test_the_serving_core_reads_in_small_pieces(path):
         elif isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
             too_long.append(f"class {node.name}: {size} lines (at most {MAX_CLASS_LINES})")
     assert not too_long, f"{path.relative_to(PACKAGE)}: " + "; ".join(too_long)
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / SERVER).glob("*.py")), ids=lambda p: p.name)
+def test_the_server_is_split_by_job_into_short_files_and_functions(path):
+    text = path.read_text()
+    too_long = [f"{len(text.splitlines())} lines (at most {MAX_SERVER_FILE_LINES})"] \
+        if len(text.splitlines()) > MAX_SERVER_FILE_LINES else []
+    for node in ast.walk(ast.parse(text)):
+        size = node.end_lineno - node.lineno + 1 if hasattr(node, "end_lineno") else 0
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > MAX_FUNCTION_LINES:
+            too_long.append(f"def {node.name}: {size} lines (at most {MAX_FUNCTION_LINES})")
+    assert not too_long, f"serve/{path.name}: " + "; ".join(too_long)

@@ -32,6 +32,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="the model id clients must send")
+    _policy_flags(p)
+    _engine_flags(p)
+    p.add_argument("--log-level", default="warning")
+    return p.parse_args(argv)
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    """The policy and its knobs."""
     p.add_argument("--policy", choices=list(SCHEDULERS), default="continuous")
     p.add_argument("--max-num-seqs", type=int, default=32, help="KV slots (continuous: the most running requests)")
     p.add_argument("--max-model-len", type=int, default=1024, help="context window: prompt + output tokens")
@@ -44,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-timeout", type=float, default=0.05, help="dynamic: seconds the oldest request waits")
     p.add_argument("--release", choices=RELEASES, default="batch",
                    help="static/dynamic: hand responses back at batch end, or per request as it finishes")
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    """The KV cache, admission, the model, and the optional parts (simulation, P/D, speculation)."""
     p.add_argument("--paged", action="store_true", help="a paged KV cache (blocks) instead of one slot per sequence")
     p.add_argument("--block-size", type=int, default=16, help="paged: tokens per KV block")
     p.add_argument("--enable-prefix-caching", action="store_true",
@@ -72,8 +84,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "4, \"prompt_lookup_min\": 2, \"prompt_lookup_max\": 3}', or batchlab's early exit, "
                         "'{\"method\": \"early_exit\", \"num_speculative_tokens\": 3, \"early_exit_layer\": 27}' "
                         "(continuous batching only)")
-    p.add_argument("--log-level", default="warning")
-    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from batchlab.listener import EngineListener, RequestOutput, StepOutput
 from batchlab.requests import Request
-from batchlab.serve.kv_transfer import Received, TransferAsk
+from batchlab.serve.kv_connector import Received
+from batchlab.serve.kv_transfer import TransferAsk
 from batchlab.serve.protocol import GenerationRequest
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,28 @@ class ServerConfig:
     speculative_config: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_policy()
+        self._check_kv_cache()
+        if self.kv_transfer_config is not None:
+            transfer = KVTransferConfig.parse(self.kv_transfer_config)   # stored as its JSON
+            object.__setattr__(self, "kv_transfer_config", transfer.to_json())
+            if self.policy != "continuous" or not self.paged:
+                raise ValueError(f"kv_transfer_config with policy={self.policy!r}, paged={self.paged}; must come "
+                                 "with policy='continuous' and paged=True (the hand-off names KV blocks, as vLLM's)")
+        if self.speculative_config is not None:
+            spec = SpeculativeConfig.parse(self.speculative_config)     # stored as its JSON
+            object.__setattr__(self, "speculative_config", spec.to_json())
+            check_runs_on_the_model(spec)
+            if self.policy != "continuous" or self.simulate is not None:
+                raise ValueError(f"speculative_config with policy={self.policy!r}, simulate={self.simulate!r}; must "
+                                 "come with policy='continuous' (a request-level batch decodes in lockstep) and the "
+                                 "real model (a simulated device has no tokens to draft from)")
+            if spec.num_speculative_tokens >= self.max_model_len:
+                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}; must be below "
+                                 f"max_model_len={self.max_model_len}")
+
+    def _check_policy(self) -> None:
+        """The policy, its sizes and admission."""
         if self.policy not in SCHEDULERS:
             raise ValueError(f"policy={self.policy!r}; allowed: {list(SCHEDULERS)}")
         if self.release not in RELEASES:
@@ -87,6 +109,9 @@ class ServerConfig:
             raise ValueError(f"model_name={self.model_name!r}; must be a non-empty string")
         for name in ("paged", "enable_prefix_caching", "chunked_prefill"):
             check_bool(name, getattr(self, name))
+
+    def _check_kv_cache(self) -> None:
+        """The KV cache: its block size, size and kind, and a simulated device's room for it."""
         check_int("block_size", self.block_size)
         check_int("trace_window", self.trace_window, hint="ended requests the trace keeps")
         check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, allow_none=True)
@@ -96,23 +121,6 @@ class ServerConfig:
         if self.simulate is not None:
             SimulatedDevice.parse(self.simulate).kv_capacity_tokens(     # a bad spec or size fails here
                 self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
-        if self.kv_transfer_config is not None:
-            transfer = KVTransferConfig.parse(self.kv_transfer_config)   # stored as its JSON
-            object.__setattr__(self, "kv_transfer_config", transfer.to_json())
-            if self.policy != "continuous" or not self.paged:
-                raise ValueError(f"kv_transfer_config with policy={self.policy!r}, paged={self.paged}; must come "
-                                 "with policy='continuous' and paged=True (the hand-off names KV blocks, as vLLM's)")
-        if self.speculative_config is not None:
-            spec = SpeculativeConfig.parse(self.speculative_config)     # stored as its JSON
-            object.__setattr__(self, "speculative_config", spec.to_json())
-            check_runs_on_the_model(spec)
-            if self.policy != "continuous" or self.simulate is not None:
-                raise ValueError(f"speculative_config with policy={self.policy!r}, simulate={self.simulate!r}; must "
-                                 "come with policy='continuous' (a request-level batch decodes in lockstep) and the "
-                                 "real model (a simulated device has no tokens to draft from)")
-            if spec.num_speculative_tokens >= self.max_model_len:
-                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}; must be below "
-                                 f"max_model_len={self.max_model_len}")
 
     def make_backend(self, lm) -> ModelBackend:
         return ModelBackend(lm, num_slots=self.max_num_seqs, max_seq_len=self.max_model_len,

@@ -7,63 +7,9 @@ batchlab's server unchanged (``batchlab.loadgen.prom`` reads either into a DataF
 ``tests/test_vllm_dashboards.py`` checks every series vLLM 0.32's own Grafana and Perses
 dashboards query).
 
-When each number moves (the engine's thread calls these between steps; a scrape reads the rest):
-
-- every engine step: ``vllm:iteration_tokens_total``, the tokens the step fed the model (prompt
-  chunks, cached prefixes excluded, + one per decoding request: what ``--max-num-batched-tokens``
-  caps). vLLM observes its output batches instead: a prompt's computed tokens all at once, in the
-  step its first token comes out, plus the tokens generated; so with chunked prefill vLLM's
-  observations are lumpier, and its sum is one token per request higher (a request's last token
-  is generated, never fed back).
-- every token: ``vllm:generation_tokens``; a request's first token: ``vllm:prompt_tokens`` (its
-  prompt), ``vllm:prompt_tokens_by_source`` (``local_cache_hit``: found in the prefix cache at
-  its first admission; ``local_compute``: the rest), ``vllm:prompt_tokens_cached`` (those cached
-  tokens), ``vllm:prefix_cache_queries`` (with prefix caching: the tokens looked up)
-  and, when the token is visible at once (a streaming policy), ``vllm:time_to_first_token_seconds``
-  from the request's arrival; every later step's tokens: ``vllm:inter_token_latency_seconds``, the
-  gap to the token before (one gap for the several tokens of a checked speculative draft, as vLLM
-  observes a step's output). A policy that hands responses back whole observes TTFT at the release and ITL
-  gaps of 0 (what its clients see, as ``batchlab.analysis.metrics`` counts them).
-- a preemption: ``vllm:num_preemptions``; with prefix caching the re-admission looks up prompt +
-  output so far, counted in ``vllm:prefix_cache_queries`` (as vLLM does).
-- a finished request: ``vllm:request_success{finished_reason}``, ``vllm:e2e_request_latency_seconds``
-  (arrival → last visible token), ``vllm:request_queue_time_seconds`` (arrival → first step),
-  ``_prefill_time`` (first step → first token), ``_decode_time`` (first → last token),
-  ``_inference_time`` (first step → last token), ``vllm:request_time_per_output_token_seconds``
-  (decode time / (n - 1), 0 for one token, as vLLM), and the token-count histograms
-  (``vllm:request_max_num_generation_tokens`` is the request's output length: vLLM's largest over
-  a request's ``n`` samples, and batchlab's requests have one). Aborted requests count in
-  ``request_success{finished_reason="abort"}`` only; when the engine thread fails, every request
-  in flight counts once in ``finished_reason="error"``.
-- at scrape time, read from the engine: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``
-  (and ``vllm:num_requests_waiting_by_reason{reason="capacity"}``, the same number),
-  ``vllm:kv_cache_usage_perc`` (1.0 = full), ``vllm:prefix_cache_hits`` and
-  ``vllm:prompt_tokens_cached_by_source{source="device"}`` (counted by the KV cache at every
-  admission, re-admissions after a preemption included; queries are counted at the first token,
-  so mid-prefill a scrape can see a request's hits before its queries).
-- requests refused with 429 because ``--max-waiting`` requests are already waiting:
-  ``vllm:admission_rejections{reason="max_waiting"}``. The family is vLLM's; the reason is
-  batchlab's own: vLLM's ``--max-num-queued-reqs`` caps waiting + running requests and answers
-  503, a different rule (vLLM's reasons ``max_num_queued_reqs`` / ``max_num_queued_tokens`` are
-  not shown, since batchlab has neither limit).
-
-Series that are always the same for batchlab, shown because vLLM 0.32 shows them (its later
-dashboards query them, a success rate divides by every finish reason), and true as they stand:
-``vllm:engine_sleep_state`` is awake 1, weights_offloaded 0, discard_all 0 (batchlab has no
-sleep mode); ``request_success{finished_reason="repetition"}`` stays 0 (no
-repetition detection); ``num_requests_waiting_by_reason{reason="deferred"}`` and the ``host``,
-``disk``, ``p2p`` and ``external_unspecified`` sources of ``prompt_tokens_cached_by_source`` stay
-0 (no LoRA, no offloading: nothing is ever deferred, every locally cached token is on the device).
-A decode worker of disaggregated serving counts the prompt tokens whose KV it received under
-``prompt_tokens_by_source{source="external_kv_transfer"}`` (and in ``prompt_tokens_cached``).
-
-With ``--speculative-config`` (vLLM 0.32's ``vllm/v1/spec_decode/metrics.py``), each step's check
-of a request's draft: ``vllm:spec_decode_num_drafts`` (one), ``_num_draft_tokens`` (its ``k``),
-``_num_accepted_tokens`` and ``vllm:spec_decode_num_accepted_tokens_per_pos{position}`` (one for
-each accepted position, 0 first), counted with the first token the check emitted. The mean
-acceptance length is ``1 + accepted / drafts``; a position's acceptance rate is its count / drafts.
-
-Counters are cumulative over the server's life, whatever the trace window forgets.
+When each number moves, and which are always the same for batchlab: docs/serving-over-http.md,
+"When each /metrics number moves". Counters are cumulative over the server's life, whatever the
+trace window forgets.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from batchlab.requests import Request, RequestStatus
 from batchlab.speculative import SpeculativeConfig
 from batchlab.serve.bridge import Bridge, ErrorEvent, Handle
 from batchlab.serve.config import ServerConfig
-from batchlab.serve.kv_transfer import KVConnector, KVTransferConfig, Received, TransferAsk
+from batchlab.serve.kv_connector import KVConnector, Received
+from batchlab.serve.kv_transfer import KVTransferConfig, TransferAsk
 from batchlab.serve.engine_view import TraceWindow, end_state, read_engine_stats, run_online_bounded
 from batchlab.serve.metrics import ServerMetrics
 from batchlab.serve.protocol import APIError, GenerationRequest
@@ -163,6 +164,27 @@ class EngineRunner:
         request id is always fresh; the client's ``x_request_id`` travels beside it.
         ``transfer``: the part of disaggregated serving it is (the prefill part keeps its KV for
         export); ``received``: the decode part's KV, pulled from the prefill worker."""
+        self._admit_or_refuse(gen)
+        req = self._engine_request(gen, transfer, received)
+        reason = self.scheduler.why_unschedulable(req)
+        if reason is not None:
+            raise APIError(400, f"this server can never run this request: {reason}",
+                           "messages" if gen.kind == "chat" else "prompt")
+        handle = Handle(req.request_id, gen, req, time.time() if received_unix is None else received_unix,
+                        x_request_id, transfer=transfer, received=received)
+        self.handles[req.request_id] = handle
+        try:
+            self.inbox.add(req)
+        except RuntimeError:
+            self.handles.pop(req.request_id, None)
+            raise APIError(503, "not accepting requests: the server is shutting down", None,
+                           "service_unavailable") from None
+        self.num_accepted += 1
+        return handle
+
+    def _admit_or_refuse(self, gen: GenerationRequest) -> None:
+        """503 when not accepting, 429 when ``max_waiting`` requests wait, 400 for what a simulated
+        server cannot give."""
         if not self.accepting:
             why = self.error or (f"the server is shutting down ({self.shutdown_reason})"
                                  if self.shutdown_reason else "the engine is not running")
@@ -176,30 +198,19 @@ class EngineRunner:
         if self.config.simulate and gen.sampling.logprobs is not None:
             raise APIError(400, "logprobs: a simulated server draws placeholder tokens, not the model's, so it has "
                                 "no log-probabilities; ask a server that runs the model", "logprobs")
+
+    def _engine_request(self, gen: GenerationRequest, transfer: TransferAsk | None,
+                        received: Received | None) -> Request:
+        """The engine's request for ``gen``: a fresh id, the end-of-sequence token among its stops
+        (unless ``ignore_eos``), and its part in a KV hand-off."""
         eos = () if gen.ignore_eos or self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,)
         stop_ids = tuple(dict.fromkeys(eos + tuple(gen.stop_token_ids)))
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
-        rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
         n = len(gen.prompt_ids) - 1 if received is not None else 0    # KV received: all but the last token's
-        req = Request(rid, gen.prompt_ids, gen.max_tokens, 0.0, gen.sampling, stop_token_ids=stop_ids,
-                      kv_transfer_tokens=n, remote_kv=received.kv if n else None,
-                      kv_transfer_seconds=received.transfer_s if n and self.device is not None else 0.0,
-                      export_kv=transfer is not None and transfer.part == "prefill")
-        reason = self.scheduler.why_unschedulable(req)
-        if reason is not None:
-            raise APIError(400, f"this server can never run this request: {reason}",
-                           "messages" if gen.kind == "chat" else "prompt")
-        handle = Handle(rid, gen, req, time.time() if received_unix is None else received_unix, x_request_id,
-                        transfer=transfer, received=received)
-        self.handles[rid] = handle
-        try:
-            self.inbox.add(req)
-        except RuntimeError:
-            self.handles.pop(rid, None)
-            raise APIError(503, "not accepting requests: the server is shutting down", None,
-                           "service_unavailable") from None
-        self.num_accepted += 1
-        return handle
+        return Request(f"{prefix}-{uuid.uuid4().hex[:24]}", gen.prompt_ids, gen.max_tokens, 0.0, gen.sampling,
+                       stop_token_ids=stop_ids, kv_transfer_tokens=n, remote_kv=received.kv if n else None,
+                       kv_transfer_seconds=received.transfer_s if n and self.device is not None else 0.0,
+                       export_kv=transfer is not None and transfer.part == "prefill")
 
     def abort(self, request_id: str, reason: str) -> None:
         self.inbox.abort(request_id, reason)
