@@ -3,7 +3,7 @@
 ``StepOutput`` is shaped like vLLM's ``EngineCoreOutputs``: the step, one ``RequestOutput`` per
 request that got tokens (or was first scheduled with part of its prompt already cached), and the
 preemptions its planning made. A server streams and counts its metrics from these alone
-(``serve/runner.py``); the offline driver's progress bar counts ends.
+(``serve/bridge.py``); the offline driver's progress bar counts ends.
 The methods run on the engine's thread, between steps: they must be quick (hand the data to
 another thread, e.g. with ``loop.call_soon_threadsafe``) and must not raise.
 """
