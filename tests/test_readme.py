@@ -16,13 +16,15 @@ wherever it lives):
   to the real signature (``inspect.signature``), the check that catches ``max_num_seqs`` for
   ``num_slots``.
 - every relative Markdown link (``[text](path)``) resolves from the page that has it;
-- README stays a newcomer's page: under ``README_MAX_LINES`` lines, linking every docs page.
+- README stays a newcomer's page: under ``README_MAX_LINES`` lines, linking every docs page;
+- README's package map is the package's one map: every file it lists exists, every module is in it.
 ``test_the_checks_catch_drift`` feeds each check a broken line, so none of them passes vacuously.
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import functools
 import importlib
 import importlib.util
@@ -620,6 +622,25 @@ def package_map_problems(doc_list: list[Doc]) -> list[str]:
     return problems
 
 
+def unlisted_modules(doc: Doc) -> list[str]:
+    """The package's modules that ``doc``'s package map does not name (``nbNN.py`` names every
+    ``nb<two digits>.py`` of its folder): one map, kept whole as the package grows."""
+    listed = set()
+    for fence in (f for f in doc.fences if f.lang == "" and f.body.startswith("batchlab/\n")):
+        folder = ""
+        for line in fence.body.splitlines()[1:]:
+            if m := re.match(r"^  (\w+)/", line):
+                folder = m.group(1)
+            elif re.match(r"^  \w+\.py", line):
+                folder = ""
+            for name in re.findall(r"[\w/]+\.py", line):
+                listed.add(str(Path(name if "/" in name else Path(folder, name))).replace("NN", "[0-9][0-9]"))
+    package = ROOT / "batchlab"
+    return [str(path.relative_to(ROOT)) for path in sorted(package.rglob("*.py"))
+            if path.name not in ("__init__.py", "__main__.py")
+            and not any(fnmatch.fnmatchcase(str(path.relative_to(package)), pattern) for pattern in listed)]
+
+
 # ---------------------------------------------------------------- links and README's shape
 
 def link_problems(doc_list: list[Doc]) -> list[str]:
@@ -741,6 +762,16 @@ def test_the_package_map_lists_real_files() -> None:
     assert any(f.body.startswith("batchlab/\n") for f in docs()[0].fences), "README lost its package map"
     problems = package_map_problems(docs())
     assert not problems, "\n".join(problems)
+
+
+def test_the_package_map_names_every_module() -> None:
+    """README's package map is the one map of the package: a new module must be placed in it."""
+    missing = unlisted_modules(docs()[0])
+    assert not missing, f"README's package map leaves out: {missing}"
+    partial = parse_doc("```\nbatchlab/\n  engine.py\n  exercises/    nbNN.py\n```\n", "PARTIAL.md")
+    left_out = unlisted_modules(partial)
+    assert "batchlab/loop.py" in left_out and "batchlab/engine.py" not in left_out
+    assert not any("exercises/nb" in path for path in left_out)
 
 
 def test_inline_code_names_what_the_code_has() -> None:
