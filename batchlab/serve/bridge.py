@@ -13,6 +13,7 @@ from batchlab.serve.kv_connector import Received
 from batchlab.serve.kv_transfer import TransferAsk
 from batchlab.serve.protocol import GenerationRequest
 
+
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
     """One engine step's new tokens for a request; ``finished``: the last of them ended it (its
