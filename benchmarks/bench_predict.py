@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict
+from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict
 from batchlab.predict.recommend import SLO, recommend
 
 CASES = (("TP1: Llama-2-7B on 1 H100", "Llama-2-7B", 1, 1, 10.0, 10.0),
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=10_000)
     args = parser.parse_args(argv)
-    flags = EngineFlags(max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=4096)
+    flags = EngineArgs(max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=4096)
     for label, model, tp, dp, rate, goal in CASES:
         traffic = TrafficSpec(args.requests, rate, input_len=500, output_len=250, prefix_len=100, seed=1)
         start = time.perf_counter()

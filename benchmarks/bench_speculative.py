@@ -23,19 +23,21 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 
 from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
 from batchlab.model import load_model
 from batchlab.model.cpu_kernels import describe_kernels, kernel_report
 from batchlab.schedulers import ContinuousBatcher
+from batchlab.speculative import SpeculativeConfig
 from batchlab.workloads.tasks import TASK_KINDS, task_requests
 
 DEFAULT_POLICY = [[1, 4, 4], [5, 8, 2], [9, 1024, 0]]
 MIN_REQUESTS = 4          # a batch of 1 serves 4 requests one after another
 
 
-def serve(lm, batch: int, kind: str, max_new_tokens: int, spec: dict | None) -> dict:
+def serve(lm, batch: int, kind: str, max_new_tokens: int, spec: SpeculativeConfig | None) -> dict:
     """One run: wall seconds, output tokens, acceptance, and each request's tokens."""
     requests = task_requests(kind, max(batch, MIN_REQUESTS), lm.tokenizer, max_new_tokens)
     max_len = max(r.prompt_len for r in requests) + max_new_tokens
@@ -66,10 +68,10 @@ def main() -> None:
                         help="also draft with the model's first LAYER layers (method early_exit)")
     args = parser.parse_args()
     lm = load_model(dtype=args.dtype)
-    always = {"method": "ngram", "num_speculative_tokens": args.k,
-              "prompt_lookup_min": args.lookup[0], "prompt_lookup_max": args.lookup[1]}
-    ways = {"none": None, "always": always, "policy": {**always, "num_speculative_tokens_per_batch_size": args.policy}}
-    ways.update({f"exit {layer}": {"method": "early_exit", "num_speculative_tokens": args.k, "early_exit_layer": layer}
+    always = SpeculativeConfig(args.k, "ngram", args.lookup[0], args.lookup[1])
+    ways = {"none": None, "always": always,
+            "policy": replace(always, num_speculative_tokens_per_batch_size=args.policy)}
+    ways.update({f"exit {layer}": SpeculativeConfig(args.k, "early_exit", early_exit_layer=layer)
                  for layer in args.early_exit})
     print(f"{describe_kernels(kernel_report())}\n{lm.name} {args.dtype}, {args.kind}, max_new_tokens {args.max_new_tokens}, "
           f"k={args.k}, lookup {args.lookup}, policy {args.policy}")

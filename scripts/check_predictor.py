@@ -52,7 +52,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict  # noqa: E402
+from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict  # noqa: E402
 from batchlab.shapes import MODEL_SHAPES  # noqa: E402
 
 HF_NAMES = {"meta-llama/Llama-2-7b-hf": "Llama-2-7B", "meta-llama/Llama-2-70b-hf": "Llama-2-70B",
@@ -107,7 +107,7 @@ def stage_prediction(run: dict, gpu: str, max_requests: int | None) -> dict:
         if not run.get("config_path"):
             raise ValueError(f"model={run['model']!r}; not in the shapes table")
         model = run["config_path"]
-    flags = EngineFlags(**{k: int(run["flags"][k]) for k in FLAG_NAMES if k in run["flags"]})
+    flags = EngineArgs(**{k: int(run["flags"][k]) for k in FLAG_NAMES if k in run["flags"]})
     w = run["workload"]
     n = int(w["num_requests"]) if max_requests is None else min(int(w["num_requests"]), max_requests)
     prompt = int(w["input_tokens"]["p50"])
@@ -119,7 +119,7 @@ def stage_prediction(run: dict, gpu: str, max_requests: int | None) -> dict:
                        arrival="constant" if str(w.get("arrival", "")).startswith("constant") else "poisson",
                        input_len=max(1, prompt - prefix),
                        output_len=int(w["output_tokens"]["p50"]), prefix_len=prefix, num_prefix_groups=groups)
-    deployment = Deployment(model, run.get("gpu_preset", gpu), int(run["tensor_parallel"]), flags=flags)
+    deployment = Deployment(model, run.get("gpu_preset", gpu), int(run["tensor_parallel"]), args=flags)
     p = predict(deployment, spec.generate()).bench_result()
     m, out = run["measured"], int(w["output_tokens"]["p50"])
     measured = {"ttft": m["ttft_ms"]["p50"], "e2e": m["e2e_ms"]["p50"]}

@@ -1,13 +1,13 @@
 """Worked solutions for notebook 14 (before you rent the GPUs)."""
 
-from batchlab.predict import Deployment, EngineFlags, TrafficSpec
+from batchlab.predict import Deployment, EngineArgs, TrafficSpec
 from batchlab.predict.planning import best_rate, cost_per_million_tokens, sweep_rates
 
 
 def solve_14_1() -> int:
     """Plan the deployment with the two flags changed; the memory plan counts the blocks."""
-    flags = EngineFlags(gpu_memory_utilization=0.8, block_size=32)
-    return Deployment("Llama-3-8B", "H100", 2, flags=flags).memory.num_blocks
+    args = EngineArgs(gpu_memory_utilization=0.8, block_size=32)
+    return Deployment("Llama-3-8B", "H100", 2, args=args).memory.num_blocks
 
 
 def solve_14_2() -> tuple[str, float]:

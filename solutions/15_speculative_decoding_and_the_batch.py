@@ -3,7 +3,7 @@
 from batchlab.backends import SimBackend
 from batchlab.experiments.speculation import crossover, serve_batches
 from batchlab.requests import Request
-from batchlab.speculative import AcceptanceModel
+from batchlab.speculative import AcceptanceModel, SpeculativeConfig
 from batchlab.vllm_sim import VllmReplica
 
 
@@ -25,7 +25,7 @@ def solve_15_2() -> int:
         return [Request(f"r{i}", None, 128, prompt_len=512) for i in range(n)]
 
     table, _ = serve_batches(backend, requests, [1, 8, 32, 128, 512],
-                             {"none": None, "ngram": {"method": "ngram", "num_speculative_tokens": 3}}, min_requests=4)
+                             {"none": None, "ngram": SpeculativeConfig(3, method="ngram")}, min_requests=4)
     return crossover(table, "ngram")
 
 

@@ -27,6 +27,7 @@ LAYERS = [
     ["kv_space"],
     ["kv_blocks"],
     ["shapes"],                        # models' sizes as data: weights, work and KV bytes per token
+    ["engine_args"],                   # vLLM's flags by vLLM's names, parsed once, handed down
     ["model"],                         # tensors: the model, its step, the KV caches' storage
     ["schedulers"],                    # policies: plan against the KV contract, never tensors
     ["backends"],                      # what computes a step: the model, or the simulator

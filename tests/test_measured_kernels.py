@@ -7,7 +7,7 @@ import pytest
 
 from batchlab.backends.measured_kernels import KernelTables, read_table
 from batchlab.plan import ScheduledChunk, decode_split
-from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict
+from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict
 from batchlab.shapes import ModelShape
 
 MIXTRAL = {"architectures": ["MixtralForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096,
@@ -58,17 +58,17 @@ def test_graph_all_reduces_are_cheaper_than_eager_ones_when_small(h100):
 
 
 def test_a_step_beyond_the_captured_graphs_pays_the_eager_all_reduce():
-    d = Deployment("Llama-3-8B", "H100", 2, flags=EngineFlags(max_num_seqs=128))
+    d = Deployment("Llama-3-8B", "H100", 2, args=EngineArgs(max_num_seqs=128))
     step = d.step_model.gpu
     assert step.largest_graph == 256
     assert step.all_reduce_seconds(257) > 1.1 * step.all_reduce_seconds(256)
-    eager = Deployment("Llama-3-8B", "H100", 2, flags=EngineFlags(max_num_seqs=128, enforce_eager=True))
+    eager = Deployment("Llama-3-8B", "H100", 2, args=EngineArgs(max_num_seqs=128, enforce_eager=True))
     assert eager.step_model.gpu.all_reduce_seconds(8) > 2 * step.all_reduce_seconds(8)
 
 
 def test_a_mixture_of_experts_is_priced_from_its_measured_moe_layer(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(MIXTRAL))
-    d = Deployment(str(tmp_path / "config.json"), "H100", 2, flags=EngineFlags(128, 2048, max_model_len=4096))
+    d = Deployment(str(tmp_path / "config.json"), "H100", 2, args=EngineArgs(128, 2048, max_model_len=4096))
     assert d.memory.weights / 2**30 == pytest.approx(46.7e9 * 2 / 2 / 2**30, rel=0.02)
     step = d.step_model
     # a decode step reads nearly every expert already at batch 16: far above 2 of 8 experts' weights
@@ -76,7 +76,7 @@ def test_a_mixture_of_experts_is_priced_from_its_measured_moe_layer(tmp_path):
     assert 1.2 * one < sixteen
     r = predict(d, TrafficSpec(40, 2.0, input_len=500, output_len=50).generate()).bench_result()
     assert r["completed"] == 40 and 5 < r["median_tpot_ms"] < 60
-    ep = Deployment(str(tmp_path / "config.json"), "H100", 2, flags=EngineFlags(128, 2048, max_model_len=4096,
+    ep = Deployment(str(tmp_path / "config.json"), "H100", 2, args=EngineArgs(128, 2048, max_model_len=4096,
                                                                                 enable_expert_parallel=True))
     assert ep.step_model.gpu_seconds(8, 8, 4000) != pytest.approx(step.gpu_seconds(8, 8, 4000))
 
@@ -85,7 +85,7 @@ def test_an_unmeasured_moe_shape_is_refused_naming_the_measured_ones(tmp_path):
     odd = {**MIXTRAL, "num_local_experts": 6}
     (tmp_path / "config.json").write_text(json.dumps(odd))
     with pytest.raises(ValueError, match=r"moe shape=\(4096, 14336, 2, 6, 2, 1\); must be .*measured MoE layer"):
-        Deployment(str(tmp_path / "config.json"), "H100", 2, flags=EngineFlags(128, 2048, max_model_len=4096))
+        Deployment(str(tmp_path / "config.json"), "H100", 2, args=EngineArgs(128, 2048, max_model_len=4096))
 
 
 def test_kv_heads_are_replicated_when_the_gpus_outnumber_them():
@@ -94,16 +94,16 @@ def test_kv_heads_are_replicated_when_the_gpus_outnumber_them():
         config.pop(key)
     shape = ModelShape.from_config(config, "two-kv", "test")
     assert shape.layer.kv_heads_per_gpu(4) == 1 and shape.kv_bytes_per_token(2, 4) == 2 * 32 * 1 * 128 * 2
-    d = Deployment(shape, "H100", 4, flags=EngineFlags(max_model_len=4096))
+    d = Deployment(shape, "H100", 4, args=EngineArgs(max_model_len=4096))
     assert d.memory.kv_bytes_per_block == 16 * shape.kv_bytes_per_token(2, 4)
 
 
 def test_gpus_without_measurements_fall_back_to_the_labelled_roofline():
-    d = Deployment("Llama-2-7B", "L4", flags=EngineFlags(max_model_len=2048))
+    d = Deployment("Llama-2-7B", "L4", args=EngineArgs(max_model_len=2048))
     assert "ROOFLINE-BASED ESTIMATE" in d.kernel_source
     assert "measured vLLM kernels on h100_sxm" in Deployment("Llama-2-7B", "H100").kernel_source
     with pytest.raises(ValueError, match=r"gpu='L4'; must be one of \['A100', 'H100', 'H200'\]"):
-        Deployment("Llama-2-7B", "L4", flags=EngineFlags(max_model_len=2048), vllm_version="0.24.0")
+        Deployment("Llama-2-7B", "L4", args=EngineArgs(max_model_len=2048), vllm_version="0.24.0")
 
 
 def test_a_vllm_version_picks_the_nearest_measured_tables():

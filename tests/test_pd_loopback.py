@@ -34,11 +34,11 @@ PROMPTS = ["The three most important ideas in batching are", "Write a short poem
            "def fibonacci(n):", "Explain KV caches to a new engineer in two sentences."]
 
 
-def transfer(**extra) -> str:
+def transfer(**extra) -> KVTransferConfig:
     policy = extra.pop("policy", "fail")
     role = extra.pop("role", "kv_both")
-    return json.dumps({"kv_connector": CONNECTOR, "kv_role": role, "kv_load_failure_policy": policy,
-                       "kv_connector_extra_config": extra})
+    return KVTransferConfig.parse(json.dumps({"kv_connector": CONNECTOR, "kv_role": role,
+                                              "kv_load_failure_policy": policy, "kv_connector_extra_config": extra}))
 
 
 def small(**knobs) -> ServerConfig:

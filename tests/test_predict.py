@@ -14,30 +14,31 @@ import pandas as pd
 import pytest
 
 from batchlab.backends.collectives import all_reduce_model
-from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict, read_trace
+from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict, read_trace
 from batchlab.predict.__main__ import main as cli
-from batchlab.vllm_sim.engine_flags import ENGINE_DATA, padded_tokens
+from batchlab.engine_args import padded_tokens
+from batchlab.vllm_sim.vllm_data import ENGINE_DATA
 from batchlab.vllm_sim.memory import GIB
 from batchlab.predict.traffic import Traffic
 
 ROOT = Path(__file__).resolve().parents[1]
-FLAGS = EngineFlags(max_num_seqs=128, max_num_batched_tokens=2048, max_model_len=4096)
+FLAGS = EngineArgs(max_num_seqs=128, max_num_batched_tokens=2048, max_model_len=4096)
 
 
 def test_vllm_defaults_depend_on_the_device_as_vllm_sets_them():
-    h100 = Deployment("Llama-3-8B", "H100").resolved_flags
-    a100 = Deployment("Llama-3-8B", "A100").resolved_flags
+    h100 = Deployment("Llama-3-8B", "H100").resolved_args
+    a100 = Deployment("Llama-3-8B", "A100").resolved_args
     assert (h100.max_num_seqs, h100.max_num_batched_tokens, h100.max_model_len) == (1024, 8192, 8192)
     assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
-    assert h100.dtype == "bfloat16" and Deployment("Llama-2-7B", "H100").resolved_flags.dtype == "float16"
+    assert h100.dtype == "bfloat16" and Deployment("Llama-2-7B", "H100").resolved_args.dtype == "float16"
 
 
 def test_cuda_graph_sizes_and_padding_follow_vllm_s_rule():
-    sizes = Deployment("Llama-2-7B", "H100", flags=FLAGS).resolved_flags.cuda_graph_sizes()
+    sizes = Deployment("Llama-2-7B", "H100", args=FLAGS).resolved_args.cuda_graph_sizes()
     assert sizes[:4] == (1, 2, 4, 8) and sizes[-1] == 256 and 248 in sizes and 264 not in sizes   # min(128*2, 512)
     assert padded_tokens(37, sizes) == 40 and padded_tokens(40, sizes) == 40 and padded_tokens(300, sizes) == 300
-    assert EngineFlags(enforce_eager=True).cuda_graph_sizes() == ()
-    step = Deployment("Llama-2-7B", "H100", flags=FLAGS).step_model
+    assert EngineArgs(enforce_eager=True).cuda_graph_sizes() == ()
+    step = Deployment("Llama-2-7B", "H100", args=FLAGS).step_model
     # the GEMMs run the padded 40 rows; attention runs for the 37 real sequences
     assert step.gpu_seconds(37, 37, 37 * 500) == pytest.approx(step.gpu_seconds(40, 40, 37 * 500), rel=0.01)
     assert step.gpu_seconds(41, 41, 41 * 500) > step.gpu_seconds(40, 40, 40 * 500)
@@ -45,18 +46,18 @@ def test_cuda_graph_sizes_and_padding_follow_vllm_s_rule():
 
 def test_the_kv_cache_matches_vllm_s_logged_memory_profile():
     # vLLM PR #10511's log: Meta-Llama-3-8B on an H100, utilization 0.9: available_kv_cache_memory 53.29 GiB.
-    flags = EngineFlags(max_num_seqs=256, max_num_batched_tokens=8192)
-    plan = Deployment("Llama-3-8B", "H100", flags=flags).memory
+    flags = EngineArgs(max_num_seqs=256, max_num_batched_tokens=8192)
+    plan = Deployment("Llama-3-8B", "H100", args=flags).memory
     assert plan.weights / GIB == pytest.approx(14.96, abs=0.01)
     assert plan.kv_bytes / GIB == pytest.approx(53.29, rel=0.01)
     assert plan.num_blocks == int(plan.kv_bytes // (16 * 131072))
-    tp2 = Deployment("Llama-3-8B", "H100", 2, flags=flags).memory
+    tp2 = Deployment("Llama-3-8B", "H100", 2, args=flags).memory
     assert tp2.num_blocks > 2 * plan.num_blocks * 0.98     # half the weights and half the KV per token each
 
 
 def test_tensor_parallel_splits_the_step_and_pays_for_all_reduces():
-    one = Deployment("CodeLlama-34B", "H100", 1, flags=FLAGS).step_model.gpu
-    two = Deployment("CodeLlama-34B", "H100", 2, flags=FLAGS).step_model.gpu
+    one = Deployment("CodeLlama-34B", "H100", 1, args=FLAGS).step_model.gpu
+    two = Deployment("CodeLlama-34B", "H100", 2, args=FLAGS).step_model.gpu
     assert two.all_reduce_seconds(40) > 0 == one.all_reduce_seconds(40)
     assert 0.5 * one.layers_seconds(40) < two.layers_seconds(40) < 0.75 * one.layers_seconds(40)
     model = all_reduce_model("H100", 4)
@@ -77,7 +78,7 @@ def test_the_all_reduce_and_cpu_fits_reproduce_from_the_shipped_data():
 
 
 def test_light_load_keeps_up_and_overload_is_called_saturated():
-    deployment = Deployment("Llama-2-7B", "H100", flags=FLAGS)
+    deployment = Deployment("Llama-2-7B", "H100", args=FLAGS)
     light = predict(deployment, TrafficSpec(600, 5.0, input_len=500, output_len=200).generate())
     heavy = predict(deployment, TrafficSpec(3000, 60.0, input_len=500, output_len=200).generate())
     assert not light.saturation()["saturated"] and heavy.saturation()["saturated"]
@@ -87,7 +88,7 @@ def test_light_load_keeps_up_and_overload_is_called_saturated():
     assert heavy.bench_result()["median_ttft_ms"] > 10 * r["median_ttft_ms"]
     burst = predict(deployment, TrafficSpec(50, input_len=500, output_len=20).generate())     # all at t = 0
     assert burst.saturation()["saturated"] is None and "every request arrived at once" in burst.summary_lines()[-1]
-    two = predict(Deployment("Llama-2-7B", "H100", data_parallel_size=2, flags=FLAGS),
+    two = predict(Deployment("Llama-2-7B", "H100", data_parallel_size=2, args=FLAGS),
                   TrafficSpec(3000, 60.0, input_len=500, output_len=200).generate())
     assert two.bench_result()["median_ttft_ms"] < heavy.bench_result()["median_ttft_ms"]
 
@@ -178,14 +179,14 @@ def test_the_command_line_writes_vllm_bench_serve_s_keys(tmp_path, capsys):
 def test_async_scheduling_admits_a_newcomer_one_step_later():
     flags = dict(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=4096)
     traffic = TrafficSpec(400, 6.0, input_len=500, output_len=200, seed=3).generate()
-    on = predict(Deployment("Llama-2-7B", "H100", flags=EngineFlags(**flags)), traffic).bench_result()
-    off = predict(Deployment("Llama-2-7B", "H100", flags=EngineFlags(**flags, async_scheduling=False)),
+    on = predict(Deployment("Llama-2-7B", "H100", args=EngineArgs(**flags)), traffic).bench_result()
+    off = predict(Deployment("Llama-2-7B", "H100", args=EngineArgs(**flags, async_scheduling=False)),
                   traffic).bench_result()
     # Later by about one decode step (a few ms at this load), and never earlier; a lone request is not delayed.
     assert 0.5 * off["median_tpot_ms"] < on["median_ttft_ms"] - off["median_ttft_ms"] < 2 * off["median_tpot_ms"]
     lone = TrafficSpec(1, input_len=500, output_len=20).generate()
-    assert predict(Deployment("Llama-2-7B", "H100", flags=EngineFlags(**flags)), lone).bench_result()[
-        "median_ttft_ms"] == pytest.approx(predict(Deployment("Llama-2-7B", "H100", flags=EngineFlags(
+    assert predict(Deployment("Llama-2-7B", "H100", args=EngineArgs(**flags)), lone).bench_result()[
+        "median_ttft_ms"] == pytest.approx(predict(Deployment("Llama-2-7B", "H100", args=EngineArgs(
             **flags, async_scheduling=False)), lone).bench_result()["median_ttft_ms"], rel=0.2)
 
 
@@ -199,7 +200,7 @@ def test_small_all_reduces_are_priced_by_vllm_s_own_kernel_on_h100s():
 
 def test_the_check_script_scores_measured_runs(tmp_path):
     """A stage 'measured' as the predictor predicts it scores 0%; a stage 30% slower scores 30%."""
-    deployment = Deployment("Llama-2-7B", "H100", flags=FLAGS)
+    deployment = Deployment("Llama-2-7B", "H100", args=FLAGS)
     spec = TrafficSpec(300, 5.0, arrival="constant", input_len=400, output_len=101, prefix_len=100)
     r = predict(deployment, spec.generate()).bench_result()
     run = {"model": "meta-llama/Llama-2-7b-hf", "tensor_parallel": 1, "flags": {"max_num_seqs": 128,

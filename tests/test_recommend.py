@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict
+from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict
 from batchlab.predict.__main__ import main as cli
 from batchlab.predict.recommend import SLO, every_rth, recommend
 
@@ -22,7 +22,7 @@ def test_every_recommendation_meets_the_slo_when_predicted_again(searched):
     assert (table[["ttft_margin", "tpot_margin"]] >= 0).all().all() and set(table["layout"]) == {"replicas"}
     assert list(table["gpu_hours_per_M_tokens"]) == sorted(table["gpu_hours_per_M_tokens"])
     best = table.iloc[0]
-    flags = EngineFlags(int(best.max_num_seqs), int(best.max_num_batched_tokens))
+    flags = EngineArgs(int(best.max_num_seqs), int(best.max_num_batched_tokens))
     r = predict(Deployment("Llama-3-8B", "H100", int(best.tp), int(best.replicas), flags), TRAFFIC,
                 (50, 99)).bench_result()
     assert r["p99_tpot_ms"] < 20 and r["p99_ttft_ms"] < 400

@@ -2,6 +2,7 @@
 proves it (greedy outputs with speculation equal those without, in fp32, on both caches)."""
 
 import copy
+from dataclasses import replace
 import json
 import math
 import random
@@ -23,9 +24,9 @@ from batchlab.schedulers import ContinuousBatcher, StaticBatcher
 from batchlab.speculative import SpeculativeConfig, propose_ngram
 from batchlab.workloads.tasks import task_requests
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
-EARLY_EXIT = {"method": "early_exit", "num_speculative_tokens": 3, "early_exit_layer": 27}
-DRAFT_MODEL = {"method": "draft_model", "model": "Llama-3.2-1B", "num_speculative_tokens": 4}
+SPEC = SpeculativeConfig(4, method="ngram", prompt_lookup_min=2, prompt_lookup_max=3)
+EARLY_EXIT = SpeculativeConfig(3, method="early_exit", early_exit_layer=27)
+DRAFT_MODEL = SpeculativeConfig(4, method="draft_model", model="Llama-3.2-1B")
 
 
 # --- prompt lookup, against vLLM's own algorithm ---------------------------------------------------
@@ -120,9 +121,9 @@ def test_a_policy_that_cannot_check_drafts_and_a_draft_past_the_context_are_refu
     with pytest.raises(ValueError, match="StaticBatcher cannot check speculative drafts"):
         Engine(StaticBatcher(4), ModelBackend(lm, 4, 64, speculative_config=SPEC))
     with pytest.raises(ValueError, match="num_speculative_tokens=64; must be below max_seq_len=64"):
-        ModelBackend(lm, 4, 64, speculative_config={**SPEC, "num_speculative_tokens": 64})
+        ModelBackend(lm, 4, 64, speculative_config=replace(SPEC, num_speculative_tokens=64))
     with pytest.raises(ValueError, match=r"early_exit_layer=30; must be in 1..29"):
-        ModelBackend(lm, 4, 64, speculative_config={**EARLY_EXIT, "early_exit_layer": 30})
+        ModelBackend(lm, 4, 64, speculative_config=replace(EARLY_EXIT, early_exit_layer=30))
     with pytest.raises(ValueError, match="priced by the simulator only"):
         ModelBackend(lm, 4, 64, speculative_config=DRAFT_MODEL)
 
@@ -266,7 +267,7 @@ def test_a_draft_never_runs_past_max_tokens_or_a_stop_token(lm, method):
     short = [reqs[0].fresh_copy(stop_token_ids=(stop,)), reqs[1].fresh_copy(max_new_tokens=3),
              reqs[2].fresh_copy(max_new_tokens=9)]
     base_short, _ = serve(lm, short)
-    spec_short, engine = serve(lm, short, {**method, "num_speculative_tokens": 6})
+    spec_short, engine = serve(lm, short, replace(method, num_speculative_tokens=6))
     assert_same_answers(lm, short, base_short, spec_short)
     assert spec_short[rid][-1] == stop and stop not in spec_short[rid][:-1]
     assert [len(spec_short[r.request_id]) for r in short[1:]] == [3, 9]
@@ -282,7 +283,7 @@ def test_a_draft_never_runs_past_max_tokens_or_a_stop_token(lm, method):
 
 def test_the_batch_size_policy_turns_drafting_off_in_a_large_batch(lm):
     reqs = task_requests("code_edit", 4, lm.tokenizer, 16)
-    policy = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 64, 0]]}
+    policy = replace(SPEC, num_speculative_tokens_per_batch_size=[[1, 2, 3], [3, 64, 0]])
     _, big = serve(lm, reqs, policy)                         # 4 at once: no drafts
     _, small = serve(lm, reqs, policy, max_num_seqs=2)       # 2 at a time: up to 3 drafted
     assert not any(r.spec_checks for r in big.requests.values())
@@ -317,7 +318,7 @@ def test_the_server_speculates_streams_accepted_tokens_together_and_counts_them(
 
     reqs = task_requests("code_edit", 4, lm.tokenizer, 48)
     base, _ = serve(lm, reqs)
-    config = ServerConfig(max_num_seqs=4, max_model_len=512, speculative_config=json.dumps(SPEC))
+    config = ServerConfig(max_num_seqs=4, max_model_len=512, speculative_config=SPEC)
 
     async def stream(client, req):
         body = {"prompt": req.prompt_ids, "max_tokens": req.max_new_tokens, "temperature": 0, "stream": True,
@@ -351,18 +352,14 @@ def test_the_server_refuses_speculation_it_cannot_do():
     from batchlab.serve.__main__ import main
 
     with pytest.raises(ValueError, match="must come with policy='continuous'"):
-        ServerConfig(policy="static", speculative_config=json_spec())
+        ServerConfig(policy="static", speculative_config=SPEC)
     with pytest.raises(ValueError, match="simulated device has no tokens"):
-        ServerConfig(simulate="H100", speculative_config=json_spec())
+        ServerConfig(simulate="H100", speculative_config=SPEC)
     with pytest.raises(ValueError, match="method='eagle'"):
-        ServerConfig(speculative_config='{"method": "eagle", "num_speculative_tokens": 2}')
+        ServerConfig(speculative_config=SpeculativeConfig.parse('{"method": "eagle", "num_speculative_tokens": 2}'))
     with pytest.raises(ValueError, match="'draft_model'; must be one of .'ngram', 'early_exit'. with the real model"):
-        ServerConfig(speculative_config='{"model": "Llama-3.2-1B", "num_speculative_tokens": 2}')
+        ServerConfig(speculative_config=SpeculativeConfig.parse('{"model": "Llama-3.2-1B", "num_speculative_tokens": 2}'))
     assert main(["--speculative-config", '{"num_speculative_tokens": 0}']) == 2
-
-
-def json_spec() -> str:
-    return json.dumps(SPEC)
 
 
 # --- the simulator: acceptance as a distribution per request, and the GPU's turn -------------------------
@@ -424,7 +421,7 @@ def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
     with pytest.raises(ValueError, match="method='early_exit' needs a cost model that knows the model's layers"):
         SimBackend(CostModel(0.01, 0.001, 0.001, 0.0), 10**6, speculative_config=EARLY_EXIT, acceptance=acceptance)
     with pytest.raises(ValueError, match="early_exit_layer=32; must be in 1..31"):
-        SimBackend(cost, 10**6, speculative_config={**EARLY_EXIT, "early_exit_layer": 32}, acceptance=acceptance)
+        SimBackend(cost, 10**6, speculative_config=replace(EARLY_EXIT, early_exit_layer=32), acceptance=acceptance)
 
 
 def test_by_request_rate_a_poor_drafter_helps_a_light_load_and_hurts_a_heavy_one():
@@ -468,7 +465,7 @@ def test_the_simulator_prices_an_early_exit_drafts_passes():
         def backend(spec, batch):
             return SimBackend(cost, 10**7, block_size=16, speculative_config=spec,
                               acceptance=AcceptanceModel(alpha) if spec else None)
-        spec = {**EARLY_EXIT, "early_exit_layer": layer}
+        spec = replace(EARLY_EXIT, early_exit_layer=layer)
         t, _ = serve_batches(backend, lambda n: [Request(f"r{i}", None, 64, prompt_len=512) for i in range(n)],
                              [1, 64], {"none": None, "early_exit": spec}, min_requests=2)
         return t[t["config"] == "early_exit"].set_index("batch")["speedup"]

@@ -15,11 +15,11 @@ from batchlab.backends.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import FinishReason, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher
-from batchlab.speculative import AcceptanceModel
+from batchlab.speculative import AcceptanceModel, SpeculativeConfig
 from batchlab.trace import RequestRecord, Trace
 from batchlab.workloads import make_workload
 
-SPEC = {"method": "ngram", "num_speculative_tokens": 3}
+SPEC = SpeculativeConfig(3, method="ngram")
 COST = CostModel(fixed_s=0.02, per_seq_s=0.001, per_token_s=0.0003, per_attention_pair_s=1e-8)
 
 

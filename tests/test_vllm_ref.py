@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from batchlab.engine_args import EngineArgs
 from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def add(a, b):", "Once upon a time",
@@ -23,7 +24,7 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module")
 def vllm(vllm_ready):
     try:
-        server = start_vllm(max_model_len=512, max_num_seqs=16)
+        server = start_vllm(EngineArgs(max_model_len=512, max_num_seqs=16, disable_log_stats=True))
     except VLLMUnavailable as e:
         pytest.skip(f"vLLM cannot run on this machine: {e}")
     try:

@@ -11,8 +11,9 @@ from batchlab.engine import Engine
 from batchlab.predict import Deployment
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
-from batchlab.speculative import AcceptanceModel
-from batchlab.vllm_sim import EngineFlags, VllmReplica
+from batchlab.speculative import AcceptanceModel, SpeculativeConfig
+from batchlab.engine_args import EngineArgs
+from batchlab.vllm_sim import VllmReplica
 from batchlab.vllm_sim.async_scheduling import AsyncScheduledBatcher
 
 
@@ -50,7 +51,7 @@ def test_an_async_engine_holds_back_the_requests_that_arrived_during_its_step():
     """The same requests on the replica's engine and on a synchronous one: a request arriving while
     a step runs joins one step later with async scheduling."""
     replica = VllmReplica("Llama-3-8B", "H100")
-    sync = VllmReplica("Llama-3-8B", "H100", flags=EngineFlags(async_scheduling=False))
+    sync = VllmReplica("Llama-3-8B", "H100", args=EngineArgs(async_scheduling=False))
     reqs = [Request("a", None, 64, 0.0, prompt_len=2000), Request("b", None, 8, 0.005, prompt_len=64)]
     first = {}
     for name, r in (("async", replica), ("sync", sync)):
@@ -64,7 +65,7 @@ def test_an_early_exit_pass_is_the_model_cut_short_without_the_engines_cpu_work(
     draft = step.early_exit(8)
     assert draft.gpu.shape.num_layers == 8 and draft.cpu_seconds(64) == 0.0
     assert 0.2 < draft.predict_features(1, 1, 500) / step.predict_features(1, 1, 500) < 0.5
-    config = {"method": "early_exit", "num_speculative_tokens": 2, "early_exit_layer": 8}
+    config = SpeculativeConfig(2, method="early_exit", early_exit_layer=8)
     backend = SimBackend(step, 100_000, block_size=16, speculative_config=config, acceptance=AcceptanceModel(0.5))
     trace = Engine(ContinuousBatcher(8, 2048), backend).run([Request("r", None, 16, prompt_len=100)])
     assert len(trace.requests[0].token_times) == 16

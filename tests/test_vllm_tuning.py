@@ -16,7 +16,8 @@ from batchlab.backends.cost_model import CostModel
 from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, prom, run_load
 from batchlab.loadgen.calibrate import OutsideInConfig, calibrate_outside_in, fastest_rounds
 from batchlab.loadgen.predict import compare, load_figures, simulate_load
-from batchlab.vllm_ref import FLAG_TABLE, VLLMFlags, VLLMUnavailable, ensure_running, start_vllm
+from batchlab.engine_args import EngineArgs
+from batchlab.vllm_ref import COURSE_ARGS, FLAG_TABLE, VLLMUnavailable, ensure_running, start_vllm
 
 COST = CostModel(0.045, 0.0005, 0.0022, 1e-6)
 SMALL_CONFIG = OutsideInConfig(prompt_lens=(16, 128), prompt_repeats=2, decode_batches=(1, 4), decode_output_len=16,
@@ -30,27 +31,32 @@ def tok():
 
 # --- without vLLM --------------------------------------------------------------------------------
 def test_flags_write_vllms_command_line_and_leave_defaults_out():
-    assert VLLMFlags().args() == ["--enforce-eager"]
-    args = VLLMFlags(max_num_seqs=2, max_num_batched_tokens=256, chunked_prefill=False, prefix_caching=False,
-                     compile=True, stats=False).args()
+    assert EngineArgs().cli_args() == []
+    args = EngineArgs(max_num_seqs=2, max_num_batched_tokens=256, enable_chunked_prefill=False,
+                      enable_prefix_caching=False, enforce_eager=False, disable_log_stats=True).cli_args()
     assert args == ["--max-num-seqs", "2", "--max-num-batched-tokens", "256", "--no-enable-chunked-prefill",
                     "--no-enable-prefix-caching", "--disable-log-stats"]
+    started = EngineArgs(max_num_seqs=2).with_defaults(COURSE_ARGS).cli_args()   # what start_vllm passes
+    assert started == ["--max-num-seqs", "2", "--max-model-len", "1024", "--gpu-memory-utilization", "0.5",
+                       "--enforce-eager"]
+    assert EngineArgs(enforce_eager=False).with_defaults(COURSE_ARGS).enforce_eager is False   # compiled
     assert set(FLAG_TABLE.columns) == {"batchlab", "vLLM flag", "vLLM V1 default", "SGLang", "earlier notebooks"}
 
 
 @pytest.mark.parametrize("kwargs, named", [({"max_num_seqs": 0}, "max_num_seqs"),
                                            ({"max_num_batched_tokens": 2.5}, "max_num_batched_tokens"),
-                                           ({"prefix_caching": "yes"}, "prefix_caching"),
-                                           ({"max_num_seqs": 8, "max_num_batched_tokens": 4, "chunked_prefill": False},
-                                            "max_num_batched_tokens=4")])
+                                           ({"enable_prefix_caching": "yes"}, "enable_prefix_caching"),
+                                           ({"max_num_seqs": 8, "max_num_batched_tokens": 4},
+                                            "max_num_batched_tokens=4"),
+                                           ({"dtype": "fp8"}, "dtype")])
 def test_bad_flags_raise_naming_the_value(kwargs, named):
     with pytest.raises(ValueError, match=named):
-        VLLMFlags(**kwargs)
+        EngineArgs(**kwargs)
 
 
-def test_start_vllm_refuses_knobs_given_twice():
-    with pytest.raises(ValueError, match="max_num_seqs=4"):
-        start_vllm(max_num_seqs=4, flags=VLLMFlags(max_num_seqs=2))
+def test_start_vllm_refuses_flags_that_are_not_engine_args():
+    with pytest.raises(ValueError, match="must be an EngineArgs"):
+        start_vllm({"max_num_seqs": 2})
 
 
 @pytest.mark.parametrize("kwargs, named", [({"prompt_lens": (16,)}, "prompt_lens"),
@@ -141,7 +147,7 @@ def test_outside_in_calibration_on_batchlabs_server(tok):
 @pytest.fixture(scope="module")
 def vllm(vllm_ready):
     try:
-        server = start_vllm(max_model_len=512, flags=VLLMFlags(max_num_seqs=2, prefix_caching=False))
+        server = start_vllm(EngineArgs(max_model_len=512, max_num_seqs=2, enable_prefix_caching=False))
     except VLLMUnavailable as e:
         pytest.skip(f"vLLM cannot run on this machine: {e}")
     try:

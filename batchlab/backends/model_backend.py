@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 
 from batchlab.backends.base import Backend, KVCopy, StepResult
-from batchlab.checks import check_bool, check_int
+from batchlab.checks import check_bool, check_instance, check_int
 from batchlab.kv_blocks import check_block_size
 from batchlab.model import LoadedModel, load_model
 from batchlab.model.early_exit import draft_early_exit
@@ -43,14 +43,14 @@ class ModelBackend(Backend):
     (``num_slots`` sequences of ``max_seq_len``). ``enable_prefix_caching`` and
     ``reserve_blocks``: see ``kv_blocks.BlockManager``. ``speculative_config``: draft tokens for
     each request's next step and check them in it (``batchlab.speculative``: a
-    ``SpeculativeConfig``, or vLLM's JSON for one); the scheduler must check drafts (``ContinuousBatcher``).
+    ``SpeculativeConfig``); the scheduler must check drafts (``ContinuousBatcher``).
     """
 
     def __init__(self, lm: LoadedModel | None = None, num_slots: int = 32,
                  max_seq_len: int = 1024, kv_memory_bytes: int | None = None, paged: bool = False,
                  block_size: int = 16, num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = False, reserve_blocks: int = 0,
-                 speculative_config: SpeculativeConfig | str | dict | None = None) -> None:
+                 speculative_config: SpeculativeConfig | None = None) -> None:
         self.lm = lm if lm is not None else load_model()
         self.weights = LlamaWeights.from_hf(self.lm.model)
         cfg = self.weights.config
@@ -73,7 +73,9 @@ class ModelBackend(Backend):
             check_int("num_slots", num_slots)
             self.kv = self.weights.new_kv_cache(num_slots, max_seq_len)
         self.sampler = RequestSampler()
-        self.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
+        check_instance("speculative_config", speculative_config, SpeculativeConfig, "a SpeculativeConfig",
+                       allow_none=True, hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
+        self.speculative = speculative_config
         if self.speculative is not None and self.speculative.num_speculative_tokens >= max_seq_len:
             raise ValueError(f"num_speculative_tokens={self.speculative.num_speculative_tokens}; must be below "
                              f"max_seq_len={max_seq_len} (a check computes k + 1 positions of one sequence)")

@@ -35,7 +35,7 @@ import numpy as np
 
 from batchlab.backends.base import Backend, StepResult
 from batchlab.backends.cost_model import CostModel, StepTimeModel
-from batchlab.checks import check_int, check_number
+from batchlab.checks import check_instance, check_int, check_number
 from batchlab.kv_blocks import BlockManager
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import StepPlan, decode_split, step_features
@@ -53,7 +53,7 @@ class SimBackend(Backend):
                  noise: float = 0.0, seed: int = 0, block_size: int | None = None,
                  enable_prefix_caching: bool = False, reserve_blocks: int = 0,
                  placeholder_token: int = PLACEHOLDER_TOKEN,
-                 speculative_config: SpeculativeConfig | str | dict | None = None,
+                 speculative_config: SpeculativeConfig | None = None,
                  acceptance: AcceptanceModel | None = None) -> None:
         if not isinstance(cost_model, StepTimeModel):
             raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
@@ -74,7 +74,9 @@ class SimBackend(Backend):
                                                enable_prefix_caching, reserve_blocks)
         self.noise = float(noise)
         self.seed = seed
-        self.speculative = None if speculative_config is None else SpeculativeConfig.parse(speculative_config)
+        check_instance("speculative_config", speculative_config, SpeculativeConfig, "a SpeculativeConfig",
+                       allow_none=True, hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
+        self.speculative = speculative_config
         if (self.speculative is None) != (acceptance is None) or not isinstance(acceptance, (AcceptanceModel, type(None))):
             raise ValueError(f"acceptance={acceptance!r}: a speculative config needs an AcceptanceModel (how many "
                              "drafted tokens a check accepts), and an AcceptanceModel needs a speculative config")

@@ -98,7 +98,7 @@ class PDLoopbackConfig:
             fail("pool", pool, "'prefill' or 'decode'")
         from batchlab.serve.config import ServerConfig
         size = self.prefill_block_size if pool == "prefill" else self.decode_block_size
-        knobs = {**self.colocated_knobs(size), "kv_transfer_config": self.transfer_config(pool).to_json()}
+        knobs = {**self.colocated_knobs(size), "kv_transfer_config": self.transfer_config(pool)}
         ServerConfig(**knobs)
         return knobs
 

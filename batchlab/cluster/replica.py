@@ -35,7 +35,8 @@ from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.schedulers.continuous import ContinuousBatcherConfig
 from batchlab.trace import Trace
-from batchlab.vllm_sim import EngineFlags, VllmReplica
+from batchlab.engine_args import EngineArgs
+from batchlab.vllm_sim import VllmReplica
 from batchlab.vllm_sim.async_scheduling import AsyncScheduledBatcher
 from batchlab.vllm_sim.replica import wire
 
@@ -98,20 +99,20 @@ class ReplicaSpec:
         check_bool("enable_chunked_prefill", self.enable_chunked_prefill)
 
     @classmethod
-    def for_device(cls, model: str, device: str, tensor_parallel_size: int = 1, flags: EngineFlags | None = None,
+    def for_device(cls, model: str, device: str, tensor_parallel_size: int = 1, args: EngineArgs | None = None,
                    **kwargs: Any) -> "ReplicaSpec":
         """A replica of ``model`` on ``tensor_parallel_size`` GPUs of preset ``device``, as vLLM
         serves it (``VllmReplica``): its step time, KV blocks and budgets, vLLM's defaults for
         the GPU (an H100: 1,024 sequences, 8,192 tokens a step). ``kwargs``: vLLM's flags by
-        their ``EngineFlags`` names (``max_num_seqs=256``), or ``noise``, ``seed``, ``fast_decode_runs``."""
+        their ``EngineArgs`` names (``max_num_seqs=256``), or ``noise``, ``seed``, ``fast_decode_runs``."""
         own = {k: kwargs.pop(k) for k in SPEC_ONLY if k in kwargs}
-        names = {f.name for f in fields(EngineFlags)}
+        names = {f.name for f in fields(EngineArgs)}
         for key in kwargs:
             if key not in names:
                 fail(key, kwargs[key], f"one of vLLM's flags ({', '.join(sorted(names))}) or {', '.join(SPEC_ONLY)}")
-        flags = replace(flags if flags is not None else EngineFlags(), **kwargs)
-        vllm = VllmReplica(model, device, tensor_parallel_size, flags)
-        f = vllm.resolved_flags
+        args = replace(args if args is not None else EngineArgs(), **kwargs)
+        vllm = VllmReplica(model, device, tensor_parallel_size, args)
+        f = vllm.resolved_args
         return cls(vllm.step_model, vllm.memory.kv_tokens, f.block_size, f.enable_prefix_caching, f.max_num_seqs,
                    f.max_num_batched_tokens, f.max_model_len, async_scheduling=f.async_scheduling,
                    enable_chunked_prefill=f.enable_chunked_prefill, vllm=vllm, **own)

@@ -17,9 +17,9 @@ USD_PER_GPU_HOUR = 3.00
 
 def kv_blocks() -> int:
     """14.1: KV blocks per GPU of Llama-3-8B, TP2, H100, utilization 0.8, blocks of 32 tokens."""
-    from batchlab.predict import Deployment, EngineFlags
-    flags = EngineFlags(gpu_memory_utilization=0.8, block_size=32)
-    return Deployment("Llama-3-8B", "H100", 2, flags=flags).memory.num_blocks
+    from batchlab.predict import Deployment, EngineArgs
+    args = EngineArgs(gpu_memory_utilization=0.8, block_size=32)
+    return Deployment("Llama-3-8B", "H100", 2, args=args).memory.num_blocks
 
 
 @lru_cache(maxsize=1)

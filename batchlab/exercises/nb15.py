@@ -33,10 +33,10 @@ def first_losing_batch() -> int | None:
     from batchlab.backends import SimBackend
     from batchlab.experiments.speculation import crossover, serve_batches
     from batchlab.requests import Request
-    from batchlab.speculative import AcceptanceModel
+    from batchlab.speculative import AcceptanceModel, SpeculativeConfig
     from batchlab.vllm_sim import VllmReplica
     cost, acceptance = VllmReplica(MODEL, GPU).step_model, AcceptanceModel(0.5)
-    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    spec = SpeculativeConfig(3, method="ngram")
 
     def backend(config, batch):
         return SimBackend(cost, 10**7, block_size=16, speculative_config=config,

@@ -4,8 +4,8 @@
 
 The pieces, in the order a prediction uses them:
 
-- ``batchlab.vllm_sim``  (below this package) one replica as vLLM builds it: its flags and
-                    defaults, KV memory, step time on measured kernels, scheduler
+- ``batchlab.vllm_sim``  (below this package) one replica as vLLM builds it: its flags
+                    (``EngineArgs``) and defaults, KV memory, step time on measured kernels, scheduler
 - ``traffic``       generated traffic (``vllm bench serve``'s random dataset) or a logged trace
 - ``deployment``    the whole setup, checked, and ``predict``: the simulator serves the traffic
                     on one replica or many behind a router (``batchlab.cluster``);
@@ -21,7 +21,7 @@ The pieces, in the order a prediction uses them:
 from batchlab.predict.deployment import Deployment, predict, predict_disaggregated
 from batchlab.predict.report import Prediction
 from batchlab.predict.traffic import Traffic, TrafficSpec, read_trace
-from batchlab.vllm_sim import EngineFlags
+from batchlab.engine_args import EngineArgs
 
-__all__ = ["Deployment", "EngineFlags", "Prediction", "Traffic", "TrafficSpec", "predict", "predict_disaggregated",
+__all__ = ["Deployment", "EngineArgs", "Prediction", "Traffic", "TrafficSpec", "predict", "predict_disaggregated",
            "read_trace"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from batchlab.backends.device_presets import load_device_presets
 from batchlab.cluster.policies import ROUTING_POLICIES
 from batchlab.predict.deployment import Deployment, predict
-from batchlab.vllm_sim.engine_flags import DTYPES, EngineFlags
+from batchlab.engine_args import EngineArgs
 from batchlab.predict.recommend import SLO, recommend
 from batchlab.predict.traffic import ARRIVAL_KINDS, TrafficSpec, read_trace
 from batchlab.shapes import MODEL_SHAPES
@@ -46,18 +46,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--routing", default="least_outstanding", help=f"the router's policy: {list(ROUTING_POLICIES)}")
     p.add_argument("--vllm-version", help="the vLLM version whose measured kernels to use: the newest measured at "
                                           "or below it (default: the newest measured)")
-    engine = p.add_argument_group("vLLM's flags (vLLM's names and defaults)")
-    engine.add_argument("--max-num-seqs", type=int)
-    engine.add_argument("--max-num-batched-tokens", type=int)
-    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    engine.add_argument("--block-size", type=int, default=16)
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    engine.add_argument("--max-model-len", type=int)
-    engine.add_argument("--dtype", default="auto", choices=DTYPES)
-    engine.add_argument("--enforce-eager", action="store_true")
-    engine.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
-    engine.add_argument("--enable-expert-parallel", action="store_true", help="MoE: whole experts per GPU")
+    EngineArgs.add_cli_flags(p.add_argument_group("vLLM's flags (vLLM's names; unset: vLLM's default for the GPU)"))
     load = p.add_argument_group("traffic: generated (vllm bench serve's random dataset) or --trace")
     load.add_argument("--trace", help="CSV (with a header) or JSONL: arrival_s, input_tokens, output_tokens"
                                       "[, prefix_group, prefix_len]")
@@ -99,11 +88,11 @@ def parse_prices(text: str | None) -> dict[str, float]:
     return prices
 
 
-def run_recommend(args: argparse.Namespace, flags: EngineFlags, traffic) -> list[str]:
+def run_recommend(args: argparse.Namespace, engine_args: EngineArgs, traffic) -> list[str]:
     """The --recommend search, in lines."""
     slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_percentile)
     gpus = [g.strip() for g in args.gpu.split(",") if g.strip()]
-    table, search = recommend(args.model, gpus, traffic, slo, args.max_gpus, flags=flags,
+    table, search = recommend(args.model, gpus, traffic, slo, args.max_gpus, args=engine_args,
                               usd_per_gpu_hour=parse_prices(args.gpu_hour_usd), vllm_version=args.vllm_version,
                               pd_link=None if args.pd_link == "none" else args.pd_link)
     lines = [f"the cheapest deployments of {args.model} meeting {slo.describe()} for {traffic.describe()}",
@@ -113,10 +102,7 @@ def run_recommend(args: argparse.Namespace, flags: EngineFlags, traffic) -> list
 
 
 def run(args: argparse.Namespace) -> list[str]:
-    flags = EngineFlags(args.max_num_seqs, args.max_num_batched_tokens, args.enable_chunked_prefill,
-                        args.enable_prefix_caching, args.block_size, args.gpu_memory_utilization,
-                        args.max_model_len, args.dtype, args.enforce_eager, args.async_scheduling,
-                        args.enable_expert_parallel)
+    engine_args = EngineArgs.from_cli(args)
     if args.trace:
         traffic = read_trace(args.trace)
     else:
@@ -126,8 +112,8 @@ def run(args: argparse.Namespace) -> list[str]:
     if args.recommend:
         if not args.trace and args.request_rate == math.inf:
             raise ValueError("request_rate=inf; --recommend needs a rate to meet (--request-rate) or a --trace")
-        return run_recommend(args, flags, traffic)
-    deployment = Deployment(args.model, args.gpu, args.tensor_parallel_size, args.data_parallel_size, flags,
+        return run_recommend(args, engine_args, traffic)
+    deployment = Deployment(args.model, args.gpu, args.tensor_parallel_size, args.data_parallel_size, engine_args,
                             args.routing, args.vllm_version)
     try:
         percentiles = tuple(float(p) for p in args.metric_percentiles.split(","))

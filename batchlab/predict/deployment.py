@@ -18,7 +18,8 @@ from batchlab.engine import Engine
 from batchlab.predict.report import Prediction
 from batchlab.predict.traffic import Traffic
 from batchlab.shapes import ModelShape
-from batchlab.vllm_sim import EngineFlags, VllmReplica, VllmStepModel
+from batchlab.engine_args import EngineArgs
+from batchlab.vllm_sim import VllmReplica, VllmStepModel
 from batchlab.vllm_sim.memory import MemoryPlan
 
 
@@ -32,7 +33,7 @@ class Deployment:
     gpu: str
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
-    flags: EngineFlags = field(default_factory=EngineFlags)
+    args: EngineArgs = field(default_factory=EngineArgs)
     routing: str = "least_outstanding"
     vllm_version: str | None = None      # the measured kernels' vLLM version (None: the newest)
 
@@ -40,7 +41,7 @@ class Deployment:
         check_int("data_parallel_size", self.data_parallel_size, hint="--data-parallel-size")
         check_choice("routing", self.routing, ROUTING_POLICIES)
         object.__setattr__(self, "replica", VllmReplica(self.model, self.gpu, self.tensor_parallel_size,
-                                                        self.flags, self.vllm_version))
+                                                        self.args, self.vllm_version))
 
     replica: VllmReplica = field(init=False, repr=False, compare=False)   # each replica, as vLLM builds it
 
@@ -49,8 +50,8 @@ class Deployment:
         return self.replica.shape
 
     @property
-    def resolved_flags(self) -> EngineFlags:
-        return self.replica.resolved_flags
+    def resolved_args(self) -> EngineArgs:
+        return self.replica.resolved_args
 
     @property
     def memory(self) -> MemoryPlan:
@@ -73,7 +74,7 @@ class Deployment:
         return self.replica.engine(index)
 
     def describe(self) -> list[str]:
-        f = self.resolved_flags
+        f = self.resolved_args
         return [f"{self.shape.name} on {self.data_parallel_size} x {self.tensor_parallel_size} {self.gpu} "
                 f"({self.num_gpus} GPUs; tensor parallel {self.tensor_parallel_size}, {self.data_parallel_size} "
                 f"replica{'s' if self.data_parallel_size > 1 else ''}"
@@ -117,7 +118,7 @@ def predict_disaggregated(prefill: Deployment, decode: Deployment, num_prefill: 
         fail("decode", decode.shape.name, f"the prefill side's model, {prefill.shape.name}",
              "the decode workers read the KV the prefill workers computed")
     config = DisaggregatedConfig(num_prefill, num_decode, link, prefill.routing, decode.routing)
-    kv_bytes = prefill.shape.kv_bytes_per_token(prefill.resolved_flags.dtype_bytes)
+    kv_bytes = prefill.shape.kv_bytes_per_token(prefill.resolved_args.dtype_bytes)
     wall = time.perf_counter()
     trace = DisaggregatedCluster(config, prefill.engine, kv_bytes, decode.engine).run(traffic.requests()).merged
     setup = {"model": prefill.shape.name, "gpu": f"{num_prefill} x {prefill.gpu} prefill (TP "

@@ -24,7 +24,7 @@ from batchlab.backends.device_presets import load_device_presets
 from batchlab.backends.kv_links import kv_link
 from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.predict.deployment import Deployment, predict, predict_disaggregated
-from batchlab.vllm_sim.engine_flags import EngineFlags
+from batchlab.engine_args import EngineArgs
 from batchlab.predict.traffic import Traffic
 from batchlab.shapes import model_shape
 
@@ -96,16 +96,16 @@ def fewest_replicas(make, traffic: Traffic, slo: SLO, most: int) -> tuple[int | 
     return lo, runs
 
 
-def configurations(model, gpus: Sequence[str], max_gpus: int, base: EngineFlags, vllm_version: str | None):
-    """Every (gpu, tp, flags) whose deployment vLLM would start (the rest are skipped)."""
+def configurations(model, gpus: Sequence[str], max_gpus: int, base: EngineArgs, vllm_version: str | None):
+    """Every (gpu, tp, args) whose deployment vLLM would start (the rest are skipped)."""
     seen = set()
     for gpu in gpus:
         for tp in (t for t in TP_DEGREES if t <= max_gpus):
             for seqs, budget in KNOBS:
-                flags = dataclasses.replace(base, max_num_seqs=seqs or base.max_num_seqs,
+                args = dataclasses.replace(base, max_num_seqs=seqs or base.max_num_seqs,
                                             max_num_batched_tokens=budget or base.max_num_batched_tokens)
                 try:
-                    resolved = Deployment(model, gpu, tp, flags=flags, vllm_version=vllm_version).resolved_flags
+                    resolved = Deployment(model, gpu, tp, args=args, vllm_version=vllm_version).resolved_args
                 except ValueError:
                     continue                         # does not split, does not fit, or vLLM would refuse
                 if (gpu, tp, resolved) not in seen:
@@ -128,7 +128,7 @@ def cheapest_split(deployment: Deployment, traffic: Traffic, slo: SLO, max_gpus:
 
 
 def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: int = 8, top: int = 5,
-              flags: EngineFlags | None = None, usd_per_gpu_hour: Mapping[str, float] | None = None,
+              args: EngineArgs | None = None, usd_per_gpu_hour: Mapping[str, float] | None = None,
               vllm_version: str | None = None, pd_link: str | None = None) -> tuple[pd.DataFrame, dict]:
     """The ``top`` cheapest deployments meeting ``slo`` for ``traffic`` (see the module docstring),
     and what the search did (candidates predicted, seconds)."""
@@ -142,9 +142,9 @@ def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: 
     if pd_link is not None:
         kv_link(pd_link)
     wall, runs, found = time.perf_counter(), 0, []
-    for gpu, tp, f in configurations(model, gpus, max_gpus, flags or EngineFlags(), vllm_version):
+    for gpu, tp, f in configurations(model, gpus, max_gpus, args or EngineArgs(), vllm_version):
         def make(replicas: int, gpu=gpu, tp=tp, f=f) -> Deployment:
-            return Deployment(model, gpu, tp, replicas, flags=f, vllm_version=vllm_version)
+            return Deployment(model, gpu, tp, replicas, args=f, vllm_version=vllm_version)
         replicas, n = fewest_replicas(make, traffic, slo, max_gpus // tp)
         runs += n
         if replicas is not None:
@@ -164,11 +164,11 @@ def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: 
                 break
     if pd_link is not None:                                  # prefill/decode splits, vLLM's default knobs
         for gpu, tp in sorted({(gpu, tp) for _, gpu, tp, *_ in found}):
-            deployment = Deployment(model, gpu, tp, flags=flags or EngineFlags(), vllm_version=vllm_version)
+            deployment = Deployment(model, gpu, tp, args=args or EngineArgs(), vllm_version=vllm_version)
             split, n = cheapest_split(deployment, traffic, slo, max_gpus, pd_link)
             runs += n
             if split is not None:
-                rows.append(row(gpu, tp, split[0] + split[1], deployment.resolved_flags, split[2], slo,
+                rows.append(row(gpu, tp, split[0] + split[1], deployment.resolved_args, split[2], slo,
                                 usd_per_gpu_hour, f"P/D {split[0]}:{split[1]}"))
     if not rows:
         fail("slo", slo.describe(), f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
@@ -181,13 +181,13 @@ def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: 
     return table, {"predictions": runs, "seconds": time.perf_counter() - wall}
 
 
-def row(gpu: str, tp: int, replicas: int, flags: EngineFlags, result: Mapping, slo: SLO,
+def row(gpu: str, tp: int, replicas: int, args: EngineArgs, result: Mapping, slo: SLO,
         usd_per_gpu_hour: Mapping[str, float] | None, layout: str) -> dict:
     """One recommendation: the deployment (``replicas`` copies of TP ``tp``, as replicas behind a
     router or a P/D split), its percentiles and margins, its price per token."""
     gpu_hours = tp * replicas / (result["output_throughput"] * 3600 / 1e6)
     out = {"gpu": gpu, "tp": tp, "layout": layout, "replicas": replicas, "num_gpus": tp * replicas,
-           "max_num_seqs": flags.max_num_seqs, "max_num_batched_tokens": flags.max_num_batched_tokens,
+           "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
            f"ttft_p{slo.percentile:g}_ms": result[f"p{slo.percentile:g}_ttft_ms"],
            f"tpot_p{slo.percentile:g}_ms": result[f"p{slo.percentile:g}_tpot_ms"],
            **{f"{m}_margin": v for m, v in slo.margins(result).items()},

@@ -23,6 +23,8 @@ from batchlab.model.loading import ALLOWED_DTYPES
 from batchlab.schedulers import SCHEDULERS
 from batchlab.serve.metrics import ADMISSION_REASON, VLLM_ADMISSION_FLAG
 from batchlab.serve.config import DEFAULT_MODEL_NAME, RELEASES, ServerConfig
+from batchlab.serve.kv_transfer import KVTransferConfig
+from batchlab.speculative import SpeculativeConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,6 +88,11 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                         "(continuous batching only)")
 
 
+def parsed(config_type, text: str | None):
+    """A JSON flag's typed config (None when not given): parsed here, once, and handed down."""
+    return None if text is None else config_type.parse(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -97,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             max_waiting=args.max_waiting, model_name=args.model_name, paged=args.paged,
             block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes, trace_window=args.trace_window,
-            simulate=args.simulate, kv_transfer_config=args.kv_transfer_config,
-            speculative_config=args.speculative_config)
+            simulate=args.simulate, kv_transfer_config=parsed(KVTransferConfig, args.kv_transfer_config),
+            speculative_config=parsed(SpeculativeConfig, args.speculative_config))
     except ValueError as e:
         print(f"batchlab.serve: {e}", file=sys.stderr)
         return 2

@@ -3,10 +3,10 @@ scheduler and model backend they make."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batchlab.backends import ModelBackend
-from batchlab.checks import check_bool, check_int, is_int
+from batchlab.checks import check_bool, check_instance, check_int, is_int
 from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
 from batchlab.schedulers.base import Scheduler
 from batchlab.speculative import SpeculativeConfig, check_runs_on_the_model
@@ -37,13 +37,14 @@ class ServerConfig:
     ``/metrics`` counters keep counting them).
     ``model_root``: what ``/v1/models`` reports as ``root`` (default: the tokenizer's folder).
     ``simulate``: None (the real model), or a simulated device's spec (``simulated.py``): steps
-    last the time its cost model predicts and the generated tokens are placeholders.
-    ``kv_transfer_config``: vLLM's ``--kv-transfer-config`` JSON (or a dict): the server plays the
-    prefill or decode part of disaggregated serving (``kv_transfer.py``); needs continuous
-    batching on a paged cache.
-    ``speculative_config``: vLLM's ``--speculative-config`` JSON (or a dict): speculative decoding
-    by prompt lookup or an early exit (``batchlab.speculative``); needs continuous batching and
-    the real model.
+    last the time its cost model predicts and the generated tokens are placeholders. Parsed once,
+    here, into ``device``.
+    ``kv_transfer_config``: a ``KVTransferConfig`` (vLLM's ``--kv-transfer-config``): the server
+    plays the prefill or decode part of disaggregated serving (``kv_transfer.py``); needs
+    continuous batching on a paged cache.
+    ``speculative_config``: a ``SpeculativeConfig`` (vLLM's ``--speculative-config``): speculative
+    decoding by prompt lookup or an early exit (``batchlab.speculative``); needs continuous
+    batching and the real model.
     """
 
     policy: str = "continuous"
@@ -65,21 +66,23 @@ class ServerConfig:
     trace_window: int = 10_000
     model_root: str | None = None
     simulate: str | None = None
-    kv_transfer_config: str | None = None
-    speculative_config: str | None = None
+    kv_transfer_config: KVTransferConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
+    device: SimulatedDevice | None = field(init=False, default=None, repr=False, compare=False)  # simulate, parsed
 
     def __post_init__(self) -> None:
         self._check_policy()
         self._check_kv_cache()
+        check_instance("kv_transfer_config", self.kv_transfer_config, KVTransferConfig, "a KVTransferConfig",
+                       allow_none=True, hint="KVTransferConfig.parse(text) reads vLLM's JSON")
+        check_instance("speculative_config", self.speculative_config, SpeculativeConfig, "a SpeculativeConfig",
+                       allow_none=True, hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
         if self.kv_transfer_config is not None:
-            transfer = KVTransferConfig.parse(self.kv_transfer_config)   # stored as its JSON
-            object.__setattr__(self, "kv_transfer_config", transfer.to_json())
             if self.policy != "continuous" or not self.paged:
                 raise ValueError(f"kv_transfer_config with policy={self.policy!r}, paged={self.paged}; must come "
                                  "with policy='continuous' and paged=True (the hand-off names KV blocks, as vLLM's)")
-        if self.speculative_config is not None:
-            spec = SpeculativeConfig.parse(self.speculative_config)     # stored as its JSON
-            object.__setattr__(self, "speculative_config", spec.to_json())
+        spec = self.speculative_config
+        if spec is not None:
             check_runs_on_the_model(spec)
             if self.policy != "continuous" or self.simulate is not None:
                 raise ValueError(f"speculative_config with policy={self.policy!r}, simulate={self.simulate!r}; must "
@@ -119,8 +122,9 @@ class ServerConfig:
             raise ValueError("enable_prefix_caching=True; must come with paged=True (prefix caching "
                              "shares whole KV blocks)")
         if self.simulate is not None:
-            SimulatedDevice.parse(self.simulate).kv_capacity_tokens(     # a bad spec or size fails here
-                self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
+            device = SimulatedDevice.parse(self.simulate)                 # a bad spec fails here, once
+            device.kv_capacity_tokens(self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
+            object.__setattr__(self, "device", device)
 
     def make_backend(self, lm) -> ModelBackend:
         return ModelBackend(lm, num_slots=self.max_num_seqs, max_seq_len=self.max_model_len,

@@ -229,6 +229,8 @@ def launch_server(policy: str = "continuous", port: int | None = None, api_key: 
         elif isinstance(value, bool):          # --paged, --enable-prefix-caching
             if value:
                 cmd.append(flag)
+        elif hasattr(value, "to_json"):        # a typed config: its flag's JSON
+            cmd += [flag, value.to_json()]
         elif value is not None:
             cmd += [flag, str(value)]
     if api_key is not None:

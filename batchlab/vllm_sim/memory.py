@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchlab.vllm_sim.engine_flags import ENGINE_DATA, EngineFlags
+from batchlab.engine_args import EngineArgs
+from batchlab.vllm_sim.vllm_data import ENGINE_DATA
 from batchlab.shapes import ModelShape
 
 GIB = 2**30
@@ -50,38 +51,38 @@ class MemoryPlan:
                 f"{self.block_size} tokens ({self.kv_tokens:,} tokens)"]
 
 
-def activation_peak(model: ModelShape, flags: EngineFlags, tensor_parallel: int) -> float:
+def activation_peak(model: ModelShape, args: EngineArgs, tensor_parallel: int) -> float:
     """The profiling pass's peak (see ``vllm_v1.json``): one layer's largest live tensors for the
     token budget, plus the sampler's fp32 logits and probabilities for ``max_num_seqs`` rows."""
     layer, tp = model.layer, tensor_parallel
     qkv = (layer.num_heads // tp + 2 * layer.kv_heads_per_gpu(tp)) * layer.head_dim
     per_token = qkv + 3 * layer.intermediate_size // tp + 2 * layer.hidden_size
-    return flags.max_num_batched_tokens * per_token * flags.dtype_bytes + flags.max_num_seqs * model.vocab_size * 8
+    return args.max_num_batched_tokens * per_token * args.dtype_bytes + args.max_num_seqs * model.vocab_size * 8
 
 
-def plan_memory(model: ModelShape, device_memory_bytes: float, flags: EngineFlags,
+def plan_memory(model: ModelShape, device_memory_bytes: float, args: EngineArgs,
                 tensor_parallel: int) -> MemoryPlan:
-    """The KV blocks of one replica of ``model`` over ``tensor_parallel`` GPUs (flags resolved)."""
+    """The KV blocks of one replica of ``model`` over ``tensor_parallel`` GPUs (its args resolved)."""
     tp = tensor_parallel
     visible = device_memory_bytes * MEMORY["visible_fraction"]["value"]
-    usable = visible * flags.gpu_memory_utilization
-    weights = model.num_params * flags.dtype_bytes / tp
-    activation = activation_peak(model, flags, tp)
+    usable = visible * args.gpu_memory_utilization
+    weights = model.num_params * args.dtype_bytes / tp
+    activation = activation_peak(model, args, tp)
     non_torch = MEMORY["non_torch_GiB"]["tp1" if tp == 1 else "tp_many"] * GIB
     kv_bytes = usable - weights - activation - non_torch
     if kv_bytes <= 0:
-        need = next((t for t in (1, 2, 4, 8) if model.num_params * flags.dtype_bytes / t + activation
+        need = next((t for t in (1, 2, 4, 8) if model.num_params * args.dtype_bytes / t + activation
                      + non_torch < usable and t > tp), None)
         raise ValueError(f"weights={weights / GIB:.1f} GiB per GPU; must fit in gpu_memory_utilization x memory "
                          f"= {usable / GIB:.1f} GiB with {(activation + non_torch) / GIB:.1f} GiB for activations "
                          f"and CUDA ({model.name} at tensor_parallel={tp}"
                          + (f"; --tensor-parallel-size {need} fits" if need else "") + ")")
-    per_block = flags.block_size * model.kv_bytes_per_token(flags.dtype_bytes, tp)
-    plan = MemoryPlan(visible, usable, weights, activation, non_torch, kv_bytes, flags.block_size, per_block,
+    per_block = args.block_size * model.kv_bytes_per_token(args.dtype_bytes, tp)
+    plan = MemoryPlan(visible, usable, weights, activation, non_torch, kv_bytes, args.block_size, per_block,
                       int(kv_bytes // per_block))
-    need_blocks = -(-flags.max_model_len // flags.block_size)
+    need_blocks = -(-args.max_model_len // args.block_size)
     if plan.num_blocks < need_blocks:
-        raise ValueError(f"max_model_len={flags.max_model_len}; must fit in the KV cache: one sequence of it "
+        raise ValueError(f"max_model_len={args.max_model_len}; must fit in the KV cache: one sequence of it "
                          f"needs {need_blocks * per_block / GIB:.2f} GiB per GPU, the cache has "
                          f"{kv_bytes / GIB:.2f} GiB ({plan.kv_tokens:,} tokens); the longest context that fits "
                          f"is {plan.kv_tokens:,} (raise --gpu-memory-utilization or lower --max-model-len)")

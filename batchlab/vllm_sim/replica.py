@@ -1,6 +1,6 @@
 """One vLLM V1 replica on simulated GPUs, built as ``vllm serve`` would build it.
 
-``VllmReplica(model, gpu, tensor_parallel_size, flags)`` checks the setup the way vLLM refuses it
+``VllmReplica(model, gpu, tensor_parallel_size, args)`` checks the setup the way vLLM refuses it
 (unknown model or GPU, a TP degree that does not divide the heads, weights that do not fit, a KV
 cache too small for one ``max_model_len`` sequence), fills in vLLM's defaults for that GPU, and
 holds what one replica is: the KV blocks (``plan_memory``), the step time (``VllmStepModel`` on
@@ -11,7 +11,7 @@ lesson, the cluster and the predictor build their GPUs here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from batchlab.backends import SimBackend
 from batchlab.backends.collectives import all_reduce_model
@@ -25,7 +25,7 @@ from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.shapes import ModelShape, model_shape
 from batchlab.vllm_sim.async_scheduling import AsyncScheduledBatcher
-from batchlab.vllm_sim.engine_flags import EngineFlags
+from batchlab.engine_args import EngineArgs
 from batchlab.vllm_sim.memory import GIB, MemoryPlan, plan_memory
 from batchlab.vllm_sim.step_model import VllmStepModel
 
@@ -38,7 +38,7 @@ class VllmReplica:
     model: str | ModelShape
     gpu: str
     tensor_parallel_size: int = 1
-    flags: EngineFlags = field(default_factory=EngineFlags)
+    args: EngineArgs = field(default_factory=EngineArgs)
     vllm_version: str | None = None      # the measured kernels' vLLM version (None: the newest)
 
     def __post_init__(self) -> None:
@@ -49,51 +49,51 @@ class VllmReplica:
         presets = load_device_presets()
         check_choice("gpu", self.gpu, sorted(presets), hint="--gpu, a preset of batchlab/backends/device_presets.json")
         check_int("tensor_parallel_size", self.tensor_parallel_size, hint="--tensor-parallel-size")
-        check_instance("flags", self.flags, EngineFlags, "an EngineFlags")
+        check_instance("args", self.args, EngineArgs, "an EngineArgs")
         if self.vllm_version is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(self.vllm_version)):
             fail("vllm_version", self.vllm_version, "a version such as 0.24.0", hint="--vllm-version")
         shape.layer.check_tensor_parallel(self.tensor_parallel_size)
         preset = presets[self.gpu]
         memory = device_memory_bytes(preset)
-        flags = self.flags.resolved(preset.name, memory / GIB, shape)
+        args = self.args.resolved(preset.name, memory / GIB, shape)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "preset", preset)
-        object.__setattr__(self, "resolved_flags", flags)
-        object.__setattr__(self, "memory", plan_memory(shape, memory, flags, self.tensor_parallel_size))
+        object.__setattr__(self, "resolved_args", args)
+        object.__setattr__(self, "memory", plan_memory(shape, memory, args, self.tensor_parallel_size))
         object.__setattr__(self, "step_model", self._step_model())
 
     # Set in __post_init__: the checked shape and preset, vLLM's flags with its defaults for this
     # GPU filled in, the KV plan of each GPU, and the step time.
     shape: ModelShape = field(init=False, repr=False, compare=False)
     preset: DevicePreset = field(init=False, repr=False, compare=False)
-    resolved_flags: EngineFlags = field(init=False, repr=False, compare=False)
+    resolved_args: EngineArgs = field(init=False, repr=False, compare=False)
     memory: MemoryPlan = field(init=False, repr=False, compare=False)
     step_model: VllmStepModel = field(init=False, repr=False, compare=False)
 
     def _step_model(self) -> VllmStepModel:
         """Measured vLLM kernels where AIConfigurator measured this GPU; else the preset's kernel
         model fitted to 2024 profiles (``GroundedStep``), which prices dense models only."""
-        preset, tp, flags, shape = self.preset, self.tensor_parallel_size, self.resolved_flags, self.shape
+        preset, tp, args, shape = self.preset, self.tensor_parallel_size, self.resolved_args, self.shape
         if preset.kernels is None:
             raise ValueError(f"gpu={self.gpu!r}; must have fitted kernels to simulate vLLM on it")
-        kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, flags.dtype_bytes, preset.kernels,
+        kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, args.dtype_bytes, preset.kernels,
                               preset.num_sms)
-        sizes = flags.cuda_graph_sizes()
+        sizes = args.cuda_graph_sizes()
         if self.gpu in SYSTEMS:
             tables = KernelTables.load(self.gpu, self.vllm_version)
-            gpu = MeasuredStep(shape, tables, kernels, tp, max(sizes, default=0), flags.enable_expert_parallel)
+            gpu = MeasuredStep(shape, tables, kernels, tp, max(sizes, default=0), args.enable_expert_parallel)
         else:
-            if shape.moe is not None or flags.enable_expert_parallel or self.vllm_version is not None:
+            if shape.moe is not None or args.enable_expert_parallel or self.vllm_version is not None:
                 fail("gpu", self.gpu, f"one of {sorted(SYSTEMS)}", "experts, expert parallelism and "
                      "--vllm-version need measured vLLM kernels")
             all_reduce = all_reduce_model(preset.name, tp) if tp > 1 else None
             gpu = GroundedStep(shape, kernels, tp, all_reduce)
-        return VllmStepModel(gpu, sizes, flags.async_scheduling)
+        return VllmStepModel(gpu, sizes, args.async_scheduling)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """A token's KV bytes over the whole replica (every layer, every GPU's heads)."""
-        return self.shape.kv_bytes_per_token(self.resolved_flags.dtype_bytes)
+        return self.shape.kv_bytes_per_token(self.resolved_args.dtype_bytes)
 
     @property
     def kernel_source(self) -> str:
@@ -109,13 +109,13 @@ class VllmReplica:
 
     def backend(self, noise: float = 0.0, seed: int = 0) -> SimBackend:
         """The replica's simulated GPUs: its step time and its KV blocks."""
-        f = self.resolved_flags
+        f = self.resolved_args
         return SimBackend(self.step_model, self.memory.kv_tokens, f.max_model_len, noise, seed,
                           block_size=f.block_size, enable_prefix_caching=f.enable_prefix_caching)
 
     def scheduler(self) -> ContinuousBatcher:
         """vLLM's scheduler with this replica's budgets (async scheduling unless turned off)."""
-        f = self.resolved_flags
+        f = self.resolved_args
         kind = AsyncScheduledBatcher if f.async_scheduling else ContinuousBatcher
         return kind(f.max_num_seqs, f.max_num_batched_tokens, f.enable_chunked_prefill)
 
@@ -125,14 +125,11 @@ class VllmReplica:
 
     def describe(self) -> list[str]:
         """The flags as ``vllm serve`` would be given them, the memory plan and the kernels' source."""
-        f = self.resolved_flags
-        return [f"flags: --max-num-seqs {f.max_num_seqs} --max-num-batched-tokens {f.max_num_batched_tokens} "
-                f"--block-size {f.block_size} --gpu-memory-utilization {f.gpu_memory_utilization} --max-model-len "
-                f"{f.max_model_len}" + ("" if f.enable_chunked_prefill else " --no-enable-chunked-prefill")
-                + ("" if f.enable_prefix_caching else " --no-enable-prefix-caching")
-                + (" --enforce-eager" if f.enforce_eager else "") + ("" if f.async_scheduling else " --no-async-scheduling")
-                + (" --enable-expert-parallel" if f.enable_expert_parallel else ""),
-                *self.memory.lines(), *self._memory_caveat(), self.kernel_source]
+        f = self.resolved_args
+        on_by_default = ("enable_chunked_prefill", "enable_prefix_caching", "async_scheduling")
+        shown = replace(f, dtype="auto", **{name: None for name in on_by_default if getattr(f, name)})
+        return [f"flags: {' '.join(shown.cli_args())}", *self.memory.lines(), *self._memory_caveat(),
+                self.kernel_source]
 
     def _memory_caveat(self) -> list[str]:
         if self.gpu == "H100":

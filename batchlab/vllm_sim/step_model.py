@@ -25,7 +25,8 @@ from batchlab.backends.measured_step import MeasuredStep
 from batchlab.checks import check_int, fail
 from batchlab.shapes import ModelShape, model_shape
 from batchlab.speculative import SpeculativeConfig
-from batchlab.vllm_sim.engine_flags import ENGINE_DATA, padded_tokens
+from batchlab.engine_args import padded_tokens
+from batchlab.vllm_sim.vllm_data import ENGINE_DATA
 
 CPU = ENGINE_DATA["cpu_per_step"]
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .config import BenchConfig
 from .contenders import ContenderRun, _record
+from batchlab.engine_args import EngineArgs
 from batchlab.requests import FinishReason, Request, RequestStatus
 from batchlab.trace import RequestRecord, Trace
 
@@ -147,13 +148,13 @@ def run_vllm_online(requests: Sequence[Request], config: BenchConfig, dtype: str
     from batchlab.vllm_ref import start_vllm
 
     everything = list(requests) + list(warmup or [])
-    args = ("--max-num-batched-tokens", str(config.max_num_batched_tokens), "--no-enable-prefix-caching",
-            "--dtype", dtype)   # a later --dtype overrides start_vllm's float32
+    engine_args = EngineArgs(max_model_len=_max_model_len(everything), max_num_seqs=config.max_num_seqs,
+                             max_num_batched_tokens=config.max_num_batched_tokens, enable_prefix_caching=False,
+                             dtype=dtype, enforce_eager=not compiled, disable_log_stats=True)
     saved = dict(os.environ)
     os.environ.update({k: v for k, v in _vllm_env(config).items() if k.startswith("VLLM_CPU_")})
     try:   # start_vllm passes the course's environment on (cleaned); its thread binding is set here
-        server = start_vllm(max_model_len=_max_model_len(everything), max_num_seqs=config.max_num_seqs,
-                            compile=compiled, extra_args=args)
+        server = start_vllm(engine_args)
     finally:
         os.environ.clear()
         os.environ.update(saved)

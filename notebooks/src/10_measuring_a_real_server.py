@@ -46,6 +46,7 @@ import pandas as pd
 
 from batchlab.analysis import metrics
 from batchlab.analysis.claims import expect, expect_true
+from batchlab.engine_args import EngineArgs
 from batchlab.exercises import check
 from batchlab.loadgen import plan_requests, prom, run_load
 from batchlab.model import load_model
@@ -377,7 +378,7 @@ if pairs:
 # NBVAL_IGNORE_OUTPUT
 vllm_result = None
 if VLLM_READY:
-    vllm = start_vllm(max_model_len=256, max_num_seqs=SLOTS)
+    vllm = start_vllm(EngineArgs(max_model_len=256, max_num_seqs=SLOTS, disable_log_stats=True))
     try:
         vllm_result = run_load(vllm.url, reqs, target_rate=2.0, max_duration=180)
     finally:

@@ -52,7 +52,8 @@ from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, prom,
 from batchlab.loadgen.calibrate import calibrate_outside_in, fresh_prompts
 from batchlab.loadgen.predict import compare, load_figures, newcomer_figures, simulate_load
 from batchlab.shapes import model_shape
-from batchlab.vllm_ref import FLAG_TABLE, VLLMFlags, VLLMUnavailable, ensure_running, start_vllm, vllm_status
+from batchlab.engine_args import EngineArgs
+from batchlab.vllm_ref import COURSE_ARGS, FLAG_TABLE, VLLMUnavailable, ensure_running, start_vllm, vllm_status
 from batchlab.vllm_sim import VllmReplica
 
 # %%
@@ -63,34 +64,35 @@ if not VLLM_READY and os.environ.get("CI"):
     raise RuntimeError(f"CI sets vLLM up with scripts/setup_vllm.sh, but: {why}")
 
 
-def start(flags: VLLMFlags):
+def start(args: EngineArgs):
     """vLLM with these flags, or None with one sentence saying why it could not start."""
     if not VLLM_READY:
         print(f"Skipped: {why}")
         return None
     t0 = time.perf_counter()
     try:
-        server = start_vllm(max_model_len=1024, kv_cache_gib=2, flags=flags)
+        server = start_vllm(args, kv_cache_gib=2)
     except VLLMUnavailable as e:
         if os.environ.get("CI"):           # CI sets vLLM up: a start that fails is a failure there
             raise
         print(f"vLLM did not start, so this section has no measurement; fix what its log says, then rerun:\n{e}")
         return None
-    print(f"vLLM {' '.join(flags.args())} healthy after {time.perf_counter() - t0:.0f} s")
+    print(f"vLLM {' '.join(args.with_defaults(COURSE_ARGS).cli_args())} healthy after {time.perf_counter() - t0:.0f} s")
     return server
 
 
 # %% [markdown]
 # ## The flags, and V1's defaults
 #
-# Every batchlab knob has a vLLM flag. `VLLMFlags` holds the ones this notebook turns and writes
-# vLLM's command line; a flag left at `None` keeps vLLM's default.
+# Every batchlab knob has a vLLM flag. `EngineArgs` holds vLLM's flags under vLLM's names and writes
+# vLLM's command line; a flag left at `None` keeps vLLM's default (`start_vllm` fills three with the
+# course's settings first: a 1,024-token context, half the memory, eager steps).
 
 # %%
 FLAG_TABLE
 
 # %%
-print(VLLMFlags(max_num_seqs=2, prefix_caching=False).args())
+print(EngineArgs(max_num_seqs=2, enable_prefix_caching=False).cli_args())
 
 # %% [markdown]
 # Three of V1's defaults differ from what earlier notebooks mostly used:
@@ -153,7 +155,7 @@ pd.DataFrame({"measured, lowest": runs["measured"].min(axis=1), "measured, highe
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-server = start(VLLMFlags())
+server = start(EngineArgs())
 
 # %%
 if server is not None:
@@ -397,7 +399,7 @@ if server is not None:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-small = start(VLLMFlags(max_num_seqs=SMALL))
+small = start(EngineArgs(max_num_seqs=SMALL))
 if small is not None:
     try:
         run_load(small.url, [LoadRequest("warm-up", fresh_prompts(tok, 1, 64)[0], 4)], max_duration=120)
@@ -408,7 +410,7 @@ if small is not None:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-chunky = start(VLLMFlags(max_num_batched_tokens=128))
+chunky = start(EngineArgs(max_num_batched_tokens=128))
 if chunky is not None:
     try:
         run_load(chunky.url, [LoadRequest("warm-up", fresh_prompts(tok, 1, 64)[0], 4)], max_duration=120)
@@ -698,7 +700,7 @@ check("13.1", answer)
 # second that 128 gives, vLLM's other defaults kept (`simulate_load`, `load_figures`). The
 # checker runs your function on loads and cost models of its own. Then ask it about this
 # notebook's load with the fitted `cost`. To measure what it predicts (a few minutes, and not
-# something the checker can do for you), start that setting with `start(VLLMFlags(max_num_seqs=k))`,
+# something the checker can do for you), start that setting with `start(EngineArgs(max_num_seqs=k))`,
 # `measure(...)` the same load, and judge the throughput ratio against 128's with the tolerance
 # of the first knob above.
 

@@ -43,7 +43,7 @@ from batchlab.backends.kernel_profiles import (KERNEL_PROFILES_DIR, compare_prof
                                                read_kernel_profile)
 from batchlab.backends.device_presets import device_preset
 from batchlab.exercises import check
-from batchlab.predict import Deployment, EngineFlags, TrafficSpec, predict
+from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict
 from batchlab.vllm_sim.memory import GIB
 from batchlab.predict.planning import best_rate, capacity, cost_per_million_tokens, sweep_rates
 
@@ -71,7 +71,7 @@ print("\n".join(llama8b.describe()))
 # the weights' bytes and the profiling pass's peak.
 
 # %%
-logged = Deployment("Llama-3-8B", "H100", flags=EngineFlags(max_num_seqs=256, max_num_batched_tokens=8192)).memory
+logged = Deployment("Llama-3-8B", "H100", args=EngineArgs(max_num_seqs=256, max_num_batched_tokens=8192)).memory
 print(f"KV cache {logged.kv_bytes / GIB:.2f} GiB per GPU = {logged.num_blocks:,} blocks")
 expect("check on the memory plan against vLLM's log (two of its terms came from such logs): the KV cache is "
        "the logged 53.29 GiB within 1%", logged.kv_bytes / GIB / 53.29 - 1, above=-0.01, below=0.01)
@@ -159,7 +159,7 @@ expect("check on the stored kernel tables: the all-reduces take a visible share 
 # expert), next to dense MLPs of the same shape holding the 2 active experts' weights and all 8:
 
 # %%
-mixtral = Deployment("Mixtral-8x7B", "H100", 2, flags=EngineFlags(max_model_len=4096)).step_model.gpu
+mixtral = Deployment("Mixtral-8x7B", "H100", 2, args=EngineArgs(max_model_len=4096)).step_model.gpu
 tables, tp, h, inter = mixtral.tables, 2, mixtral.shape.hidden_size, mixtral.shape.moe.intermediate_size
 
 
@@ -350,7 +350,7 @@ expect("predicted: tight target: TP2 is the cheapest per token", tight_cost["2 G
 # %%
 for name, deployment in (("Llama-3-8B, TP1", llama8b), ("Llama-2-70B, TP4", Deployment("Llama-2-70B", "H100", 4)),
                          ("Mixtral-8x7B, TP2", Deployment("Mixtral-8x7B", "H100", 2,
-                                                          flags=EngineFlags(max_model_len=4096)))):
+                                                          args=EngineArgs(max_model_len=4096)))):
     fit = deployment.step_model.gpu.attention_fit
     print(f"{name}: attention of {fit.heads} heads ({fit.kv_heads} KV) per GPU, fitted to the kernels of "
           f"{fit.measured_heads['decode']} (decode) and {fit.measured_heads['prefill']} (prefill) heads: median "

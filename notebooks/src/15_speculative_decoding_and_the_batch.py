@@ -33,8 +33,8 @@
 # ## Setup
 
 # %%
-import json
 import os
+from dataclasses import replace
 
 import httpx
 import matplotlib.pyplot as plt
@@ -56,7 +56,8 @@ from batchlab.model.llama import LlamaWeights
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.speculative import AcceptanceModel, SpeculativeConfig, propose_ngram
-from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMFlags, VLLMUnavailable, start_vllm, vllm_status
+from batchlab.engine_args import EngineArgs
+from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm, vllm_status
 from batchlab.vllm_sim import VllmReplica
 from batchlab.workloads import make_workload
 from batchlab.workloads.tasks import task_requests, task_texts
@@ -72,9 +73,10 @@ print(f"{lm.name} on {lm.device} ({lm.dtype})")
 # model's short answers.
 
 # %%
-SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+SPEC = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+                               '"prompt_lookup_max": 3}')      # vLLM's --speculative-config JSON
 MAX_NEW = 48
-print(SpeculativeConfig.parse(SPEC))
+print(SPEC)
 
 
 def backend(spec=None, batch=4, max_seq_len=640):
@@ -216,7 +218,7 @@ expect("at batch 1 on this CPU, speculation makes code edits at least 1.5x faste
 # seven runs take about a minute on a 2-core CPU.
 
 # %%
-POLICY = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 8, 2], [9, 256, 0]]}
+POLICY = replace(SPEC, num_speculative_tokens_per_batch_size=[[1, 4, 4], [5, 8, 2], [9, 256, 0]])
 bar = tqdm(total=7, desc="runs")
 code, code_traces = serve_batches(lambda spec, b: backend(spec, b), lambda n: task_requests("code_edit", n, tok, MAX_NEW),
                                   [4, 32], {"none": None, "always": SPEC}, progress=bar.update)
@@ -329,8 +331,8 @@ expect_true("the policy drafted nothing in a step of 9 or more requests", len(la
 LAYERS = lm.model.config.num_hidden_layers
 EXITS = (8, 20, LAYERS - 3)
 print(f"{lm.name} has {LAYERS} layers; exits at {EXITS}")
-exit_specs = {"none": None, **{f"exit {L}": {"method": "early_exit", "num_speculative_tokens": 3,
-                                             "early_exit_layer": L} for L in EXITS}}
+exit_specs = {"none": None, **{f"exit {L}": SpeculativeConfig(3, method="early_exit", early_exit_layer=L)
+                               for L in EXITS}}
 bar = tqdm(total=len(exit_specs), desc="runs")
 exits, exit_traces = serve_batches(lambda spec, b: backend(spec, b), lambda n: task_requests("code_edit", n, tok, MAX_NEW),
                                    [1], exit_specs, min_requests=2, progress=bar.update)
@@ -498,7 +500,7 @@ expect("predicted for an H100: code edits gain more than chat at batch 1",
 #   shown here.
 
 # %%
-DRAFT_MODEL = {"method": "draft_model", "model": "Llama-3.2-1B", "num_speculative_tokens": 4}
+DRAFT_MODEL = SpeculativeConfig(4, method="draft_model", model="Llama-3.2-1B")
 pass_share = cost.draft_model("Llama-3.2-1B").predict_features(1, 1, 768) / cost.predict_features(1, 1, 768)
 print(f"one pass of the draft model costs {pass_share:.2f} of a Llama-3-8B decode step at batch 1")
 ALPHAS = (0.2, 0.4, 0.6, 0.8)
@@ -631,8 +633,8 @@ expect("predicted for an H100: the draft model's TPOT gain at 32 requests/s is w
 # reach:
 
 # %%
-gpu_exits = gpu_speedups({f"exit {layer}, alpha {alpha}": ({"method": "early_exit", "num_speculative_tokens": 3,
-                                                              "early_exit_layer": layer}, AcceptanceModel(alpha))
+gpu_exits = gpu_speedups({f"exit {layer}, alpha {alpha}": (SpeculativeConfig(3, method="early_exit", early_exit_layer=layer),
+                                                             AcceptanceModel(alpha))
                           for layer in (8, 16) for alpha in (0.6, 0.8)}, [1, 16, 64])
 print(gpu_exits.round(2).to_string())
 expect("predicted for an H100: drafts from layer 8 accepted at 0.8 gain at least 1.5x at batch 1",
@@ -661,8 +663,8 @@ if not VLLM_READY and os.environ.get("CI"):
 vllm_counts = None
 if VLLM_READY:
     try:
-        server = start_vllm(max_model_len=1024, kv_cache_gib=2, flags=VLLMFlags(max_num_seqs=4, stats=True),
-                            extra_args=("--speculative-config", json.dumps(SPEC)))
+        server = start_vllm(EngineArgs(max_num_seqs=4), kv_cache_gib=2,
+                            extra_args=("--speculative-config", SPEC.to_json()))
     except VLLMUnavailable as e:
         if os.environ.get("CI"):           # CI sets vLLM up: a start that fails is a failure there
             raise
