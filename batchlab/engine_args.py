@@ -26,6 +26,7 @@ HELP = {
     "max_num_batched_tokens": "the most tokens one step computes (prompt chunks and decodes)",
     "max_model_len": "the context: prompt + output tokens",
     "enable_chunked_prefill": "split a long prompt over steps",
+    "long_prefill_token_threshold": "the most prompt tokens one request computes in a step (chunked prefill)",
     "enable_prefix_caching": "reuse the KV blocks of a shared prompt prefix",
     "block_size": "tokens per KV block",
     "gpu_memory_utilization": "the share of GPU memory vLLM may use",
@@ -45,6 +46,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     enable_chunked_prefill: bool | None = None
+    long_prefill_token_threshold: int | None = None
     enable_prefix_caching: bool | None = None
     block_size: int | None = None
     gpu_memory_utilization: float | None = None
@@ -55,7 +57,7 @@ class EngineArgs:
     disable_log_stats: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "long_prefill_token_threshold"):
             check_int(name, getattr(self, name), allow_none=True, hint=flag(name))
         for f in dataclasses.fields(self):
             if f.type == "bool | None" and getattr(self, f.name) is not None:
@@ -65,6 +67,9 @@ class EngineArgs:
         if self.gpu_memory_utilization is not None:
             check_fraction("gpu_memory_utilization", self.gpu_memory_utilization, hint=flag("gpu_memory_utilization"))
         check_choice("dtype", self.dtype, DTYPES, hint="--dtype")
+        if self.long_prefill_token_threshold is not None and self.enable_chunked_prefill is False:
+            fail("long_prefill_token_threshold", self.long_prefill_token_threshold, "None without chunked prefill",
+                 "capping a prompt's tokens per step means splitting the prompt")
         seqs, budget = self.max_num_seqs, self.max_num_batched_tokens
         if seqs is not None and budget is not None and budget < seqs:
             fail("max_num_batched_tokens", budget, f">= max_num_seqs={seqs}", "vLLM refuses a budget smaller "
@@ -84,22 +89,30 @@ class EngineArgs:
         return out
 
     @staticmethod
-    def add_cli_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-        """vLLM's flags for these fields, defaults ``None`` (vLLM's)."""
+    def add_cli_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: tuple[str, ...] | None = None,
+                      defaults: "EngineArgs | None" = None) -> None:
+        """vLLM's flags for these fields (``names``: only those), each defaulting to ``None``; the
+        help names what ``None`` stands for (``defaults``' value, else vLLM's default)."""
         for f in dataclasses.fields(EngineArgs):
+            if names is not None and f.name not in names:
+                continue
+            shown = getattr(defaults, f.name) if defaults is not None else None
+            text = HELP[f.name] + (f" (default: {shown})" if shown is not None else " (default: vLLM's)")
             if f.name in OFF_BY_DEFAULT:
                 parser.add_argument(flag(f.name), action="store_true", default=None, help=HELP[f.name])
             elif f.type == "bool | None":
-                parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, help=HELP[f.name])
+                parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, help=text)
             elif f.name == "dtype":
                 parser.add_argument(flag(f.name), default="auto", choices=DTYPES, help=HELP[f.name])
             else:
                 kind = float if f.type.startswith("float") else int
-                parser.add_argument(flag(f.name), type=kind, help=HELP[f.name])
+                parser.add_argument(flag(f.name), type=kind, help=text)
 
     @classmethod
-    def from_cli(cls, namespace: argparse.Namespace) -> "EngineArgs":
-        return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
+    def from_cli(cls, namespace: argparse.Namespace, names: tuple[str, ...] | None = None) -> "EngineArgs":
+        """The flags ``add_cli_flags(parser, names)`` added, as ``parser`` read them into ``namespace``."""
+        return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)
+                      if names is None or f.name in names})
 
     def resolved(self, device_name: str, device_memory_gib: float, model: ModelShape) -> "EngineArgs":
         """These flags with vLLM V1's defaults for a GPU and ``model`` filled in, and checked

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from batchlab.engine_args import EngineArgs
 from batchlab.analysis import metrics
 
 from batchlab.analysis.metrics import per_request_metrics, summarize
@@ -85,7 +86,7 @@ def test_load_request_checks_its_fields():
 @pytest.fixture(scope="module")
 def server(lm):
     from batchlab.serve import ServerConfig, ServerThread
-    with ServerThread(ServerConfig(max_num_seqs=8, max_model_len=128), lm) as s:
+    with ServerThread(ServerConfig(engine=EngineArgs(max_num_seqs=8, max_model_len=128)), lm) as s:
         yield s
 
 
@@ -198,7 +199,7 @@ def test_errors_mid_run_are_counted_by_status_never_dropped(lm):
     while a load is running. Every request ends in its record, counted by outcome."""
     from batchlab.serve import ServerConfig, ServerThread
     reqs = plan_requests(8, prompt_len=16, output_len=6, tokenizer=lm.tokenizer, arrival="at_once", seed=4)
-    with ServerThread(ServerConfig(max_num_seqs=1, max_model_len=128, max_waiting=1), lm) as s:
+    with ServerThread(ServerConfig(engine=EngineArgs(max_num_seqs=1, max_model_len=128), max_waiting=1), lm) as s:
         burst = run_load(s.url, reqs, max_duration=120)
         counts = burst.status_counts()
         assert counts["ok"] >= 1 and counts["HTTP 429"] >= 1 and sum(counts.values()) == 8

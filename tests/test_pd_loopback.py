@@ -21,6 +21,7 @@ import torch
 
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.cluster.pd_loopback import PDLoopback, PDLoopbackConfig
+from batchlab.engine_args import EngineArgs
 from batchlab.engine import Engine
 from batchlab.model.divergence import NEAR_TIE, parted_between
 from batchlab.model.llama import LlamaWeights
@@ -43,7 +44,7 @@ def transfer(**extra) -> KVTransferConfig:
 
 def small(**knobs) -> ServerConfig:
     """A server with a small KV cache (the default one, 32 x 1,024 tokens in fp32, is 1.5 GB)."""
-    return ServerConfig(max_num_seqs=4, max_model_len=256, **knobs)
+    return ServerConfig.of(max_num_seqs=4, max_model_len=256, **knobs)
 
 
 def body(prompt: str, max_tokens: int = 24, **more) -> dict:
@@ -281,8 +282,9 @@ def test_the_hand_off_needs_continuous_batching_on_blocks():
 
 # --- behind vllm-router --vllm-pd-disaggregation, each worker a process of its own ------------------
 def test_the_real_router_serves_split_as_one_colocated_server(tmp_path):
-    config = PDLoopbackConfig(threads=1, max_num_seqs=4, max_model_len=256, dtype="float32")   # exact in any run
-    colocated = launch_server("continuous", threads=1, dtype="float32", **config.colocated_knobs())
+    config = PDLoopbackConfig(threads=1, engine=EngineArgs(max_num_seqs=4, max_model_len=256),
+                              dtype="float32")   # exact in any run
+    colocated = launch_server(threads=1, dtype="float32", config=config.colocated_config())
     try:
         with PDLoopback(config) as pd:
             wait_ready(colocated)
@@ -307,7 +309,8 @@ def test_the_real_router_serves_split_as_one_colocated_server(tmp_path):
 def test_simulated_workers_wait_the_links_transfer_time():
     """A simulated decode worker admits the request, holds its blocks for the link's time, then
     computes the last prompt token: its own TTFT includes the transfer."""
-    config = PDLoopbackConfig(simulate="H100", link="ethernet-25g", max_model_len=4096, max_num_batched_tokens=2048)
+    config = PDLoopbackConfig(simulate="H100", link="ethernet-25g",
+                              engine=EngineArgs(max_model_len=4096, max_num_batched_tokens=2048))
     with PDLoopback(config) as pd:
         prompt = "word " * 2000
         r = httpx.post(f"{pd.url}/v1/completions", json=body(prompt, 8), timeout=120)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import batchlab
+from batchlab.engine_args import EngineArgs
 from batchlab.backends import ModelBackend
 from batchlab.engine import Engine
 from batchlab.requests import Request
@@ -32,7 +33,8 @@ def prompts(n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(lm):
-    config = ServerConfig(policy="continuous", max_num_seqs=64, max_model_len=128, max_num_batched_tokens=512)
+    config = ServerConfig(policy="continuous",
+                          engine=EngineArgs(max_num_seqs=64, max_model_len=128, max_num_batched_tokens=512))
     with ServerThread(config, lm) as s:
         yield s
 
@@ -189,7 +191,7 @@ def test_chat_stop_strings_sampling_and_whole_responses(server, lm):
 
 
 def test_overload_burst_gets_429s_and_every_accepted_request_finishes(lm):
-    config = ServerConfig(policy="continuous", max_num_seqs=2, max_model_len=128, max_waiting=2)
+    config = ServerConfig(policy="continuous", engine=EngineArgs(max_num_seqs=2, max_model_len=128), max_waiting=2)
     with ServerThread(config, lm, api_key="sekrit") as s:
         assert httpx.post(f"{s.url}/v1/completions", json={"prompt": "x"}).status_code == 401
         assert httpx.get(f"{s.url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -217,7 +219,8 @@ def test_overload_burst_gets_429s_and_every_accepted_request_finishes(lm):
 
 def test_429_carries_retry_after_when_the_queue_is_full(lm):
     """Static batches of 2 and room for 2 waiting: while a batch runs, two more wait; a fifth is refused."""
-    config = ServerConfig(policy="static", batch_size=2, max_num_seqs=2, max_model_len=128, max_waiting=2)
+    config = ServerConfig(policy="static", engine=EngineArgs(max_num_seqs=2, max_model_len=128), batch_size=2,
+                          max_waiting=2)
     with ServerThread(config, lm) as s:
         async def go():
             async with httpx.AsyncClient(base_url=s.url, timeout=TIMEOUT) as client:
@@ -418,7 +421,7 @@ async def _chunks(url: str, body: dict) -> list[dict]:
 
 
 def test_health_answers_503_with_an_error_object_when_the_engine_stops(lm):
-    with ServerThread(ServerConfig(max_num_seqs=2, max_model_len=64), lm) as s:
+    with ServerThread(ServerConfig(engine=EngineArgs(max_num_seqs=2, max_model_len=64)), lm) as s:
         s.runner.shutdown("stopped by the test")
         s.runner.join()
         r = httpx.get(f"{s.url}/health", timeout=10)
@@ -438,7 +441,7 @@ def test_metrics_scraped_during_a_load_agree_with_the_trace(lm):
     cfg = lm.model.config
     bytes_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (
         cfg.hidden_size // cfg.num_attention_heads) * lm.model.dtype.itemsize
-    config = ServerConfig(max_num_seqs=8, max_model_len=128, paged=True, enable_prefix_caching=True,
+    config = ServerConfig(engine=EngineArgs(max_num_seqs=8, max_model_len=128, enable_prefix_caching=True), paged=True,
                           kv_cache_memory_bytes=14 * 16 * bytes_per_token)
     prefix = lm.tokenizer("The history of the river valley, its towns and its people, told from the " * 3,
                           add_special_tokens=False)["input_ids"][:32]
@@ -514,7 +517,7 @@ def test_a_small_soak_with_a_trace_window(lm):
     /metrics counted all of them, the trace holds the last 50 and the steps since."""
     from batchlab.loadgen.prom import scrape, value
     from batchlab.loadgen.soak import soak
-    with ServerThread(ServerConfig(max_num_seqs=16, max_model_len=128, trace_window=50), lm) as s:
+    with ServerThread(ServerConfig(engine=EngineArgs(max_num_seqs=16, max_model_len=128), trace_window=50), lm) as s:
         report = soak(s.url, 300, concurrency=16, seed=3)
         idle = wait_until_idle(s.url)
         ended = value(scrape(s.url), "vllm:request_success")

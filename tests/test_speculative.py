@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from batchlab.engine_args import EngineArgs
 from batchlab.analysis.trace_io import trace_from_dict, trace_to_dict
 from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
@@ -318,7 +319,7 @@ def test_the_server_speculates_streams_accepted_tokens_together_and_counts_them(
 
     reqs = task_requests("code_edit", 4, lm.tokenizer, 48)
     base, _ = serve(lm, reqs)
-    config = ServerConfig(max_num_seqs=4, max_model_len=512, speculative_config=SPEC)
+    config = ServerConfig(engine=EngineArgs(max_num_seqs=4, max_model_len=512), speculative_config=SPEC)
 
     async def stream(client, req):
         body = {"prompt": req.prompt_ids, "max_tokens": req.max_new_tokens, "temperature": 0, "stream": True,

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchlab.engine_args import EngineArgs
 from batchlab.serve import ServerConfig
 from batchlab.serve import metrics as m
 from batchlab.serve.processes import ServerThread
@@ -98,8 +99,8 @@ def test_the_dashboards_are_there_and_name_series():
 def scraped():
     """(samples: {sample name: [labels, ...]}, values: {(sample name, sorted label items): value})
     after 4 requests (3 of one prompt, one chat) to a simulated server with prefix caching."""
-    config = ServerConfig(simulate="L4", paged=True, enable_prefix_caching=True, max_num_seqs=4,
-                          max_model_len=256, model_name=MODEL)
+    config = ServerConfig(engine=EngineArgs(enable_prefix_caching=True, max_num_seqs=4, max_model_len=256), simulate="L4",
+                          paged=True, model_name=MODEL)
     with ServerThread(config, None) as s:
         for _ in range(3):
             r = httpx.post(f"{s.url}/v1/completions", timeout=60,
@@ -196,7 +197,7 @@ def test_the_new_numbers_are_the_engines(scraped):
 def test_a_failed_engine_counts_its_requests_in_error():
     """The engine thread fails mid-request: the client gets 500, and ``finished_reason="error"``
     counts the request (vLLM's meaning: a request-level internal error, always a 500)."""
-    config = ServerConfig(simulate="L4", max_num_seqs=2, max_model_len=128, model_name=MODEL)
+    config = ServerConfig(engine=EngineArgs(max_num_seqs=2, max_model_len=128), simulate="L4", model_name=MODEL)
     with ServerThread(config, None) as s:
         backend, calls = s.runner.backend, []
         run = backend.run

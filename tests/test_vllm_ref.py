@@ -81,7 +81,7 @@ def test_vllms_sampling_fields_give_vllms_answers(vllm, lm):
     from batchlab.serve import ServerConfig, ServerThread
     if lm.dtype != "float32":
         pytest.skip("the equality is fp32's (vLLM runs the course's model in fp32)")
-    config = ServerConfig(policy="continuous", max_num_seqs=8, max_model_len=512)
+    config = ServerConfig(policy="continuous", engine=EngineArgs(max_num_seqs=8, max_model_len=512))
     with ServerThread(config, lm) as ours, httpx.Client(timeout=120) as client:
         for body in SAMPLING_BODIES:
             body = {"model": SERVED_MODEL_NAME, "temperature": 0, **body}

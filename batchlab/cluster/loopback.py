@@ -47,8 +47,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchlab.checks import check_choice, check_int, check_number
+from batchlab.checks import check_choice, check_int, check_number, fail
+from batchlab.engine_args import EngineArgs
 from batchlab.serve import HOST, ServerProcess, wait_healthy, free_port, launch_server, wait_ready
+from batchlab.serve.config import ServerConfig
 from batchlab.serve.simulated import SimulatedDevice
 
 # Every policy vllm-router 0.1.17 accepts (its --help): kv_aware scores workers by the KV they hold,
@@ -57,6 +59,10 @@ from batchlab.serve.simulated import SimulatedDevice
 VLLM_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash", "kv_aware",
                         "sticky_least_loaded")
 ROUTER_INSTALL = "pip install vllm-router==0.1.17 (requirements.txt pins it)"
+# The replicas' vLLM flags where a LoopbackConfig's engine leaves them at None: a GPU-sized batch and
+# context on a paged cache with prefix caching, as vLLM serves.
+LOOPBACK_ARGS = EngineArgs(max_num_seqs=64, max_model_len=4096, max_num_batched_tokens=2048, block_size=16,
+                           enable_prefix_caching=True)
 
 
 def router_binary() -> str:
@@ -70,19 +76,16 @@ def router_binary() -> str:
 
 @dataclass(frozen=True)
 class LoopbackConfig:
-    """The replicas (``ServerConfig`` knobs, continuous batching on a simulated device) and the router.
+    """The replicas (continuous batching on a simulated device, paged) and the router.
 
+    ``engine``: every replica's vLLM flags; each left at None takes ``LOOPBACK_ARGS``' value.
     ``router_args``: more ``vllm-router`` flags, e.g. ``("--cache-threshold", "0.5")``.
     """
 
     num_replicas: int = 4
     policy: str = "cache_aware"
     simulate: str = "H100"
-    max_num_seqs: int = 64
-    max_model_len: int = 4096
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    enable_prefix_caching: bool = True
+    engine: EngineArgs = LOOPBACK_ARGS
     kv_cache_memory_bytes: int | None = None
     router_args: tuple[str, ...] = field(default_factory=tuple)
     startup_timeout: float = 120.0
@@ -96,22 +99,20 @@ class LoopbackConfig:
         check_number("startup_timeout", self.startup_timeout, strict=True, hint="seconds")
         if not all(isinstance(a, str) for a in self.router_args):
             raise ValueError(f"router_args={self.router_args!r}; must be a tuple of strings (vllm-router flags)")
-        self.replica_knobs()        # the server's own checks (the simulate spec among them)
+        object.__setattr__(self, "replica", ServerConfig(engine=self.engine.with_defaults(LOOPBACK_ARGS), paged=True,
+                                                         simulate=self.simulate,
+                                                         kv_cache_memory_bytes=self.kv_cache_memory_bytes))
 
-    def replica_knobs(self) -> dict:
-        from batchlab.serve.config import ServerConfig
-        knobs = dict(simulate=self.simulate, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
-                     max_num_batched_tokens=self.max_num_batched_tokens, paged=True, block_size=self.block_size,
-                     enable_prefix_caching=self.enable_prefix_caching,
-                     kv_cache_memory_bytes=self.kv_cache_memory_bytes)
-        ServerConfig(**knobs)
-        return knobs
+    # Set in __post_init__: every replica's server, checked as the server checks it (the simulate
+    # spec parsed once, its device in replica.device).
+    replica: ServerConfig = field(init=False, repr=False, compare=False)
 
     def device(self) -> SimulatedDevice:
-        return SimulatedDevice.parse(self.simulate)
+        return self.replica.device
 
     def kv_capacity_tokens(self) -> int:
-        return self.device().kv_capacity_tokens(self.kv_cache_memory_bytes, self.max_num_seqs, self.max_model_len)
+        e = self.replica.engine
+        return self.device().kv_capacity_tokens(self.kv_cache_memory_bytes, e.max_num_seqs, e.max_model_len)
 
 
 class LoopbackCluster:
@@ -137,8 +138,7 @@ class LoopbackCluster:
         c = self.config
         binary = router_binary()
         try:
-            knobs = c.replica_knobs()
-            self.replicas = [launch_server("continuous", **knobs) for _ in range(c.num_replicas)]
+            self.replicas = [launch_server(config=c.replica) for _ in range(c.num_replicas)]
             for i, replica in enumerate(self.replicas):
                 try:
                     wait_ready(replica, c.startup_timeout)
@@ -152,7 +152,9 @@ class LoopbackCluster:
 
     def use_policy(self, policy: str) -> None:
         """Restart the router alone with another policy; the replicas (and their caches) stay."""
-        LoopbackConfig(self.config.num_replicas, policy, self.config.simulate)     # checks the name
+        check_choice("policy", policy, VLLM_ROUTER_POLICIES)
+        if policy == "power_of_two" and self.config.num_replicas < 2:
+            fail("policy", policy, "a policy other than 'power_of_two' with one replica (vllm-router refuses it)")
         if self.router is not None:
             self.router.stop()
         self.policy = policy

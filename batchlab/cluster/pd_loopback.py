@@ -12,8 +12,8 @@ device with ``simulate``), then the router with ``--prefill`` and ``--decode`` U
 The router sends each request to a prefill worker with ``max_tokens`` 1, reads the
 ``kv_transfer_params`` of its answer and sends the client's request with them to a decode worker,
 which pulls the prompt's KV from the prefill worker (``batchlab.serve.kv_transfer``) and answers
-the client. ``colocated_knobs()`` are the same server's knobs without the hand-off, for the
-colocated twin a comparison needs.
+the client. ``colocated_config()`` is the same server without the hand-off, for the colocated
+twin a comparison needs.
 
 Errors: a bad knob fails before anything starts (the server's own checks); a worker that never
 becomes healthy, or a router that exits, raises an error naming it, and whatever was started is
@@ -24,20 +24,27 @@ reason, or computes the prompt itself under ``kv_load_failure_policy="recompute"
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from batchlab.checks import check_choice, check_int, check_number, fail
+from batchlab.engine_args import EngineArgs
 from batchlab.cluster.loopback import VLLM_ROUTER_POLICIES, RouterProcess, router_binary, start_pd_router
 from batchlab.model.loading import ALLOWED_DTYPES, DTYPE_ENV, from_environment, resolve_device, resolve_dtype
 from batchlab.serve import ServerProcess, launch_server, wait_ready
+from batchlab.serve.config import ServerConfig
 from batchlab.serve.kv_transfer import CONNECTOR, KVTransferConfig
+
+# The workers' vLLM flags where a PDLoopbackConfig's engine leaves them at None: a CPU-sized batch.
+PD_ARGS = EngineArgs(max_num_seqs=8, max_model_len=1024, max_num_batched_tokens=512)
 
 
 @dataclass(frozen=True)
 class PDLoopbackConfig:
     """The two pools (sizes, routing policies), the workers' knobs, and the hand-off's settings.
 
-    ``simulate``: None (the real model) or a ``--simulate`` spec. ``prefill_block_size`` and
+    ``simulate``: None (the real model) or a ``--simulate`` spec. ``engine``: every worker's vLLM
+    flags (each left at None takes ``PD_ARGS``' value; the block size is each pool's, below).
+    ``prefill_block_size`` and
     ``decode_block_size``: each pool's KV block size (vLLM's rule: the decode one a multiple of
     the prefill one). ``failure_policy``: vLLM's ``kv_load_failure_policy``. ``link``: the link a
     simulated decode worker waits for (``KV_LINKS``). ``threads``: torch threads per worker.
@@ -50,9 +57,7 @@ class PDLoopbackConfig:
     simulate: str | None = None
     prefill_policy: str = "round_robin"
     decode_policy: str = "round_robin"
-    max_num_seqs: int = 8
-    max_model_len: int = 1024
-    max_num_batched_tokens: int = 512
+    engine: EngineArgs = PD_ARGS
     prefill_block_size: int = 16
     decode_block_size: int = 16
     failure_policy: str = "fail"
@@ -73,7 +78,7 @@ class PDLoopbackConfig:
         check_number("startup_timeout", self.startup_timeout, strict=True, hint="seconds")
         self.transfer_config("prefill")                       # the hand-off's own checks
         for pool in ("prefill", "decode"):
-            self.worker_knobs(pool)                           # the server's own checks
+            self.worker_config(pool)                          # the server's own checks
 
     def transfer_config(self, pool: str) -> KVTransferConfig:
         extra = {"kv_lease_duration": self.lease_s, "kv_fetch_timeout": self.fetch_timeout_s, "link": self.link}
@@ -84,23 +89,16 @@ class PDLoopbackConfig:
         """The workers' dtype: ``dtype``, or for ``auto`` what ``load_model`` picks on this machine."""
         return resolve_dtype(from_environment(self.dtype, DTYPE_ENV, ALLOWED_DTYPES), resolve_device("auto"))
 
-    def colocated_knobs(self, block_size: int | None = None) -> dict:
-        """A worker's ``ServerConfig`` knobs without the hand-off (a colocated server)."""
-        from batchlab.serve.config import ServerConfig
-        knobs = dict(simulate=self.simulate, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
-                     max_num_batched_tokens=self.max_num_batched_tokens, paged=True,
-                     block_size=block_size or self.decode_block_size)
-        ServerConfig(**knobs)
-        return knobs
+    def colocated_config(self, block_size: int | None = None) -> ServerConfig:
+        """A worker's server without the hand-off (a colocated server)."""
+        engine = replace(self.engine, block_size=block_size or self.decode_block_size).with_defaults(PD_ARGS)
+        return ServerConfig(engine=engine, paged=True, simulate=self.simulate)
 
-    def worker_knobs(self, pool: str) -> dict:
+    def worker_config(self, pool: str) -> ServerConfig:
         if pool not in ("prefill", "decode"):
             fail("pool", pool, "'prefill' or 'decode'")
-        from batchlab.serve.config import ServerConfig
         size = self.prefill_block_size if pool == "prefill" else self.decode_block_size
-        knobs = {**self.colocated_knobs(size), "kv_transfer_config": self.transfer_config(pool)}
-        ServerConfig(**knobs)
-        return knobs
+        return replace(self.colocated_config(size), kv_transfer_config=self.transfer_config(pool))
 
 
 class PDLoopback:
@@ -126,8 +124,7 @@ class PDLoopback:
         binary, dtype = router_binary(), (None if c.simulate else c.resolved_dtype())
         try:
             for pool, n in (("prefill", c.num_prefill), ("decode", c.num_decode)):   # (each its own engine id)
-                self.workers[pool] = [launch_server("continuous", threads=c.threads, dtype=dtype,
-                                                    **c.worker_knobs(pool))
+                self.workers[pool] = [launch_server(threads=c.threads, dtype=dtype, config=c.worker_config(pool))
                                       for _ in range(n)]
             for pool, workers in self.workers.items():
                 for i, worker in enumerate(workers):

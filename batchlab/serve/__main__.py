@@ -22,7 +22,8 @@ import sys
 from batchlab.model.loading import ALLOWED_DTYPES
 from batchlab.schedulers import SCHEDULERS
 from batchlab.serve.metrics import ADMISSION_REASON, VLLM_ADMISSION_FLAG
-from batchlab.serve.config import DEFAULT_MODEL_NAME, RELEASES, ServerConfig
+from batchlab.engine_args import EngineArgs
+from batchlab.serve.config import DEFAULT_MODEL_NAME, RELEASES, SERVER_DEFAULTS, SERVER_ENGINE_FLAGS, ServerConfig
 from batchlab.serve.kv_transfer import KVTransferConfig
 from batchlab.speculative import SpeculativeConfig
 
@@ -35,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     p.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="the model id clients must send")
     _policy_flags(p)
+    EngineArgs.add_cli_flags(p.add_argument_group("vLLM's flags (the server's defaults where vLLM's would not fit a "
+                                                  "laptop)"), SERVER_ENGINE_FLAGS, SERVER_DEFAULTS)
     _engine_flags(p)
     p.add_argument("--log-level", default="warning")
     return p.parse_args(argv)
@@ -43,12 +46,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _policy_flags(p: argparse.ArgumentParser) -> None:
     """The policy and its knobs."""
     p.add_argument("--policy", choices=list(SCHEDULERS), default="continuous")
-    p.add_argument("--max-num-seqs", type=int, default=32, help="KV slots (continuous: the most running requests)")
-    p.add_argument("--max-model-len", type=int, default=1024, help="context window: prompt + output tokens")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="continuous: tokens per step")
-    p.add_argument("--no-chunked-prefill", action="store_true", help="continuous: a prompt runs in one step")
-    p.add_argument("--long-prefill-token-threshold", type=int, default=None,
-                   help="continuous: cap on one prompt's tokens per step")
     p.add_argument("--batch-size", type=int, default=8, help="static: requests per batch")
     p.add_argument("--max-batch-size", type=int, default=8, help="dynamic: the most requests per batch")
     p.add_argument("--batch-timeout", type=float, default=0.05, help="dynamic: seconds the oldest request waits")
@@ -59,9 +56,6 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
 def _engine_flags(p: argparse.ArgumentParser) -> None:
     """The KV cache, admission, the model, and the optional parts (simulation, P/D, speculation)."""
     p.add_argument("--paged", action="store_true", help="a paged KV cache (blocks) instead of one slot per sequence")
-    p.add_argument("--block-size", type=int, default=16, help="paged: tokens per KV block")
-    p.add_argument("--enable-prefix-caching", action="store_true",
-                   help="paged: share the KV blocks of prompts' common prefixes")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                    help="the KV cache's size in bytes (default: --max-num-seqs sequences of --max-model-len)")
     p.add_argument("--max-waiting", type=int, default=256,
@@ -89,23 +83,25 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parsed(config_type, text: str | None):
-    """A JSON flag's typed config (None when not given): parsed here, once, and handed down."""
+    """A JSON flag's typed config (None when not given)."""
     return None if text is None else config_type.parse(text)
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The parsed flags as the server's config: the JSON ones parsed here, once, then handed down."""
+    return ServerConfig(
+        policy=args.policy, engine=EngineArgs.from_cli(args, SERVER_ENGINE_FLAGS), batch_size=args.batch_size,
+        max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout, release=args.release,
+        max_waiting=args.max_waiting, model_name=args.model_name, paged=args.paged,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes, trace_window=args.trace_window, simulate=args.simulate,
+        kv_transfer_config=parsed(KVTransferConfig, args.kv_transfer_config),
+        speculative_config=parsed(SpeculativeConfig, args.speculative_config))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = ServerConfig(
-            policy=args.policy, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-            max_num_batched_tokens=args.max_num_batched_tokens, chunked_prefill=not args.no_chunked_prefill,
-            long_prefill_token_threshold=args.long_prefill_token_threshold, batch_size=args.batch_size,
-            max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout, release=args.release,
-            max_waiting=args.max_waiting, model_name=args.model_name, paged=args.paged,
-            block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
-            kv_cache_memory_bytes=args.kv_cache_memory_bytes, trace_window=args.trace_window,
-            simulate=args.simulate, kv_transfer_config=parsed(KVTransferConfig, args.kv_transfer_config),
-            speculative_config=parsed(SpeculativeConfig, args.speculative_config))
+        config = server_config(args)
     except ValueError as e:
         print(f"batchlab.serve: {e}", file=sys.stderr)
         return 2

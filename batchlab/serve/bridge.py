@@ -78,7 +78,7 @@ class Bridge(EngineListener):
 
     def on_step(self, out: StepOutput) -> None:
         runner = self.runner
-        metrics, prefix_caching = runner.metrics, runner.config.enable_prefix_caching
+        metrics, prefix_caching = runner.metrics, runner.config.engine.enable_prefix_caching
         metrics.step(out.step.num_tokens)                      # vllm:iteration_tokens_total
         for p in out.preempted:
             handle = runner.handles.get(p.request_id)
@@ -98,7 +98,7 @@ class Bridge(EngineListener):
         times = req.token_times
         previous = times[-len(tokens) - 1] if len(times) > len(tokens) else None
         runner.metrics.token(req.prompt_len, req.arrival_time, t, previous, runner.streams,
-                             runner.config.enable_prefix_caching, start - external, external, len(tokens))
+                             runner.config.engine.enable_prefix_caching, start - external, external, len(tokens))
         if o.spec is not None:
             runner.metrics.checked(*o.spec)
         if runner.streams:

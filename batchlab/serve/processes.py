@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from batchlab.checks import check_choice
+from batchlab.checks import check_choice, fail
 from batchlab.model.loading import ALLOWED_DTYPES
 from batchlab.serve.config import ServerConfig
 from batchlab.serve.runner import EngineRunner
@@ -200,9 +200,10 @@ def start_server(policy: str = "continuous", port: int | None = None, api_key: s
                  dtype: str | None = None, **knobs) -> ServerProcess:
     """Start ``python -m batchlab.serve`` on 127.0.0.1 in a subprocess and wait until it is healthy.
 
-    ``knobs`` are ``ServerConfig`` fields (``max_num_seqs=16``, ``batch_size=8``, ``simulate="H100"``,
-    ...), checked here before anything starts. The server's output goes to ``log_path`` (a
-    temporary file by default). ``dtype``: the model's (``load_model``); None: the server's default.
+    ``knobs`` are ``ServerConfig`` fields or the vLLM flags it takes (``max_num_seqs=16``,
+    ``batch_size=8``, ``simulate="H100"``, ...: ``ServerConfig.of``), checked here before anything
+    starts. The server's output goes to ``log_path`` (a temporary file by default). ``dtype``: the
+    model's (``load_model``); None: the server's default.
     """
     server = launch_server(policy, port, api_key, threads, log_path, dtype, **knobs)
     wait_ready(server, timeout)
@@ -211,28 +212,20 @@ def start_server(policy: str = "continuous", port: int | None = None, api_key: s
 
 def launch_server(policy: str = "continuous", port: int | None = None, api_key: str | None = None,
                   threads: int | None = None, log_path: str | None = None, dtype: str | None = None,
-                  **knobs) -> ServerProcess:
+                  config: ServerConfig | None = None, **knobs) -> ServerProcess:
     """``start_server`` without the wait: the process is started and returned at once (start
-    several, then ``wait_ready`` each, and they load side by side). ``dtype``: the server's
-    ``--dtype`` (None: its default, ``auto``)."""
+    several, then ``wait_ready`` each, and they load side by side). ``config``: a ``ServerConfig``
+    instead of ``policy`` and ``knobs``. ``dtype``: the server's ``--dtype`` (None: ``auto``)."""
     import tempfile
-    ServerConfig(policy=policy, **knobs)                   # bad knobs fail here, with the reason
+    if config is None:
+        config = ServerConfig.of(policy=policy, **knobs)  # bad knobs fail here, with the reason
+    elif knobs or not isinstance(config, ServerConfig):
+        fail("config", config, "a ServerConfig, given alone (no knobs beside it)")
+    policy = config.policy
     if dtype is not None:
         check_choice("dtype", dtype, ALLOWED_DTYPES)
     port = port or free_port()
-    cmd = [sys.executable, "-m", "batchlab.serve", "--port", str(port), "--policy", policy]
-    for name, value in knobs.items():
-        flag = "--" + name.replace("_", "-")
-        if name == "chunked_prefill":
-            if not value:
-                cmd.append("--no-chunked-prefill")
-        elif isinstance(value, bool):          # --paged, --enable-prefix-caching
-            if value:
-                cmd.append(flag)
-        elif hasattr(value, "to_json"):        # a typed config: its flag's JSON
-            cmd += [flag, value.to_json()]
-        elif value is not None:
-            cmd += [flag, str(value)]
+    cmd = [sys.executable, "-m", "batchlab.serve", "--port", str(port), "--policy", policy, *config.cli_args()]
     if api_key is not None:
         cmd += ["--api-key", api_key]
     if threads is not None:

@@ -67,7 +67,7 @@ async def models(request: Request):
     return {"object": "list", "data": [{
         "id": runner.config.model_name, "object": "model", "created": created,
         "owned_by": "batchlab", "root": runner.model_root, "parent": None,
-        "max_model_len": runner.config.max_model_len, "permission": [_permission(created)],
+        "max_model_len": runner.config.engine.max_model_len, "permission": [_permission(created)],
         "simulated_device": None if runner.device is None else runner.device.card()}]}
 
 
@@ -81,7 +81,7 @@ async def tokenize(request: Request):
     runner = runner_of(request)
     ids, with_strs = parse_tokenize(parse_json(await request.body()), served_model=runner.config.model_name,
                                     tokenizer=runner.tokenizer, root=runner.model_root)
-    out = {"count": len(ids), "max_model_len": runner.config.max_model_len, "tokens": ids, "token_strs": None}
+    out = {"count": len(ids), "max_model_len": runner.config.engine.max_model_len, "tokens": ids, "token_strs": None}
     if with_strs:
         out["token_strs"] = runner.tokenizer.convert_ids_to_tokens(ids)
     return out
@@ -138,7 +138,7 @@ async def generate(request: Request, kind: str):
     x_request_id = client_request_id(request)
     body = parse_json(await request.body())
     gen = parse_generation(body, kind, served_model=runner.config.model_name, tokenizer=runner.tokenizer,
-                           max_model_len=runner.config.max_model_len, root=runner.model_root)
+                           max_model_len=runner.config.engine.max_model_len, root=runner.model_root)
     transfer, kv = await _hand_off(runner, gen)
     handle = runner.submit(gen, received, x_request_id, transfer, kv)
     if gen.stream:

@@ -84,7 +84,7 @@ class EngineRunner:
         self._clock_unix_offset: float | None = None   # unix time = engine time + this (read once)
         self.window = TraceWindow(config.trace_window)
         spec = config.speculative_config
-        self.metrics = ServerMetrics(config.model_name, config.max_model_len,
+        self.metrics = ServerMetrics(config.model_name, config.engine.max_model_len,
                                      lambda: read_engine_stats(self.scheduler, self.backend.kv),
                                      spec.num_speculative_tokens if spec else 0)
         self.connector = None if config.kv_transfer_config is None else self._connector(config)
@@ -102,7 +102,7 @@ class EngineRunner:
             cache = {"kv_shape": [shape.num_layers, shape.num_kv_heads, shape.head_dim], "dtype": f"{nbytes}-byte",
                      "simulated": shape.name}
             per_token = shape.kv_bytes_per_token(nbytes)
-        return KVConnector(transfer, {**cache, "block_size": config.block_size}, per_token)
+        return KVConnector(transfer, {**cache, "block_size": config.engine.block_size}, per_token)
 
     # --- life -------------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -264,7 +264,7 @@ class EngineRunner:
                 "in_flight": len(self.handles), "waiting": self.num_waiting(),
                 "accepted": self.num_accepted, "refused_429": self.num_refused,
                 "kv_used_tokens": kv.used_tokens, "kv_capacity_tokens": kv.capacity_tokens,
-                "max_model_len": self.config.max_model_len, "trace_window": self.config.trace_window,
+                "max_model_len": self.config.engine.max_model_len, "trace_window": self.config.trace_window,
                 "trace_forgotten": self.window.num_forgotten, "simulated": self.config.simulate,
                 "kv_exports_held": None if self.connector is None else len(self.connector.exports),
                 "kv_exports_expired": None if self.connector is None else self.connector.exports.num_expired}

@@ -104,10 +104,10 @@ class SimulatedDevice:
 
     def backend(self, config, placeholder_token: int) -> SimBackend:
         """The engine's backend for a ``ServerConfig`` (its KV cache knobs)."""
-        tokens = self.kv_capacity_tokens(config.kv_cache_memory_bytes, config.max_num_seqs, config.max_model_len)
-        return SimBackend(self.cost_model, tokens, config.max_model_len,
-                          block_size=config.block_size if config.paged else None,
-                          enable_prefix_caching=config.enable_prefix_caching,
+        e = config.engine
+        tokens = self.kv_capacity_tokens(config.kv_cache_memory_bytes, e.max_num_seqs, e.max_model_len)
+        return SimBackend(self.cost_model, tokens, e.max_model_len, block_size=e.block_size if config.paged else None,
+                          enable_prefix_caching=e.enable_prefix_caching,
                           placeholder_token=placeholder_token)
 
     def card(self) -> dict:

@@ -371,12 +371,13 @@ expect_true("at the first rate each split misses: 2P1D's TPOT is further past it
 
 # %%
 from batchlab.cluster.pd_loopback import PDLoopback, PDLoopbackConfig
+from batchlab.engine_args import EngineArgs
 from batchlab.loadgen import course_tokenizer, plan_requests, run_load
 from batchlab.serve import launch_server, wait_ready
 
-pd_config = PDLoopbackConfig(threads=1, max_num_seqs=4, max_model_len=512, dtype="float32")
+pd_config = PDLoopbackConfig(threads=1, engine=EngineArgs(max_num_seqs=4, max_model_len=512), dtype="float32")
 real_load = plan_requests(8, prompt_len=96, output_len=24, tokenizer=course_tokenizer(), rate=2.0, id_prefix="pd")
-colocated = launch_server("continuous", threads=1, dtype="float32", **pd_config.colocated_knobs())
+colocated = launch_server(threads=1, dtype="float32", config=pd_config.colocated_config())
 pd_servers = PDLoopback(pd_config)     # kept up for the last section: a fault
 try:
     pd_servers.start()
