@@ -1,5 +1,6 @@
 """Worked solutions for notebook 13 (tuning vLLM)."""
 
+from batchlab.engine_args import EngineArgs
 from batchlab.loadgen.predict import load_figures, simulate_load
 
 
@@ -11,7 +12,7 @@ def hit_tokens(prompt_len: int, shared_len: int, block_size: int) -> int:
 
 def predicted_throughput(cost, requests, max_num_seqs: int) -> float:
     """The load on the simulator with vLLM's CPU defaults except max_num_seqs: output tokens/s."""
-    return load_figures(simulate_load(cost, requests, max_num_seqs=max_num_seqs))["output_tok_s"]
+    return load_figures(simulate_load(cost, requests, EngineArgs(max_num_seqs=max_num_seqs)))["output_tok_s"]
 
 
 def seqs_to_keep_up(cost, requests, share: float, candidates=(1, 2, 4, 8, 16, 32, 64, 128)) -> int:

@@ -17,6 +17,7 @@ import pytest
 
 from batchlab.analysis.metrics import summary_row
 from batchlab.backends.roofline import RooflineCostModel
+from batchlab.engine_args import EngineArgs
 from batchlab.cluster import ROUTING_POLICIES, Cluster, ClusterConfig, ReplicaSpec, RouteRequest, make_router
 from batchlab.cluster.cache_aware import CacheAwareConfig, CacheAwareRouter
 from batchlab.cluster.kv_aware import KVAwareRouter
@@ -333,8 +334,8 @@ def test_with_every_replica_dead_requests_are_rejected_not_lost(sessions):
 
 
 def test_cluster_runs_any_engine_factory(sessions):
-    result = Cluster(ClusterConfig(2, "power_of_two"), engine_factory=lambda i: spec(block_size=None,
-                     enable_prefix_caching=False).build(i)).run(sessions.requests)
+    result = Cluster(ClusterConfig(2, "power_of_two"), engine_factory=lambda i: spec(
+                     paged=False, args=EngineArgs(enable_prefix_caching=False)).build(i)).run(sessions.requests)
     assert set(result.requests_df()["status"]) == {"finished"}
     assert (result.routing["cached_at_route_tokens"] == 0).all()
 

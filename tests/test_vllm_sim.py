@@ -22,15 +22,15 @@ def test_a_cluster_replica_is_the_predictors_replica_with_vllms_defaults_for_the
     deployment = Deployment("Llama-3-8B", "H100")
     assert spec.cost_model == deployment.step_model
     assert spec.kv_capacity_tokens == deployment.memory.kv_tokens
-    assert (spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_seq_len) == (1024, 8192, 8192)
-    assert spec.async_scheduling and isinstance(spec.build(0).scheduler, AsyncScheduledBatcher)
+    assert (spec.args.max_num_seqs, spec.args.max_num_batched_tokens, spec.args.max_model_len) == (1024, 8192, 8192)
+    assert spec.args.async_scheduling and isinstance(spec.build(0).scheduler, AsyncScheduledBatcher)
     a100 = ReplicaSpec.for_device("Llama-3-8B", "A100")           # vLLM's smaller defaults on an A100
-    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
+    assert (a100.args.max_num_seqs, a100.args.max_num_batched_tokens) == (256, 2048)
 
 
 def test_a_cluster_replica_takes_vllms_flags_by_name_and_refuses_others():
     spec = ReplicaSpec.for_device("Llama-3-8B", "H100", max_num_seqs=256, enable_prefix_caching=False, seed=3)
-    assert (spec.max_num_seqs, spec.enable_prefix_caching, spec.seed) == (256, False, 3)
+    assert (spec.args.max_num_seqs, spec.args.enable_prefix_caching, spec.seed) == (256, False, 3)
     whole = ReplicaSpec.for_device("Llama-3-8B", "H100", enable_chunked_prefill=False)
     assert not whole.build(0).scheduler.config.chunked_prefill
     tp2 = ReplicaSpec.for_device("Llama-3-8B", "H100", tensor_parallel_size=2)

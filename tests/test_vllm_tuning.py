@@ -82,13 +82,13 @@ def test_each_row_keeps_its_fastest_round():
 
 def test_simulated_load_shows_both_knobs_effects(tok):
     load = plan_requests(16, prompt_len=48, output_len=16, tokenizer=tok, arrival="poisson", rate=6.0)
-    small, large = (load_figures(simulate_load(COST, load, max_num_seqs=k)) for k in (1, 64))
+    small, large = (load_figures(simulate_load(COST, load, EngineArgs(max_num_seqs=k))) for k in (1, 64))
     assert large["output_tok_s"] > 2 * small["output_tok_s"]
     assert small["ttft_p50"] > 5 * large["ttft_p50"]
     assert large["itl_p50"] > small["itl_p50"]               # bigger steps: a slower stream
     shared = list(load[0].prompt) * 6                        # 288 tokens, the same for every request
     one_by_one = [LoadRequest(f"p{i}", shared + [100 + i] * 8, 4, arrival_time=10.0 * i) for i in range(4)]
-    off, on = (simulate_load(COST, one_by_one, prefix_caching=cached, block_size=128) for cached in (False, True))
+    off, on = (simulate_load(COST, one_by_one, EngineArgs(enable_prefix_caching=cached, block_size=128)) for cached in (False, True))
     assert np.median(latency_values(on, "ttft")) < 0.6 * np.median(latency_values(off, "ttft"))
     table = compare(on, off)
     assert list(table.columns) == ["predicted", "measured", "error"]

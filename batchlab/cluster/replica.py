@@ -24,16 +24,16 @@ from typing import Any
 
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import StepTimeModel
-from batchlab.checks import check_bool, check_int, check_number, fail
+from batchlab.checks import check_bool, check_instance, check_int, check_number, fail
 from batchlab.cluster.lazy_runs import LazyDecodeRuns
 from batchlab.engine import Engine
 from batchlab.fast_path import DecodeRuns
-from batchlab.kv_blocks import DEFAULT_BLOCK_SIZE, BlockManager
+from batchlab.kv_blocks import BlockManager
 from batchlab.listener import EngineListener
 from batchlab.loop import Arrivals, run_until
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
-from batchlab.schedulers.continuous import ContinuousBatcherConfig
+from batchlab.schedulers.continuous import batcher_for
 from batchlab.trace import Trace
 from batchlab.engine_args import EngineArgs
 from batchlab.vllm_sim import VllmReplica
@@ -42,6 +42,10 @@ from batchlab.vllm_sim.replica import wire
 
 
 SPEC_ONLY = ("noise", "seed", "fast_decode_runs")   # for_device's arguments that are not vLLM's flags
+# A replica's vLLM flags where a ReplicaSpec's args leave them at None: V1's budgets on most GPUs,
+# chunked prefill and prefix caching on blocks of 16; the synchronous scheduler.
+REPLICA_ARGS = EngineArgs(max_num_seqs=256, max_num_batched_tokens=2048, enable_chunked_prefill=True,
+                          enable_prefix_caching=True, block_size=16, async_scheduling=False)
 
 
 class AdmissionLog(BlockManager):
@@ -64,39 +68,33 @@ class AdmissionLog(BlockManager):
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """Every replica's engine: ``ContinuousBatcher(max_num_seqs, max_num_batched_tokens)`` (vLLM's
-    async-scheduling variant with ``async_scheduling``) on a ``SimBackend(cost_model,
-    kv_capacity_tokens, ...)``; replica ``i``'s noise seed is ``seed + i``."""
+    """Every replica's engine: vLLM's scheduler with ``args``' budgets (its async-scheduling variant
+    with ``async_scheduling``) on a ``SimBackend(cost_model, kv_capacity_tokens, ...)``, paged in
+    blocks of ``args.block_size`` or (``paged=False``) a reserving, slot-like cache; ``args`` left
+    at None take ``REPLICA_ARGS``' values. Replica ``i``'s noise seed is ``seed + i``."""
 
     cost_model: StepTimeModel
     kv_capacity_tokens: int
-    block_size: int | None = DEFAULT_BLOCK_SIZE
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_seq_len: int | None = None
+    args: EngineArgs = REPLICA_ARGS
+    paged: bool = True
     noise: float = 0.0
     seed: int = 0
     fast_decode_runs: bool = True
-    async_scheduling: bool = False
-    enable_chunked_prefill: bool = True
     vllm: VllmReplica | None = field(default=None, compare=False)    # what ``for_device`` built it from
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost_model, StepTimeModel):
             raise ValueError(f"cost_model={self.cost_model!r}; must be a CostModel or a RooflineCostModel")
         check_int("kv_capacity_tokens", self.kv_capacity_tokens)
-        check_int("block_size", self.block_size, allow_none=True, hint="None: a reserving (slot-like) cache")
-        check_bool("enable_prefix_caching", self.enable_prefix_caching)
-        if self.enable_prefix_caching and self.block_size is None:
-            raise ValueError("enable_prefix_caching=True needs a paged cache: give block_size (e.g. 16)")
-        ContinuousBatcherConfig(self.max_num_seqs, self.max_num_batched_tokens)   # checks both
-        check_int("max_seq_len", self.max_seq_len, allow_none=True)
+        check_instance("args", self.args, EngineArgs, "an EngineArgs")
+        object.__setattr__(self, "args", self.args.with_defaults(REPLICA_ARGS))
+        check_bool("paged", self.paged)
+        if self.args.enable_prefix_caching and not self.paged:
+            raise ValueError("enable_prefix_caching=True needs a paged cache: paged=True, or "
+                             "args=EngineArgs(enable_prefix_caching=False)")
         check_number("noise", self.noise, hint="the lognormal sigma of step times, 0 = none")
         check_int("seed", self.seed, minimum=0)
         check_bool("fast_decode_runs", self.fast_decode_runs)
-        check_bool("async_scheduling", self.async_scheduling)
-        check_bool("enable_chunked_prefill", self.enable_chunked_prefill)
 
     @classmethod
     def for_device(cls, model: str, device: str, tensor_parallel_size: int = 1, args: EngineArgs | None = None,
@@ -112,19 +110,16 @@ class ReplicaSpec:
                 fail(key, kwargs[key], f"one of vLLM's flags ({', '.join(sorted(names))}) or {', '.join(SPEC_ONLY)}")
         args = replace(args if args is not None else EngineArgs(), **kwargs)
         vllm = VllmReplica(model, device, tensor_parallel_size, args)
-        f = vllm.resolved_args
-        return cls(vllm.step_model, vllm.memory.kv_tokens, f.block_size, f.enable_prefix_caching, f.max_num_seqs,
-                   f.max_num_batched_tokens, f.max_model_len, async_scheduling=f.async_scheduling,
-                   enable_chunked_prefill=f.enable_chunked_prefill, vllm=vllm, **own)
+        return cls(vllm.step_model, vllm.memory.kv_tokens, vllm.resolved_args, vllm=vllm, **own)
 
     def build(self, index: int) -> Engine:
-        backend = SimBackend(self.cost_model, self.kv_capacity_tokens, self.max_seq_len, self.noise,
-                             self.seed + index, self.block_size, self.enable_prefix_caching)
+        a = self.args
+        backend = SimBackend(self.cost_model, self.kv_capacity_tokens, a.max_model_len, self.noise, self.seed + index,
+                             a.block_size if self.paged else None, a.enable_prefix_caching)
         if isinstance(backend.kv, BlockManager):
             backend.kv = AdmissionLog.like(backend.kv)
-        kind = AsyncScheduledBatcher if self.async_scheduling else ContinuousBatcher
-        return wire(Engine(kind(self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill), backend,
-                           fast_decode_runs=self.fast_decode_runs))
+        kind = AsyncScheduledBatcher if a.async_scheduling else ContinuousBatcher
+        return wire(Engine(batcher_for(a, kind), backend, fast_decode_runs=self.fast_decode_runs))
 
 
 class Replica:

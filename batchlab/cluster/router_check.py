@@ -35,9 +35,7 @@ HIT_FAMILIES = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries")
 def in_process_twin(config: LoopbackConfig, seed: int = 0, policy: str | None = None) -> Cluster:
     """The in-process ``Cluster`` that ``config`` stands for (see the module docstring), with
     ``policy`` instead of the config's when given."""
-    e = config.replica.engine
-    spec = ReplicaSpec(config.device().cost_model, config.kv_capacity_tokens(), e.block_size, e.enable_prefix_caching,
-                       e.max_num_seqs, e.max_num_batched_tokens, e.max_model_len)
+    spec = ReplicaSpec(config.device().cost_model, config.kv_capacity_tokens(), config.replica.engine)
     return Cluster(ClusterConfig(config.num_replicas, policy or config.policy, seed=seed), spec)
 
 

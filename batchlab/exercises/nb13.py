@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from batchlab.backends.cost_model import CostModel
+from batchlab.engine_args import EngineArgs
 from batchlab.exercises import Verdict, call_reader, compare, exercise, not_a_function
 from batchlab.loadgen.client import LoadRequest
 from batchlab.loadgen.predict import load_figures, simulate_load
@@ -58,7 +59,7 @@ SEQS_CASES = [(CHECK_COST, 16, 5.0, 0.95), (CHECK_COST, 48, 10.0, 0.95), (CHECK_
 
 
 def predicted_throughput(cost, requests, max_num_seqs: int) -> float:
-    return load_figures(simulate_load(cost, list(requests), max_num_seqs=max_num_seqs))["output_tok_s"]
+    return load_figures(simulate_load(cost, list(requests), EngineArgs(max_num_seqs=max_num_seqs)))["output_tok_s"]
 
 
 @lru_cache(maxsize=16)

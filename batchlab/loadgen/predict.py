@@ -1,8 +1,8 @@
 """Predict a load before sending it: the same requests, on the simulator, with a server's knobs.
 
 ``simulate_load`` serves a load's requests (their prompts, output lengths and arrival times) with
-the course's continuous batcher and the simulator, under the scheduling knobs a vLLM server is
-started with (``max_num_seqs``, the token budget, chunked prefill, prefix caching on blocks of
+the course's continuous batcher and the simulator, under the flags a vLLM server is started with
+(``EngineArgs``: ``max_num_seqs``, the token budget, chunked prefill, prefix caching on blocks of
 ``block_size`` tokens) and a cost model, usually one fitted from outside
 (``loadgen.calibrate``). ``compare`` puts the prediction beside what the client measured.
 """
@@ -15,40 +15,38 @@ import pandas as pd
 from batchlab.analysis.metrics import latency_values, throughput
 from batchlab.backends import SimBackend
 from batchlab.backends.cost_model import StepTimeModel
-from batchlab.checks import check_bool, check_int
+from batchlab.checks import check_instance
 from batchlab.engine import Engine
+from batchlab.engine_args import EngineArgs
 from batchlab.loadgen.client import LoadRequest
 from batchlab.requests import Request
-from batchlab.schedulers import ContinuousBatcher
+from batchlab.schedulers.continuous import batcher_for
 from batchlab.trace import Trace
 
+# vLLM V1's flags on a CPU (128 sequences, 2,048 tokens a step, chunked prefill, blocks of 128
+# tokens), prefix caching off unless asked for: what simulate_load fills where its args say None.
+CPU_ARGS = EngineArgs(max_num_seqs=128, max_num_batched_tokens=2048, enable_chunked_prefill=True,
+                      enable_prefix_caching=False, block_size=128)
 
-def simulate_load(cost_model: StepTimeModel, requests: list[LoadRequest], max_num_seqs: int = 128,
-                  max_num_batched_tokens: int = 2048, chunked_prefill: bool = True, prefix_caching: bool = False,
-                  block_size: int = 128, kv_capacity_tokens: int = 46_592) -> Trace:
-    """The simulator's trace of ``requests`` (token-id prompts; their ``arrival_time``) under these knobs.
 
-    Defaults are vLLM V1's on a CPU: 128 sequences, 2,048 tokens a step, chunked prefill on, blocks
-    of 128 tokens; the KV capacity is what the course's vLLM gets from 2 GiB (46,592 tokens).
-    """
+def simulate_load(cost_model: StepTimeModel, requests: list[LoadRequest], args: EngineArgs = CPU_ARGS,
+                  kv_capacity_tokens: int = 46_592) -> Trace:
+    """The simulator's trace of ``requests`` (token-id prompts; their ``arrival_time``) under vLLM's
+    flags ``args``; each left at None takes ``CPU_ARGS``' value. The KV capacity is what the
+    course's vLLM gets from 2 GiB (46,592 tokens)."""
     if not isinstance(cost_model, StepTimeModel):
         raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (e.g. calibrate_outside_in(...).cost_model)")
-    check_int("max_num_seqs", max_num_seqs)
-    check_int("max_num_batched_tokens", max_num_batched_tokens)
-    check_bool("chunked_prefill", chunked_prefill)
-    check_bool("prefix_caching", prefix_caching)
-    check_int("block_size", block_size)
+    check_instance("args", args, EngineArgs, "an EngineArgs")
+    a = args.with_defaults(CPU_ARGS)
     reqs = []
     for r in sorted(requests, key=lambda q: q.arrival_time):
         if not isinstance(r, LoadRequest) or not isinstance(r.prompt, list):
             raise ValueError(f"request {getattr(r, 'request_id', r)!r}: simulate_load needs LoadRequests with "
                              "token-id prompts (plan_requests makes them)")
         reqs.append(Request(r.request_id, list(r.prompt), r.max_tokens, r.arrival_time))
-    backend = SimBackend(cost_model, kv_capacity_tokens=kv_capacity_tokens, block_size=block_size,
-                         enable_prefix_caching=prefix_caching)
-    scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  chunked_prefill=chunked_prefill)
-    return Engine(scheduler, backend).run(reqs)
+    backend = SimBackend(cost_model, kv_capacity_tokens=kv_capacity_tokens, block_size=a.block_size,
+                         enable_prefix_caching=a.enable_prefix_caching)
+    return Engine(batcher_for(a), backend).run(reqs)
 
 
 def load_figures(trace: Trace) -> dict[str, float]:

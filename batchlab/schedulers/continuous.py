@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from batchlab.checks import check_bool, check_int
+from batchlab.engine_args import EngineArgs
 from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers.base import Scheduler, split_ended
@@ -335,6 +336,13 @@ class ContinuousBatcher(Scheduler):
 
     def __repr__(self) -> str:
         return f"ContinuousBatcher({', '.join(f'{k}={v}' for k, v in asdict(self.config).items())})"
+
+
+def batcher_for(args: EngineArgs, kind: type[ContinuousBatcher] = ContinuousBatcher) -> ContinuousBatcher:
+    """The scheduler vLLM's flags ``args`` describe (their budgets set, as the caller resolved them);
+    ``kind``: ``ContinuousBatcher`` or a variant of it."""
+    return kind(args.max_num_seqs, args.max_num_batched_tokens, args.enable_chunked_prefill,
+                args.long_prefill_token_threshold)
 
 
 class _StepBudget:

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from batchlab.backends import ModelBackend
 from batchlab.checks import check_bool, check_instance, check_int, fail, is_int
 from batchlab.engine_args import EngineArgs, flag
-from batchlab.schedulers import SCHEDULERS, ContinuousBatcher, DynamicBatcher, StaticBatcher
+from batchlab.schedulers import SCHEDULERS, DynamicBatcher, StaticBatcher
+from batchlab.schedulers.continuous import batcher_for
 from batchlab.schedulers.base import Scheduler
 from batchlab.speculative import SpeculativeConfig, check_runs_on_the_model
 from batchlab.serve.kv_transfer import KVTransferConfig
@@ -170,6 +171,4 @@ class ServerConfig:
             return StaticBatcher(self.batch_size, stream=stream)
         if self.policy == "dynamic":
             return DynamicBatcher(self.max_batch_size, self.batch_timeout, stream=stream)
-        e = self.engine
-        return ContinuousBatcher(e.max_num_seqs, e.max_num_batched_tokens, e.enable_chunked_prefill,
-                                 e.long_prefill_token_threshold)
+        return batcher_for(self.engine)

@@ -23,6 +23,7 @@ from batchlab.backends.measured_step import MeasuredStep
 from batchlab.checks import check_choice, check_instance, check_int, fail
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher
+from batchlab.schedulers.continuous import batcher_for
 from batchlab.shapes import ModelShape, model_shape
 from batchlab.vllm_sim.async_scheduling import AsyncScheduledBatcher
 from batchlab.engine_args import EngineArgs
@@ -117,7 +118,7 @@ class VllmReplica:
         """vLLM's scheduler with this replica's budgets (async scheduling unless turned off)."""
         f = self.resolved_args
         kind = AsyncScheduledBatcher if f.async_scheduling else ContinuousBatcher
-        return kind(f.max_num_seqs, f.max_num_batched_tokens, f.enable_chunked_prefill)
+        return batcher_for(f, kind)
 
     def engine(self, index: int = 0) -> Engine:
         """One replica's engine on the virtual clock (``index``: its place in a cluster, unused)."""

@@ -257,7 +257,7 @@ load = plan_requests(24, prompt_len=64, output_len=32, tokenizer=tok, arrival="p
 SMALL, LARGE = 2, 128
 predicted = {}
 if cal is not None:
-    predicted = {k: simulate_load(cost, load, max_num_seqs=k, block_size=BLOCK) for k in (SMALL, LARGE)}
+    predicted = {k: simulate_load(cost, load, EngineArgs(max_num_seqs=k, block_size=BLOCK)) for k in (SMALL, LARGE)}
     pred = {k: load_figures(t) for k, t in predicted.items()}
     display(pd.DataFrame({f"max_num_seqs={k}": f for k, f in pred.items()}).round(3))
     expect("predicted output tokens/s, 128 / 2 sequences", pred[LARGE]["output_tok_s"] / pred[SMALL]["output_tok_s"],
@@ -292,7 +292,7 @@ apart = lambda reqs: [LoadRequest(r.request_id, r.prompt, r.max_tokens, 10.0 * i
 prefix_result = {name: {} for name in prefix_loads}
 if cal is not None:
     for name, reqs in prefix_loads.items():
-        sim = simulate_load(cost, apart(reqs), prefix_caching=(name == "shared"), block_size=BLOCK)
+        sim = simulate_load(cost, apart(reqs), EngineArgs(enable_prefix_caching=name == "shared", block_size=BLOCK))
         prefix_result[name]["predicted ttft_p50"] = float(np.median(metrics.latency_values(sim, "ttft")))
     predicted_gain = prefix_result["salted"]["predicted ttft_p50"] / prefix_result["shared"]["predicted ttft_p50"]
     print(f"TTFT p50 without / with the shared cache, predicted: {predicted_gain:.1f}x")
@@ -311,8 +311,9 @@ newcomer_load = ([LoadRequest(f"chat-{i}", p, 64, 0.0, prompt_len=32) for i, p i
                  + [LoadRequest(NEWCOMER, fresh_prompts(tok, 1, 768)[0], 4, 1.0, prompt_len=768)])
 budget_pred, budget_meas = {}, {}
 if cal is not None:
-    budget_pred = {b: newcomer_figures(simulate_load(cost, newcomer_load, max_num_batched_tokens=b, block_size=BLOCK),
-                                       NEWCOMER) for b in BUDGETS}
+    budget_pred = {b: newcomer_figures(simulate_load(cost, newcomer_load,
+                                                     EngineArgs(max_num_batched_tokens=b, block_size=BLOCK)), NEWCOMER)
+                   for b in BUDGETS}
     display(pd.DataFrame(budget_pred).round(3))
 
 # %% [markdown]
