@@ -118,7 +118,6 @@ class EngineArgs:
         """These flags with vLLM V1's defaults for a GPU and ``model`` filled in, and checked
         together (vLLM refuses a token budget under the context without chunked prefill)."""
         large = device_memory_gib >= LARGE_DEVICE_GIB and "a100" not in device_name.lower()
-        seqs = self.max_num_seqs or (1024 if large else 256)
         max_len = self.max_model_len or model.max_model_len
         if max_len is None:
             fail("max_model_len", None, "an int >= 1", f"{model.name}'s config gives no "
@@ -128,6 +127,7 @@ class EngineArgs:
                  f"{model.name}'s max_position_embeddings; vLLM refuses a longer context")
         chunked = self.enable_chunked_prefill is not False
         budget = self.max_num_batched_tokens or ((8192 if large else 2048) if chunked else max(max_len, 2048))
+        seqs = self.max_num_seqs or min(1024 if large else 256, budget)   # vLLM caps its default by the budget
         if not chunked and budget < max_len:
             fail("max_num_batched_tokens", budget, f">= max_model_len={max_len}",
                  "without chunked prefill a whole prompt runs in one step")

@@ -43,6 +43,10 @@ def test_resolved_fills_v1s_gpu_defaults_and_keeps_what_was_set():
     assert big.block_size == 16 and big.dtype == "bfloat16"
     kept = EngineArgs(max_num_seqs=64, enable_prefix_caching=False).resolved("H100", 79.2, llama)
     assert (kept.max_num_seqs, kept.enable_prefix_caching) == (64, False)
+    capped = EngineArgs(max_num_batched_tokens=512).resolved("H100", 79.2, llama)   # vLLM's default capped by it
+    assert (capped.max_num_seqs, capped.max_num_batched_tokens) == (512, 512)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=512; must be >= max_num_seqs=1024"):
+        EngineArgs(max_num_seqs=1024, max_num_batched_tokens=512)                  # both given: refused, as vLLM does
     with pytest.raises(ValueError, match="dtype='float32'"):
         EngineArgs(dtype="float32").resolved("H100", 79.2, llama)
 
