@@ -7,13 +7,14 @@ import math
 import pytest
 
 from batchlab.backends import CostModel, ModelBackend
+from batchlab.engine_args import EngineArgs
 from batchlab.experiments.calibration import calibration_trace, fit_calibration, lone_prompt_steps
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["slots", "paged"])
 def test_calibration_runs_on_slots_and_on_blocks(lm, paged):
     backend = ModelBackend(lm, num_slots=4, max_seq_len=512, paged=paged)
-    trace = calibration_trace(backend, num_requests=4, max_num_seqs=4, max_num_batched_tokens=64)
+    trace = calibration_trace(backend, num_requests=4, args=EngineArgs(max_num_seqs=4, max_num_batched_tokens=64))
     assert (trace.requests_df()["status"] == "finished").all()
     assert backend.kv.used_tokens == 0                       # everything freed at the end
     steps = trace.steps[1:] + lone_prompt_steps(backend, lengths=(96,))

@@ -43,14 +43,18 @@ import torch
 from batchlab.backends.cost_model import CostModel, features_df
 from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
+from batchlab.engine_args import EngineArgs
 from batchlab.model.loading import cache_root
 from batchlab.schedulers import ContinuousBatcher
+from batchlab.schedulers.continuous import batcher_for
 from batchlab.trace import StepRecord, Trace
 from batchlab.workloads import make_workload
 
 
 # Median relative error of a fit above which calibration warns (quiet CPUs here give 5-10%).
 POOR_FIT_ERROR = 0.15
+# A calibration pass's scheduler where calibration_trace's args leave a flag at None.
+CALIBRATION_ARGS = EngineArgs(max_num_seqs=16, max_num_batched_tokens=96, enable_chunked_prefill=True)
 # Prompts served alone in the calibration's third pass (capped by the backend's slot length),
 # each in one step; then one prompt served alone in chunks of each CHUNK_BUDGETS size.
 LONE_PROMPT_LENS = (32, 64, 128, 256, 384)
@@ -69,13 +73,13 @@ def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
                          tokenizer=tokenizer, id_prefix="cal")
 
 
-def calibration_trace(backend: ModelBackend, num_requests: int = 24, max_num_seqs: int = 16,
-                      max_num_batched_tokens: int = 96, seed: int = 0, progress: bool = False) -> Trace:
-    """Serve the calibration workload on the real model and return its trace (measured steps)."""
+def calibration_trace(backend: ModelBackend, num_requests: int = 24, args: EngineArgs = CALIBRATION_ARGS,
+                      seed: int = 0, progress: bool = False) -> Trace:
+    """Serve the calibration workload on the real model and return its trace (measured steps),
+    under vLLM's flags ``args`` (each left at None: ``CALIBRATION_ARGS``')."""
     requests = calibration_workload(backend.lm.tokenizer, num_requests, seed)
     # The KV space limits admission by itself (a slot cache: its slots), whatever its kind.
-    scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  chunked_prefill=True)
+    scheduler = batcher_for(args.with_defaults(CALIBRATION_ARGS))
     return Engine(scheduler, backend).run(requests, progress=progress)
 
 
@@ -103,8 +107,8 @@ def calibration_steps(backend: ModelBackend, num_requests: int = 24, seed: int =
     """The measured steps ``calibrate_cost_model`` fits: both passes, without warm-up steps."""
     steps: list[StepRecord] = []
     for budget, seqs in ((64, 16), (512, 8)):
-        trace = calibration_trace(backend, num_requests, max_num_seqs=seqs,
-                                  max_num_batched_tokens=budget, seed=seed, progress=progress)
+        trace = calibration_trace(backend, num_requests, EngineArgs(max_num_seqs=seqs, max_num_batched_tokens=budget),
+                                  seed=seed, progress=progress)
         steps += trace.steps[1:]  # the first step warms caches up; leave it out
     return steps + lone_prompt_steps(backend, seed=seed)
 

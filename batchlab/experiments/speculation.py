@@ -30,10 +30,14 @@ from batchlab.analysis.metrics import per_request_metrics
 from batchlab.backends.base import Backend
 from batchlab.checks import check_int, check_list
 from batchlab.engine import Engine
+from batchlab.engine_args import EngineArgs
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.speculative import AcceptanceModel
+from batchlab.schedulers.continuous import batcher_for
 from batchlab.trace import Trace
+
+RATE_ARGS = EngineArgs(max_num_seqs=256, max_num_batched_tokens=8192, enable_chunked_prefill=True)
 
 SPEC_COLUMNS = ["batch", "config", "tok_s", "speedup", "tpot_ms", "acceptance", "tokens_per_check", "seconds"]
 
@@ -88,11 +92,11 @@ def serve_batches(make_backend: Callable[[object, int], Backend], make_requests:
 
 
 def serve_rates(make_backend: Callable[[object], Backend], make_requests: Callable[[float], list[Request]],
-                rates: Sequence[float], specs: Mapping[object, object], max_num_seqs: int = 256,
-                max_num_batched_tokens: int = 8192, progress: Callable | None = None) -> pd.DataFrame:
+                rates: Sequence[float], specs: Mapping[object, object], args: EngineArgs = RATE_ARGS,
+                progress: Callable | None = None) -> pd.DataFrame:
     """One row per (rate, config): ``make_requests(rate)`` (arrivals at ``rate`` requests/s)
-    served by ``ContinuousBatcher(max_num_seqs, max_num_batched_tokens)`` on a fresh
-    ``make_backend(spec)``. ``tpot_speedup``: the baseline's median TPOT / the config's (above 1:
+    served by vLLM's scheduler under ``args`` (each left at None: ``RATE_ARGS``', an H100's
+    budgets) on a fresh ``make_backend(spec)``. ``tpot_speedup``: the baseline's median TPOT / the config's (above 1:
     tokens come faster); ``mean_batch``: requests per step, what the rate turned into.
     ``progress`` is called after every run."""
     check_list("rates", rates, "a non-empty list of request rates")
@@ -100,8 +104,7 @@ def serve_rates(make_backend: Callable[[object], Backend], make_requests: Callab
     rows = []
     for rate in rates:
         for name, spec in specs.items():
-            trace = Engine(ContinuousBatcher(max_num_seqs, max_num_batched_tokens), make_backend(spec)).run(
-                make_requests(rate))
+            trace = Engine(batcher_for(args.with_defaults(RATE_ARGS)), make_backend(spec)).run(make_requests(rate))
             per_request = per_request_metrics(trace)
             rows.append({"rate": rate, "config": name, "tpot_ms": per_request["tpot"].median() * 1e3,
                          "ttft_ms": per_request["ttft"].median() * 1e3,
