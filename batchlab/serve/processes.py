@@ -221,11 +221,10 @@ def launch_server(policy: str = "continuous", port: int | None = None, api_key: 
         config = ServerConfig.of(policy=policy, **knobs)  # bad knobs fail here, with the reason
     elif knobs or not isinstance(config, ServerConfig):
         fail("config", config, "a ServerConfig, given alone (no knobs beside it)")
-    policy = config.policy
     if dtype is not None:
         check_choice("dtype", dtype, ALLOWED_DTYPES)
     port = port or free_port()
-    cmd = [sys.executable, "-m", "batchlab.serve", "--port", str(port), "--policy", policy, *config.cli_args()]
+    cmd = [sys.executable, "-m", "batchlab.serve", "--port", str(port), *config.cli_args()]
     if api_key is not None:
         cmd += ["--api-key", api_key]
     if threads is not None:
