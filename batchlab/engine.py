@@ -36,9 +36,9 @@ Rules the engine keeps:
 - **Plans are checked.** A chunk must start where its request's computed tokens end, stay within
   its known tokens, and sample exactly when it reaches the last known token.
 - When a request ends the engine calls ``backend.release(request_id)``, so the backend can forget
-  what it kept for it (a sampler's generator, say). A finished request that asked to
-  ``export_kv`` (a disaggregated prefill worker's) first gets a copy of its prompt's keys and
-  values (``exported_kv``), before the scheduler frees its KV space.
+  what it kept for it (a sampler's generator, say). A finished request marked ``kv_export`` (a
+  disaggregated prefill worker's) first has a copy of its prompt's keys and values handed to the
+  listener (``on_kv_export``), before the scheduler frees its KV space.
 
 The clocks are described in ``clock.py``: ``"virtual"`` (time moves by each step's reported
 duration and skips idle gaps) or ``"wall"`` (real time; requests arrive in real time).
@@ -57,7 +57,7 @@ from batchlab.listener import EngineListener, RequestOutput, StepOutput
 from batchlab.offline import serve_offline
 from batchlab.online import EngineInbox, serve_online
 from batchlab.plan import Idle, StepPlan
-from batchlab.requests import FinishReason, Request, RequestStatus
+from batchlab.requests import FinishReason, Request, RequestStatus, SpecState
 from batchlab.schedulers.base import Scheduler
 from batchlab.trace import StepRecord, Trace, request_records
 
@@ -66,7 +66,8 @@ __all__ = ["Engine", "EngineError", "Idle"]
 
 def _mark_ended(req: Request, reason: FinishReason, detail: str | None) -> None:
     req.status, req.finish_reason, req.finish_detail = reason.status, reason, detail
-    req.remote_kv = None                 # transferred KV it never used, or used already: not kept
+    if req.kv_transfer is not None:
+        req.kv_transfer.kv = None        # transferred KV it never used: not kept
 
 
 class Engine:
@@ -126,6 +127,8 @@ class Engine:
             self.listener.on_end(req, now)
             return
         self.requests[rid], self.release_times[rid] = req, None
+        if self.backend.speculative is not None:
+            req.spec = SpecState()
         reason = self.scheduler.why_unschedulable(req)
         if reason is None:
             self.scheduler.add_request(req)
@@ -169,7 +172,7 @@ class Engine:
                 check_chunk(c, req)
             cached = None
             if req.first_scheduled_time is None:            # its first chunk starts past what was cached
-                req.first_scheduled_time, req.remote_kv, cached = start, None, c.start   # (transferred KV: in the cache now)
+                req.first_scheduled_time, cached = start, c.start
             req.num_computed_tokens = computed
             num_before, spec = len(req.output_ids), None
             if c.samples and c.draft:
@@ -180,7 +183,7 @@ class Engine:
                     raise EngineError(f"the backend returned no token for {c.request_id!r}, whose chunk samples")
                 self._append(req, token, end, logprobs.get(c.request_id) if logprobs else None)
             if c.samples and self.backend.speculative is not None:     # its draft for the next step
-                req.draft_ids = result.drafts.get(c.request_id, [])
+                req.spec.draft_ids = result.drafts.get(c.request_id, [])
             if self.hears_steps and (c.samples or cached):
                 outputs.append(RequestOutput(req, req.output_ids[num_before:], req.finish_reason, cached, spec))
         return outputs
@@ -203,7 +206,7 @@ class Engine:
         one by one, up to the first that ends the request. Returns ``(drafted, accepted)``."""
         emitted = check_emitted(req, draft, result.verified.get(req.request_id))
         accepted = len(emitted) - 1
-        req.spec_checks.append((len(draft), accepted))
+        req.spec.checks.append((len(draft), accepted))
         req.num_computed_tokens += accepted
         if accepted < len(draft):
             self.scheduler.kv.rollback(req.request_id, len(draft) - accepted)
@@ -219,8 +222,8 @@ class Engine:
         its response goes out when the scheduler releases it; a rejected or aborted one is answered
         now (a running one frees its KV at the next ``scheduler.remove_ended()``)."""
         _mark_ended(req, reason, detail)
-        if req.export_kv and reason in (FinishReason.LENGTH, FinishReason.STOP):   # for a decode worker
-            req.exported_kv = self.backend.read_kv(req.request_id, req.prompt_len)
+        if req.kv_export and reason in (FinishReason.LENGTH, FinishReason.STOP):   # for a decode worker
+            self.listener.on_kv_export(req, self.backend.read_kv(req.request_id, req.prompt_len))
         self.backend.release(req.request_id)
         if reason in (FinishReason.REJECTED, FinishReason.ABORT):
             self.release_times[req.request_id] = t

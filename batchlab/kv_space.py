@@ -45,7 +45,7 @@ class KVSpace(Protocol):
     max_seq_len: int | None          # the longest sequence allowed (None: the whole cache)
     block_size: int | None           # tokens per block of a paged space (None: a reserving one)
     num_hit_tokens: int              # prompt tokens served from a prefix cache, over the run
-    stores_values: bool              # True: a model's cache (keys, values); False: counts only
+    stores_values: bool              # True: a model's cache (keys, values; write_tokens); False: counts
 
     @property
     def capacity_tokens(self) -> int: ...

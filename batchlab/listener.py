@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchlab.requests import FinishReason, Request
+from batchlab.requests import FinishReason, KVCopy, Request
 from batchlab.trace import PreemptionRecord, StepRecord
 
 
@@ -45,6 +45,10 @@ class EngineListener:
 
     def on_step(self, out: StepOutput) -> None:
         """A step ended at ``out.step.end`` (before the requests it finished are released)."""
+
+    def on_kv_export(self, req: Request, kv: KVCopy) -> None:
+        """``req`` (marked ``kv_export``) finished: ``kv`` is its prompt's keys and values, copied
+        before its KV space is freed, for a decode worker to pull."""
 
     def on_end(self, req: Request, t: float) -> None:
         """``req``'s response is complete at ``t``: its ``status``, ``finish_reason`` and

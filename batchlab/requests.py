@@ -142,36 +142,80 @@ class TokenLogprobs:
 
 
 @dataclass
+class KVTransfer:
+    """Prompt KV computed elsewhere that a request brings along (a disaggregated decode worker's
+    request; vLLM's ``kv_transfer_params``, its connector's "external computed tokens").
+
+    ``tokens``: the leading prompt tokens whose keys and values arrive; at most ``prompt_len - 1``,
+    since the last prompt token is computed where the request decodes and samples its first token.
+    ``kv``: those keys and values, (num_layers, >= tokens, 2, num_kv_heads, head_dim), for a cache
+    that stores values; None in the simulator, which counts tokens. ``seconds``: how long they take
+    to arrive once the request holds KV space, and not before ``not_before`` (the link is busy).
+    ``arrival_time``, set when a scheduler admits the request: when they land.
+    """
+
+    tokens: int
+    kv: Any = field(default=None, repr=False)
+    seconds: float = 0.0
+    not_before: float = 0.0
+    arrival_time: float | None = None
+
+    def __post_init__(self) -> None:
+        check_int("kv_transfer.tokens", self.tokens, hint="prompt tokens whose KV arrives")
+        for name in ("seconds", "not_before"):
+            check_number(f"kv_transfer.{name}", getattr(self, name), hint="seconds")
+        shape = getattr(self.kv, "shape", None)
+        if self.kv is not None and (shape is None or len(shape) != 5 or shape[1] < self.tokens):
+            raise ValueError(f"kv_transfer.kv of shape {shape}; must be a tensor (num_layers, >= tokens = "
+                             f"{self.tokens}, 2, num_kv_heads, head_dim), or None")
+
+    def start(self, now: float) -> None:
+        """The request is admitted at ``now``: the pull starts into the KV space it now holds."""
+        self.arrival_time = max(now + self.seconds, self.not_before)
+
+    def in_flight(self, now: float) -> bool:
+        """Pulled, and not landed yet at ``now``."""
+        return self.arrival_time is not None and now < self.arrival_time
+
+    def fresh(self) -> "KVTransfer":
+        return KVTransfer(self.tokens, self.kv, self.seconds, self.not_before)
+
+
+@dataclass
+class KVCopy:
+    """A sequence's prompt KV copied out of a cache as its request finishes (a prefill worker's
+    export, what a ``KVTransfer`` later brings): ``kv`` (layers, tokens, 2, KV heads, head dim),
+    None where the cache stores no values; ``block_ids``: the blocks (or slot) it lay in."""
+
+    kv: Any
+    block_ids: list[int]
+
+
+@dataclass(slots=True)
+class SpecState:
+    """A request's speculative decoding: its draft for the next step (the backend's proposal) and,
+    per step that checked one of its drafts, ``(drafted, accepted)`` token counts."""
+
+    draft_ids: list[int] = field(default_factory=list)
+    checks: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
 class Request:
     """One client request and its life in the server.
 
     Inputs: ``request_id``, ``prompt_ids`` (or only ``prompt_len`` for simulated requests),
     ``max_new_tokens``, ``arrival_time`` (seconds on the workload's timeline), ``sampling``, and
     ``stop_token_ids`` (empty by default, so every request makes exactly ``max_new_tokens``
-    tokens, as serving benchmarks do with ``ignore_eos``). ``kv_transfer_tokens``: prompt tokens
-    whose keys and values arrive with the request, computed elsewhere (a disaggregated prefill
-    worker's; vLLM's KV connectors report them as external computed tokens). At most
-    ``prompt_len - 1``: the last prompt token is computed here, and its logits sample the first
-    token, as vLLM's decode worker does. ``remote_kv``: those keys and values themselves, for a
-    cache that stores values (the real model's): a tensor (num_layers, >= kv_transfer_tokens, 2,
-    num_kv_heads, head_dim), written into the cache by the request's first step and then dropped;
-    None in the simulator, which counts tokens only. ``export_kv``: keep the prompt's keys and
-    values when the request finishes (a disaggregated prefill worker's request): the engine copies
-    them into ``exported_kv`` before the request's KV space is freed. ``kv_transfer_seconds``:
-    how long that KV takes to arrive once this worker holds KV space for it, and not before
-    ``kv_transfer_not_before`` (the link is busy until then): a simulated decode worker admits such
-    a request, holds its blocks while the KV is in flight, and computes nothing for it until the KV
-    has landed (0 and 0: it came with the request).
+    tokens, as serving benchmarks do with ``ignore_eos``). Disaggregated serving: ``kv_transfer``,
+    prompt KV computed elsewhere that comes with it (``KVTransfer``); ``kv_export``, a prefill
+    worker's request, whose prompt KV the engine hands to its listener when it finishes.
 
     State, written by the engine only: ``status``, ``num_computed_tokens``, ``output_ids``,
     ``token_times`` (when each output token was computed), ``output_logprobs`` (one
     ``TokenLogprobs`` per output token, when ``sampling.logprobs`` asks), ``first_scheduled_time``,
     ``finish_reason`` (a ``FinishReason``) and ``finish_detail`` (why, in words, when it was
-    aborted or rejected), ``exported_kv`` (see ``export_kv``), ``kv_arrival_time`` (when the
-    transferred KV is in this worker's blocks, set when the scheduler admits the request).
-    Speculative decoding: ``draft_ids``, the tokens drafted for its next step (the backend's
-    proposal); ``spec_checks``, one ``(drafted, accepted)`` pair of token counts per step that
-    checked a draft of it.
+    aborted or rejected), ``spec`` (its ``SpecState`` when a backend speculates, else None).
     """
 
     request_id: str
@@ -181,11 +225,8 @@ class Request:
     sampling: SamplingParams = GREEDY
     prompt_len: int = -1
     stop_token_ids: tuple[int, ...] = ()
-    kv_transfer_tokens: int = 0
-    remote_kv: Any = field(default=None, repr=False)
-    export_kv: bool = False
-    kv_transfer_seconds: float = 0.0
-    kv_transfer_not_before: float = 0.0
+    kv_transfer: KVTransfer | None = None
+    kv_export: bool = False
 
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
@@ -195,10 +236,7 @@ class Request:
     first_scheduled_time: float | None = None
     finish_reason: FinishReason | None = None
     finish_detail: str | None = None
-    exported_kv: Any = field(default=None, repr=False)
-    kv_arrival_time: float | None = None
-    draft_ids: list[int] = field(default_factory=list)
-    spec_checks: list[tuple[int, int]] = field(default_factory=list)
+    spec: SpecState | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -232,23 +270,13 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: stop_token_ids={stops!r}; must be a "
                              "list of token ids (ints)")
         self.stop_token_ids = tuple(int(t) for t in stops)
-        if not is_int(self.kv_transfer_tokens) or not 0 <= self.kv_transfer_tokens < self.prompt_len:
-            raise ValueError(f"request {self.request_id!r}: kv_transfer_tokens={self.kv_transfer_tokens!r}; must be "
-                             f"an int in [0, prompt_len - 1 = {self.prompt_len - 1}] (the last prompt token is "
-                             "computed where the request decodes)")
-        if not isinstance(self.export_kv, bool):
-            raise ValueError(f"request {self.request_id!r}: export_kv={self.export_kv!r}; must be True or False")
-        for name in ("kv_transfer_seconds", "kv_transfer_not_before"):
-            value = getattr(self, name)
-            if not is_number(value) or value < 0 or (value and not self.kv_transfer_tokens):
-                raise ValueError(f"request {self.request_id!r}: {name}={value!r}; must be a finite number of seconds "
-                                 ">= 0, and 0 unless kv_transfer_tokens > 0 (there is KV to wait for)")
-        shape = getattr(self.remote_kv, "shape", None)
-        if self.remote_kv is not None and (shape is None or len(shape) != 5 or not self.kv_transfer_tokens
-                                           or shape[1] < self.kv_transfer_tokens):
-            raise ValueError(f"request {self.request_id!r}: remote_kv of shape {shape}; must be a tensor (num_layers, "
-                             f">= kv_transfer_tokens = {self.kv_transfer_tokens} (at least 1), 2, num_kv_heads, "
-                             "head_dim), or None")
+        transfer = self.kv_transfer
+        if transfer is not None and (not isinstance(transfer, KVTransfer) or transfer.tokens >= self.prompt_len):
+            raise ValueError(f"request {self.request_id!r}: kv_transfer={transfer!r}; must be a KVTransfer of at most "
+                             f"prompt_len - 1 = {self.prompt_len - 1} tokens (the last prompt token is computed "
+                             "where the request decodes), or None")
+        if not isinstance(self.kv_export, bool):
+            raise ValueError(f"request {self.request_id!r}: kv_export={self.kv_export!r}; must be True or False")
 
     # --- sizes -------------------------------------------------------------------------------
     @property
@@ -310,9 +338,8 @@ class Request:
         same = {"request_id": self.request_id, "max_new_tokens": self.max_new_tokens,
                 "prompt_ids": None if same_prompt else self.prompt_ids,      # (else copied by __post_init__)
                 "arrival_time": self.arrival_time, "sampling": self.sampling, "prompt_len": self.prompt_len,
-                "stop_token_ids": self.stop_token_ids, "kv_transfer_tokens": self.kv_transfer_tokens,
-                "remote_kv": self.remote_kv, "export_kv": self.export_kv,
-                "kv_transfer_seconds": self.kv_transfer_seconds, "kv_transfer_not_before": self.kv_transfer_not_before}
+                "stop_token_ids": self.stop_token_ids, "kv_export": self.kv_export,
+                "kv_transfer": None if self.kv_transfer is None else self.kv_transfer.fresh()}
         copy = Request(**{**same, **inputs})
         if same_prompt:
             copy.prompt_ids = list(self.prompt_ids)

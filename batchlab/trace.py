@@ -102,7 +102,7 @@ def request_records(requests: Sequence[Request], release_times: Mapping[str, flo
     """Each ended request's record; its token lists move into the trace (the run's own copies)."""
     return [RequestRecord(r.request_id, r.arrival_time, r.prompt_len, r.max_new_tokens, r.status, r.finish_reason,
                           r.first_scheduled_time, r.token_times, release_times[r.request_id], streamed,
-                          r.output_ids, r.finish_detail, r.spec_checks) for r in requests]
+                          r.output_ids, r.finish_detail, [] if r.spec is None else r.spec.checks) for r in requests]
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Prefill here, decode there: the disaggregated cluster simulator (``batchlab.cluster.disaggregated``)
-and what the engine does with KV computed elsewhere (``Request.kv_transfer_tokens``)."""
+and what the engine does with KV computed elsewhere (``Request.kv_transfer``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from batchlab.cluster.pd_goodput import attainment_table, goodput_by_layout, lay
 from batchlab.engine import Engine
 from batchlab.kv_blocks import BlockManager
 from batchlab.model.kv_cache import KVCache
-from batchlab.requests import FinishReason, Request, RequestStatus
+from batchlab.requests import FinishReason, KVTransfer, Request, RequestStatus
 from batchlab.schedulers import ContinuousBatcher, StaticBatcher
 from batchlab.schedulers.continuous import ready_tokens
 from batchlab.workloads import Range
@@ -131,15 +131,16 @@ def test_bad_links_and_sizes_are_named():
 
 
 # --- the engine's side: KV computed elsewhere --------------------------------------------------
-def test_kv_transfer_tokens_must_leave_the_last_prompt_token():
-    with pytest.raises(ValueError, match=r"kv_transfer_tokens=10; must be an int in \[0, prompt_len - 1 = 9\]"):
-        Request("r", None, 4, prompt_len=10, kv_transfer_tokens=10)
+def test_kv_transfer_must_leave_the_last_prompt_token():
+    with pytest.raises(ValueError, match=r"kv_transfer=KVTransfer\(tokens=10.*must be a KVTransfer of at most "
+                                         r"prompt_len - 1 = 9 tokens"):
+        Request("r", None, 4, prompt_len=10, kv_transfer=KVTransfer(10))
 
 
 def test_continuous_batching_computes_only_what_did_not_arrive():
     engine = Engine(ContinuousBatcher(8, 512), SimBackend(ReplicaSpec.for_device(MODEL, GPU).cost_model, 100_000,
                                                             block_size=16))
-    trace = engine.run([Request("r", None, 3, prompt_len=300, kv_transfer_tokens=299)])
+    trace = engine.run([Request("r", None, 3, prompt_len=300, kv_transfer=KVTransfer(299))])
     assert [[(c.start, c.num_tokens) for c in s.chunks] for s in trace.steps] == [[(299, 1)], [(300, 1)], [(301, 1)]]
 
 
@@ -148,7 +149,7 @@ def test_kv_in_flight_holds_its_blocks_and_computes_nothing_until_it_lands():
     first step after the KV has landed; a request beside it runs meanwhile."""
     cost = ReplicaSpec.for_device(MODEL, GPU).cost_model
     engine = Engine(ContinuousBatcher(8, 512), SimBackend(cost, 100_000, block_size=16))
-    pulled = Request("pulled", None, 3, 0.0, prompt_len=300, kv_transfer_tokens=299, kv_transfer_seconds=0.5)
+    pulled = Request("pulled", None, 3, 0.0, prompt_len=300, kv_transfer=KVTransfer(299, seconds=0.5))
     local = Request("local", None, 40, 0.0, prompt_len=100)
     trace = engine.run([pulled, local])
     steps = [(s.start, [c.request_id for c in s.chunks]) for s in trace.steps]
@@ -163,7 +164,7 @@ def test_kv_in_flight_waits_for_room_and_the_pull_starts_when_it_has_blocks():
     first has finished and freed its blocks."""
     engine = Engine(ContinuousBatcher(8, 512), SimBackend(ReplicaSpec.for_device(MODEL, GPU).cost_model, 320,
                                                             block_size=16))
-    reqs = [Request(f"r{i}", None, 8, 0.0, prompt_len=300, kv_transfer_tokens=299, kv_transfer_seconds=0.1)
+    reqs = [Request(f"r{i}", None, 8, 0.0, prompt_len=300, kv_transfer=KVTransfer(299, seconds=0.1))
             for i in range(2)]
     trace = engine.run(reqs)
     first_step = {c.request_id: s.start for s in reversed(trace.steps) for c in s.chunks}
@@ -172,31 +173,32 @@ def test_kv_in_flight_waits_for_room_and_the_pull_starts_when_it_has_blocks():
     assert all(r.status is RequestStatus.FINISHED for r in trace.requests)
 
 
-@pytest.mark.parametrize("kwargs, message", [({"kv_transfer_seconds": 0.1}, "kv_transfer_seconds=0.1"),
-                                             ({"kv_transfer_tokens": 9, "kv_transfer_seconds": -1}, "kv_transfer_seconds=-1"),
-                                             ({"kv_transfer_tokens": 9, "kv_transfer_not_before": float("nan")},
-                                              "kv_transfer_not_before=nan")])
-def test_bad_transfer_times_are_named(kwargs, message):
+@pytest.mark.parametrize("kwargs, message", [({"tokens": 0}, "kv_transfer.tokens=0"),
+                                             ({"tokens": 9, "seconds": -1}, "kv_transfer.seconds=-1"),
+                                             ({"tokens": 9, "not_before": float("nan")}, "kv_transfer.not_before=nan")])
+def test_bad_transfers_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        Request("r", None, 4, prompt_len=10, **kwargs)
+        KVTransfer(**kwargs)
+    with pytest.raises(ValueError, match="must be a KVTransfer"):
+        Request("r", None, 4, prompt_len=10, kv_transfer={"tokens": 9})
 
 
 def test_a_preempted_request_computes_its_transferred_prompt_again():
     kv = BlockManager(num_blocks=64, block_size=16)
-    req = Request("r", None, 4, prompt_len=300, kv_transfer_tokens=299)
+    req = Request("r", None, 4, prompt_len=300, kv_transfer=KVTransfer(299))
     assert ready_tokens(kv, req) == 299
     req.first_scheduled_time = 0.0                  # it ran, was preempted, and waits again
     assert ready_tokens(kv, req) == 0
 
 
 def test_policies_and_caches_that_cannot_take_transferred_kv_reject_it_with_the_reason():
-    req = Request("r", None, 4, prompt_len=300, kv_transfer_tokens=299)
+    req = Request("r", None, 4, prompt_len=300, kv_transfer=KVTransfer(299))
     static = StaticBatcher(4)
     static.bind(BlockManager(num_blocks=64, block_size=16))
     assert "StaticBatcher computes every prompt itself" in static.why_unschedulable(req)
     continuous = ContinuousBatcher(8, 512)
     continuous.bind(KVCache(num_layers=1, num_kv_heads=1, head_dim=8, num_slots=2, max_seq_len=512))
-    assert "without the keys and values themselves (remote_kv)" in continuous.why_unschedulable(req)
+    assert "without the keys and values themselves (kv_transfer.kv)" in continuous.why_unschedulable(req)
 
 
 # --- where it pays: DistServe's goodput of the same GPUs, colocated or split ---------------------

@@ -1,5 +1,5 @@
-"""Prefill here, decode there, for real: the KV hand-off on the real model (``Request.export_kv``,
-``Request.remote_kv``), between two servers (``batchlab.serve.kv_transfer``), and behind
+"""Prefill here, decode there, for real: the KV hand-off on the real model (``Request.kv_export``,
+``Request.kv_transfer``), between two servers (``batchlab.serve.kv_transfer``), and behind
 ``vllm-router --vllm-pd-disaggregation`` (``batchlab.cluster.pd_loopback``).
 
 The invariant: in fp32, greedy answers served split (prompt computed by one worker, its KV moved,
@@ -22,10 +22,13 @@ import torch
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.cluster.pd_loopback import PDLoopback, PDLoopbackConfig
 from batchlab.engine_args import EngineArgs
+from batchlab.contract import fresh_workload
 from batchlab.engine import Engine
+from batchlab.listener import EngineListener
+from batchlab.loop import Workload, run_until
 from batchlab.model.divergence import NEAR_TIE, parted_between
 from batchlab.model.llama import LlamaWeights
-from batchlab.requests import Request
+from batchlab.requests import KVCopy, KVTransfer, Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.serve import ServerConfig, ServerThread, launch_server, wait_ready
 from batchlab.serve.kv_transfer import CONNECTOR, META_HEADER, KVTransferConfig
@@ -66,22 +69,34 @@ def text(response: httpx.Response) -> str:
 
 
 # --- the engine: KV out of one cache, into another ------------------------------------------------
-def engine_outputs(lm, requests, paged: bool, block_size: int = 16) -> dict[str, list[int]]:
-    engine = Engine(ContinuousBatcher(8, 256), ModelBackend(lm, 8, 256, paged=paged, block_size=block_size))
-    trace = engine.run(requests)
-    return {r.request_id: r.output_ids for r in trace.requests}, engine
+class Exports(EngineListener):
+    """The prompt KV each finished ``kv_export`` request handed over."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, KVCopy] = {}
+
+    def on_kv_export(self, req: Request, kv: KVCopy) -> None:
+        self.kv[req.request_id] = kv
+
+
+def engine_outputs(lm, requests, paged: bool, block_size: int = 16):
+    """Serve ``requests`` on the model; their outputs, the engine, and the KV they exported."""
+    engine, exports = Engine(ContinuousBatcher(8, 256), ModelBackend(lm, 8, 256, paged=paged,
+                                                                     block_size=block_size)), Exports()
+    run_until(engine, Workload(fresh_workload(requests)), engine.start(exports))
+    trace = engine.finish()
+    return {r.request_id: r.output_ids for r in trace.requests}, engine, exports.kv
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["slots", "paged"])
 def test_transferred_kv_gives_the_colocated_greedy_tokens(lm, paged):
     ids = [lm.tokenizer.encode(p) for p in PROMPTS]
     reqs = [Request(f"r{i}", x, 24) for i, x in enumerate(ids)]
-    colocated, _ = engine_outputs(lm, reqs, paged)
-    _, prefill = engine_outputs(lm, [r.fresh_copy(max_new_tokens=1, export_kv=True) for r in reqs], paged)
-    exported = {rid: r.exported_kv for rid, r in prefill.requests.items()}
-    assert all(tuple(c.kv.shape[:2]) == (30, len(x)) for c, x in zip(exported.values(), ids))
-    split = [r.fresh_copy(kv_transfer_tokens=r.prompt_len - 1, remote_kv=exported[r.request_id].kv) for r in reqs]
-    decoded, decode = engine_outputs(lm, split, paged, block_size=32)
+    colocated, _, _ = engine_outputs(lm, reqs, paged)
+    _, _, exported = engine_outputs(lm, [r.fresh_copy(max_new_tokens=1, kv_export=True) for r in reqs], paged)
+    assert all(tuple(exported[r.request_id].kv.shape[:2]) == (30, len(x)) for r, x in zip(reqs, ids))
+    split = [r.fresh_copy(kv_transfer=KVTransfer(r.prompt_len - 1, exported[r.request_id].kv)) for r in reqs]
+    decoded, decode, _ = engine_outputs(lm, split, paged, block_size=32)
     if lm.dtype == "float32":
         assert decoded == colocated
     else:   # the last prompt token computed alone, not in the prompt's step: bf16 may part at near-ties
@@ -90,10 +105,10 @@ def test_transferred_kv_gives_the_colocated_greedy_tokens(lm, paged):
         assert all(margin < NEAR_TIE for _, margin in parted.values()), parted
     first = decode.steps[0]
     assert [(c.start, c.num_tokens) for c in first.chunks] == [(len(x) - 1, 1) for x in ids]
-    assert all(r.remote_kv is None for r in decode.requests.values())        # dropped once written
+    assert all(r.kv_transfer.kv is None for r in decode.requests.values())        # dropped once written
     # The KV is what makes the answer: zeros in its place change it.
-    blank = [r.fresh_copy(remote_kv=torch.zeros_like(r.remote_kv)) for r in split]
-    wrong, _ = engine_outputs(lm, blank, paged)
+    blank = [r.fresh_copy(kv_transfer=KVTransfer(r.prompt_len - 1, torch.zeros_like(r.kv_transfer.kv))) for r in split]
+    wrong, _, _ = engine_outputs(lm, blank, paged)
     assert wrong != colocated
 
 
@@ -106,11 +121,11 @@ def test_a_simulated_cache_exports_its_blocks_without_values():
     assert copy.kv is None and copy.block_ids == backend.kv.block_table("r") and len(copy.block_ids) == 3
 
 
-def test_a_bad_remote_kv_is_named():
-    with pytest.raises(ValueError, match="remote_kv of shape"):
-        Request("r", [1, 2, 3], 4, kv_transfer_tokens=2, remote_kv=torch.zeros(30, 1, 2, 3, 64))
-    with pytest.raises(ValueError, match="export_kv=1"):
-        Request("r", [1, 2, 3], 4, export_kv=1)
+def test_a_bad_transferred_kv_is_named():
+    with pytest.raises(ValueError, match="kv_transfer.kv of shape"):
+        KVTransfer(2, torch.zeros(30, 1, 2, 3, 64))
+    with pytest.raises(ValueError, match="kv_export=1"):
+        Request("r", [1, 2, 3], 4, kv_export=1)
 
 
 # --- two servers in this process: the protocol and its faults ------------------------------------

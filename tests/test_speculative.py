@@ -225,7 +225,7 @@ def test_greedy_answers_with_speculation_are_the_answers_without(lm, answers_wit
     base = answers_without(reqs, cache)
     spec, engine = serve(lm, reqs, drafter, **cache)
     assert_same_answers(lm, reqs, base, spec)
-    checks = [c for r in engine.requests.values() for c in r.spec_checks]
+    checks = [c for r in engine.requests.values() for c in r.spec.checks]
     drafted, accepted = sum(d for d, _ in checks), sum(a for _, a in checks)
     assert drafted > 40 and 0 < accepted < drafted                  # drafts were checked, some kept
     assert len(engine.steps) < sum(len(r.output_ids) for r in engine.requests.values())
@@ -287,7 +287,7 @@ def test_the_batch_size_policy_turns_drafting_off_in_a_large_batch(lm):
     policy = replace(SPEC, num_speculative_tokens_per_batch_size=[[1, 2, 3], [3, 64, 0]])
     _, big = serve(lm, reqs, policy)                         # 4 at once: no drafts
     _, small = serve(lm, reqs, policy, max_num_seqs=2)       # 2 at a time: up to 3 drafted
-    assert not any(r.spec_checks for r in big.requests.values())
+    assert not any(r.spec.checks for r in big.requests.values())
     drafts = [len(c.draft) for s in small.steps for c in s.chunks if c.draft]
     assert drafts and max(drafts) == 3
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from batchlab.kv_space import KVSpace
 from batchlab.plan import StepPlan
-from batchlab.requests import Request, TokenLogprobs
+from batchlab.requests import KVCopy, Request, TokenLogprobs
 from batchlab.speculative import SpeculativeConfig
 
 
@@ -35,15 +34,6 @@ class StepResult:
     logprobs: dict[str, TokenLogprobs | list[TokenLogprobs]] = field(default_factory=dict)
     verified: dict[str, list[int]] = field(default_factory=dict)
     drafts: dict[str, list[int]] = field(default_factory=dict)
-
-
-@dataclass
-class KVCopy:
-    """A sequence's prompt KV copied out of a cache: ``kv`` (layers, tokens, 2, KV heads, head dim),
-    None where the cache stores no values; ``block_ids``: the blocks (or slot) it lay in."""
-
-    kv: Any
-    block_ids: list[int]
 
 
 class Backend(ABC):

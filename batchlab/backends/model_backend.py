@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 
 
-from batchlab.backends.base import Backend, KVCopy, StepResult
+from batchlab.backends.base import Backend, StepResult
 from batchlab.checks import check_bool, check_instance, check_int
 from batchlab.kv_blocks import check_block_size
 from batchlab.model import LoadedModel, load_model
@@ -26,7 +26,7 @@ from batchlab.model.paged_kv_cache import PagedKVCache
 from batchlab.model.sampling import RequestSampler
 from batchlab.model.verify import verify_draft
 from batchlab.plan import StepPlan
-from batchlab.requests import Request
+from batchlab.requests import KVCopy, Request
 from batchlab.speculative import SpeculativeConfig, check_runs_on_the_model, propose_ngram
 
 
@@ -116,8 +116,6 @@ class ModelBackend(Backend):
         chunks, sampling = [], []
         for c in plan.chunks:
             req = requests[c.request_id]
-            if req.remote_kv is not None and req.first_scheduled_time is None:   # KV computed elsewhere
-                self.kv.write_tokens(c.request_id, req.remote_kv[:, :req.kv_transfer_tokens])
             ids = req.token_ids(c.start, c.num_tokens - len(c.draft)) + list(c.draft)
             chunks.append(self.kv.seq_chunk(c.request_id, c.start, ids, c.samples, 1 + len(c.draft)))
             if c.samples:

@@ -8,7 +8,7 @@ step never meets a prefill. The flow is vLLM's disaggregated serving as ``vllm-r
 1. The prefill router sends the request to a prefill worker with ``max_tokens=1``: the worker
    computes the prompt (and samples one token, which nobody reads).
 2. When that step ends, the decode router picks a decode worker and sends it the request, with
-   the prompt's KV still on the prefill worker (``Request.kv_transfer_tokens = prompt_len - 1``).
+   the prompt's KV still on the prefill worker (``Request.kv_transfer``, ``prompt_len - 1`` tokens).
 3. The decode worker admits it when it has room, as for any request: it takes the KV blocks and
    a seat at once, and pulls the KV into them (vLLM's "waiting for remote KVs"), holding them
    while it is in flight. The move takes ``KVLink.transfer_time`` (a fixed latency plus
@@ -57,7 +57,7 @@ from batchlab.cluster.router import Router
 from batchlab.contract import EngineError, fresh_workload
 from batchlab.engine import Engine
 from batchlab.loop import gc_paused
-from batchlab.requests import FinishReason, Request, RequestStatus
+from batchlab.requests import FinishReason, KVTransfer, Request, RequestStatus
 from batchlab.trace import RequestRecord, Trace
 
 
@@ -235,9 +235,9 @@ class _DisaggregatedRun:
         while self.handoffs and self.handoffs[0][0] <= t:
             ended, _, request_id, _ = heapq.heappop(self.handoffs)
             original = self.originals[request_id]
-            decode = original.fresh_copy(kv_transfer_tokens=original.prompt_len - 1,
-                                         kv_transfer_seconds=self.transfer_time(original),
-                                         kv_transfer_not_before=self.sent[request_id][2])
+            transfer = KVTransfer(original.prompt_len - 1, seconds=self.transfer_time(original),
+                                  not_before=self.sent[request_id][2])
+            decode = original.fresh_copy(kv_transfer=transfer)
             self.decoding[request_id] = decode
             self.decode.workload.append(decode)
             self.decode.route(decode, at=ended)
@@ -259,7 +259,7 @@ class _DisaggregatedRun:
         self.handoffs = [h for h in self.handoffs if h[3] != replica]
         heapq.heapify(self.handoffs)
         for request_id, req in self.decoding.items():                 # waiting for it on a decode worker
-            landed = req.kv_arrival_time is not None and req.kv_arrival_time <= t
+            landed = req.kv_transfer.arrival_time is not None and req.kv_transfer.arrival_time <= t
             if self.sent[request_id][0] == replica and not landed and not req.is_done:
                 for rep in self.decode.live:
                     if request_id in rep.engine.requests:
@@ -288,7 +288,7 @@ class _DisaggregatedRun:
         for request_id, (sender, ended, _) in self.sent.items():
             req, seconds = self.decoding.get(request_id), self.transfer_time(self.originals[request_id])
             used = req is not None and req.first_scheduled_time is not None
-            arrived = req.kv_arrival_time if used else math.nan
+            arrived = req.kv_transfer.arrival_time if used else math.nan
             rows.append((request_id, sender, ended, arrived - seconds, arrived,
                          self.originals[request_id].prompt_len * self.kv_bytes_per_token, seconds))
         return pd.DataFrame(rows, columns=["request_id", "prefill_replica", "prefill_end", "transfer_start",

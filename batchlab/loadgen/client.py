@@ -52,6 +52,9 @@ from batchlab.requests import Request
 MODES = ("open", "closed")
 ENDPOINTS = ("completions", "chat")
 LATE_SEND_S = 0.010      # a send this much after its planned time counts as late
+# An idle connection is dropped before the server's keep-alive (uvicorn's and vLLM's: 5 s) would
+# close it, so a request is never sent on a connection the server is closing (a ReadError).
+KEEPALIVE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -366,7 +369,8 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
     url = url.rstrip("/")
     headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
     in_flight = concurrency if mode == "closed" else (max_concurrency or len(requests))
-    limits = httpx.Limits(max_connections=max(in_flight, warmup, 1), max_keepalive_connections=64)
+    limits = httpx.Limits(max_connections=max(in_flight, warmup, 1), max_keepalive_connections=64,
+                          keepalive_expiry=KEEPALIVE_S)
     path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
     sampling = {"temperature": temperature, **({"ignore_eos": True} if ignore_eos else {}), **(extra_body or {})}
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from batchlab.checks import check_int
+from batchlab.loadgen.client import KEEPALIVE_S
 
 KINDS = ("stream", "whole", "chat", "disconnect", "bad")
 WEIGHTS = (0.55, 0.15, 0.10, 0.12, 0.08)
@@ -97,7 +98,8 @@ async def soak_async(url: str, n: int, concurrency: int = 16, seed: int = 0, tim
     plan = [(kind, _body(kind, rng)) for kind in rng.choices(KINDS, WEIGHTS, k=n)]
     report = SoakReport(n)
     todo = iter(plan)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
+                          keepalive_expiry=KEEPALIVE_S)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
         async def worker() -> None:
             for kind, body in todo:

@@ -85,12 +85,13 @@ class Scheduler(ABC):
                     f"max_new_tokens {req.max_new_tokens}); the cache holds at most "
                     f"{self.kv.capacity_tokens} and one sequence at most "
                     f"{self.kv.max_seq_len or self.kv.capacity_tokens}")
-        if req.kv_transfer_tokens and not self.takes_transferred_kv:
-            return (f"its KV arrives from elsewhere (kv_transfer_tokens={req.kv_transfer_tokens}), and "
+        transfer = req.kv_transfer
+        if transfer is not None and not self.takes_transferred_kv:
+            return (f"its KV arrives from elsewhere (kv_transfer.tokens={transfer.tokens}), and "
                     f"{type(self).__name__} computes every prompt itself (ContinuousBatcher takes transferred KV)")
-        if req.kv_transfer_tokens and req.remote_kv is None and self.kv is not None and self.kv.stores_values:
-            return (f"its KV arrives from elsewhere (kv_transfer_tokens={req.kv_transfer_tokens}) without the keys "
-                    "and values themselves (remote_kv), and the model's cache needs them")
+        if transfer is not None and transfer.kv is None and self.kv is not None and self.kv.stores_values:
+            return (f"its KV arrives from elsewhere (kv_transfer.tokens={transfer.tokens}) without the keys "
+                    "and values themselves (kv_transfer.kv), and the model's cache needs them")
         return None
 
     def remove_waiting(self, req: Request) -> bool:

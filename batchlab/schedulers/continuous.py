@@ -24,14 +24,14 @@ request needs a block and none is free the most recently admitted running reques
 queue, and when it is admitted again its prompt and the tokens it already generated are computed
 again (its output so far is kept). Each preemption is recorded in ``preemptions``.
 
-Prompt KV transferred to a request (``kv_transfer_tokens``: a disaggregated prefill worker's)
+Prompt KV transferred to a request (``Request.kv_transfer``: a disaggregated prefill worker's)
 counts as computed when the request is first admitted, as a cached prefix does
 (``ready_tokens``); a preempted request lost it, and computes its prompt again. KV still in
-flight (``kv_transfer_seconds``: a simulated decode worker's) is vLLM's "waiting for remote KVs":
+flight (``KVTransfer.seconds``: a simulated decode worker's) is vLLM's "waiting for remote KVs":
 the request is admitted and holds its blocks (and a seat) while the KV crosses the link, the
 transfer starting then, and gets its first chunk at the first step after the KV has landed.
 
-Speculative decoding: a decoding request with a draft (``Request.draft_ids``, the backend's
+Speculative decoding: a decoding request with a draft (``SpecState.draft_ids``, the backend's
 proposal) computes its one known token and the drafted ones after it in the same chunk, so the
 step can check them; the drafts take what budget and KV room are left after every decode's
 token. The engine gives back the room of the drafts the step rejected (``kv.rollback``).
@@ -44,25 +44,36 @@ from dataclasses import asdict, dataclass
 from batchlab.checks import check_bool, check_int
 from batchlab.engine_args import EngineArgs
 from batchlab.plan import ScheduledChunk, StepPlan
-from batchlab.requests import Request, RequestStatus
+from batchlab.requests import KVTransfer, Request, RequestStatus
 from batchlab.schedulers.base import Scheduler, split_ended
 from batchlab.trace import PreemptionRecord
 
 
+def _transfer(req: Request) -> KVTransfer | None:
+    """The prompt KV that ``req`` brings and has not used yet (once used, a preemption loses it)."""
+    return req.kv_transfer if req.first_scheduled_time is None else None
+
+
 def _kv_in_flight(req: Request, now: float) -> bool:
     """Admitted, holding blocks for KV that has not landed yet (computes nothing until then)."""
-    return req.kv_arrival_time is not None and now < req.kv_arrival_time and req.first_scheduled_time is None
+    transfer = _transfer(req)
+    return transfer is not None and transfer.in_flight(now)
 
 
 def _admit(kv, req: Request, num_tokens: int, now: float) -> ScheduledChunk | None:
     """Give ``req`` its KV room and a seat: its first chunk, or None while its transferred KV is in
     flight (the pull starts now, into the blocks it holds from now on)."""
     ready = ready_tokens(kv, req)      # a cached prefix, or transferred KV, is not computed again
-    if req.kv_transfer_tokens and req.first_scheduled_time is None:
-        req.kv_arrival_time = max(now + req.kv_transfer_seconds, req.kv_transfer_not_before)
+    transfer = _transfer(req)
+    if transfer is not None:
+        transfer.start(now)
     in_flight = _kv_in_flight(req, now)
     held = ready if in_flight else ready + num_tokens
     start = max(kv.admit(req.request_id, held, req.max_total_tokens, req.prompt_ids), ready)
+    if transfer is not None and transfer.kv is not None:      # the keys and values themselves: into the cache
+        if kv.stores_values:
+            kv.write_tokens(req.request_id, transfer.kv[:, :transfer.tokens])
+        transfer.kv = None
     req.num_computed_tokens, req.status = start, RequestStatus.RUNNING
     return None if in_flight else ScheduledChunk(req.request_id, start, num_tokens,
                                                  start + num_tokens == req.num_known_tokens)
@@ -75,10 +86,11 @@ def _plan_drafts(kv, drafted: list[tuple[int, Request]], step: "_StepBudget") ->
     no room is dropped, never a reason to preempt. (vLLM v1: a running request is scheduled with
     its draft tokens.)"""
     for i, req in drafted:
-        n = min(len(req.draft_ids), step.budget, req.max_new_tokens - len(req.output_ids) - 1)
+        draft = req.spec.draft_ids
+        n = min(len(draft), step.budget, req.max_new_tokens - len(req.output_ids) - 1)
         if n > 0 and req.status is RequestStatus.RUNNING and kv.grow(req.request_id, n):
             c = step.chunks[i]
-            step.chunks[i] = ScheduledChunk(c.request_id, c.start, 1 + n, True, tuple(req.draft_ids[:n]))
+            step.chunks[i] = ScheduledChunk(c.request_id, c.start, 1 + n, True, tuple(draft[:n]))
             step.budget -= n
 
 
@@ -86,7 +98,8 @@ def ready_tokens(kv, req: Request) -> int:
     """Tokens a waiting ``req`` need not compute: a prefix cached in ``kv``, or the prompt KV
     transferred to it (on its first admission only)."""
     cached = kv.cached_prefix_tokens(req.prompt_ids, req.num_known_tokens - 1)
-    return max(cached, req.kv_transfer_tokens) if req.first_scheduled_time is None else cached
+    transfer = _transfer(req)
+    return cached if transfer is None else max(cached, transfer.tokens)
 
 
 @dataclass(frozen=True)
@@ -214,7 +227,7 @@ class ContinuousBatcher(Scheduler):
             self._admit_waiting(step, now)
         if step.chunks:
             return StepPlan(chunks=step.chunks)
-        landing = [r.kv_arrival_time for r in self.running if _kv_in_flight(r, now)]
+        landing = [r.kv_transfer.arrival_time for r in self.running if _kv_in_flight(r, now)]
         return StepPlan(wake_at=min(landing, default=None))     # nothing to compute until KV lands
 
     def _plan_decodes(self, step: "_StepBudget", now: float) -> list[Request]:
@@ -239,7 +252,7 @@ class ContinuousBatcher(Scheduler):
                 break     # it preempted itself: everyone after it is preempted too
             # The token it sampled last step is its one uncomputed token. (Written out rather than
             # step.add: this loop runs for every running request of every step.)
-            if req.draft_ids:
+            if req.spec is not None and req.spec.draft_ids:
                 drafted.append((len(chunks), req))
             chunks.append(ScheduledChunk(req.request_id, req.num_computed_tokens, 1, True))
         step.budget -= len(chunks)
@@ -305,9 +318,10 @@ class ContinuousBatcher(Scheduler):
                                                  len(req.output_ids)))
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
-        if req.first_scheduled_time is None:
-            req.kv_arrival_time = None      # KV still in flight: pulled again (once used, recomputed here)
-        req.draft_ids = []                                         # drafted anew once it samples again
+        if _transfer(req) is not None:
+            req.kv_transfer.arrival_time = None     # KV still in flight: pulled again (once used, recomputed here)
+        if req.spec is not None:
+            req.spec.draft_ids = []                # drafted anew once it samples again
         self.waiting.appendleft(req)
 
     def remove_ended(self) -> list[Request]:

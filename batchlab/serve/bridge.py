@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from batchlab.listener import EngineListener, RequestOutput, StepOutput
-from batchlab.requests import Request
+from batchlab.requests import KVCopy, Request
 from batchlab.serve.kv_connector import Received
 from batchlab.serve.kv_transfer import TransferAsk
 from batchlab.serve.protocol import GenerationRequest
@@ -94,7 +94,7 @@ class Bridge(EngineListener):
         step's output (one inter-token gap), and posted as one event, so a stream sends one chunk."""
         runner, req, tokens = self.runner, o.req, o.new_token_ids
         start = self.cached.get(req.request_id, 0)         # where its first chunk started
-        external = start if req.kv_transfer_tokens and start == req.kv_transfer_tokens else 0
+        external = start if req.kv_transfer is not None and start == req.kv_transfer.tokens else 0
         times = req.token_times
         previous = times[-len(tokens) - 1] if len(times) > len(tokens) else None
         runner.metrics.token(req.prompt_len, req.arrival_time, t, previous, runner.streams,
@@ -104,12 +104,12 @@ class Bridge(EngineListener):
         if runner.streams:
             self._post(req.request_id, TokenEvent(list(tokens), o.finish_reason is not None))
 
+    def on_kv_export(self, req: Request, kv: KVCopy) -> None:
+        self.runner.connector.export(kv, req)      # a prefill part finished: its KV waits for the decode part
+
     def on_end(self, req: Request, t: float) -> None:
         runner = self.runner
         self.cached.pop(req.request_id, None)
-        if req.exported_kv is not None:         # a prefill part finished: its KV waits for the decode part
-            runner.connector.export(req.exported_kv, req)
-            req.exported_kv = None
         handle = runner.handles.get(req.request_id)
         if handle is not None:
             timings = runner.timings(handle, req, t)

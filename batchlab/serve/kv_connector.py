@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from batchlab.loadgen.client import KEEPALIVE_S
 from batchlab.serve.kv_transfer import (META_HEADER, REMEMBER_GONE, KVTransferConfig, TransferAsk,
                                         parse_transfer_params, simulated_transfer_s)
 from batchlab.serve.protocol import APIError
@@ -217,7 +218,7 @@ class KVConnector:
         under ``"recompute"``, an APIError saying why under ``"fail"``."""
         import httpx
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=None)
+            self._client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
         start = time.perf_counter()
         try:
             data, meta = await pull_kv(ask, self.config.fetch_timeout_s, self._client)
@@ -229,7 +230,7 @@ class KVConnector:
                 raise
             LOG.warning("kv_load_failure_policy='recompute': computing the prompt here: %s", e.message)
             return None
-        if meta["shape"] is None:   # simulated: the engine holds the blocks for the link's time (kv_transfer_seconds)
+        if meta["shape"] is None:   # simulated: the engine holds the blocks for the link's time (KVTransfer.seconds)
             return Received(None, meta, simulated_transfer_s(self.config.link_name, meta["bytes"]))
         return Received(from_bytes(data, meta), meta, time.perf_counter() - start)
 

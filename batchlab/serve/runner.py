@@ -27,7 +27,7 @@ import uuid
 
 from batchlab.engine import Engine
 from batchlab.online import EngineInbox
-from batchlab.requests import Request, RequestStatus
+from batchlab.requests import KVTransfer, Request, RequestStatus
 from batchlab.serve.bridge import Bridge, ErrorEvent, Handle
 from batchlab.serve.config import ServerConfig
 from batchlab.serve.kv_connector import KVConnector, Received
@@ -43,7 +43,8 @@ def _transfer_timings(handle: Handle) -> dict | None:
     if handle.transfer is None:
         return None
     got = handle.received
-    return {"part": handle.transfer.part, "from": handle.transfer.url, "kv_tokens": handle.req.kv_transfer_tokens,
+    return {"part": handle.transfer.part, "from": handle.transfer.url, "kv_tokens": handle.req.kv_transfer.tokens
+            if handle.req.kv_transfer is not None else 0,
             "kv_bytes": None if got is None else got.meta["bytes"],
             "transfer_s": None if got is None else got.transfer_s, "recomputed": handle.transfer.part == "decode"
             and got is None}
@@ -206,10 +207,10 @@ class EngineRunner:
         stop_ids = tuple(dict.fromkeys(eos + tuple(gen.stop_token_ids)))
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         n = len(gen.prompt_ids) - 1 if received is not None else 0    # KV received: all but the last token's
+        kv = KVTransfer(n, received.kv, received.transfer_s if self.device is not None else 0.0) if n else None
         return Request(f"{prefix}-{uuid.uuid4().hex[:24]}", gen.prompt_ids, gen.max_tokens, 0.0, gen.sampling,
-                       stop_token_ids=stop_ids, kv_transfer_tokens=n, remote_kv=received.kv if n else None,
-                       kv_transfer_seconds=received.transfer_s if n and self.device is not None else 0.0,
-                       export_kv=transfer is not None and transfer.part == "prefill")
+                       stop_token_ids=stop_ids, kv_transfer=kv,
+                       kv_export=transfer is not None and transfer.part == "prefill")
 
     def abort(self, request_id: str, reason: str) -> None:
         self.inbox.abort(request_id, reason)
