@@ -10,7 +10,8 @@ brought forward at once. The trace is the same as stepping the engine every time
 applies only to the simulator (``SimBackend``) on the virtual clock.
 
 When is a run steady? After a step in which every chunk sampled a token and nobody finished, the
-fast path asks the policy (``Scheduler.decodes_steadily``), which knows its own rules:
+fast path asks the policy (``SteadyDecodes.decodes_steadily``, in ``schedulers/steady.py``), which
+knows its own rules:
 
 - **Continuous batching**: that step held every running request, in running order, and the head
   of the waiting queue cannot be admitted (no seat, no budget, no KV room), nor reuse cached
@@ -20,9 +21,9 @@ fast path asks the policy (``Scheduler.decodes_steadily``), which knows its own 
   member finishes, each next step is one decode per unfinished member; arrivals only queue.
 
 How long a run may last, the policy and its KV space answer too
-(``Scheduler.decode_steps_with_room``): on a paged cache every decode may need a new block, and
-the run stops before the step in which the free blocks would run out (the scheduler would preempt
-someone). The run's KV growth is taken at once (``Scheduler.grow_for_decode_steps``) and its
+(``SteadyDecodes.decode_steps_with_room``): on a paged cache every decode may need a new block,
+and the run stops before the step in which the free blocks would run out (the scheduler would
+preempt someone). The run's KV growth is taken at once (``SteadyDecodes.grow_for_decode_steps``) and its
 tokens are applied as stepping would (``apply_decode_run``), ending who is done through the
 engine (``ServingEngine.end_request``).
 """
@@ -35,6 +36,7 @@ from batchlab.backends.simulator import PLACEHOLDER_TOKEN, SimBackend
 from batchlab.contract import ServingEngine
 from batchlab.plan import DecodeChunks, Idle, chunk_attention_pairs
 from batchlab.requests import Request, RequestStatus
+from batchlab.schedulers.steady import SteadyDecodes
 from batchlab.trace import StepRecord
 
 
@@ -99,6 +101,7 @@ class DecodeRuns:
     def applies(engine: ServingEngine) -> bool:
         """On the simulator's virtual clock (a step's duration is known before it runs)."""
         return (engine.fast_decode_runs and engine.clock.name == "virtual" and isinstance(engine.backend, SimBackend)
+                and isinstance(engine.scheduler, SteadyDecodes)
                 and engine.backend.speculative is None)     # (a draft's check changes every step's shape)
 
     def __init__(self, engine: ServingEngine) -> None:

@@ -160,12 +160,6 @@ class BlockPool:
             memo[:] = [self.num_evictions, hits]
         return hits[:num_blocks]
 
-    def reuses_unheld_blocks(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:
-        """Would the prompt hit cached blocks that nobody holds (free ones, which new blocks evict)?"""
-        if not self.enable_prefix_caching:
-            return False
-        return any(self.ref_count[b] == 0 for b in self.prefix_hits(prompt_ids, max_tokens))
-
     def block_chain(self, prompt_ids: Sequence[int], num_blocks: int) -> tuple[list[int], list[tuple[int, ...]]]:
         """The chained hashes and the token ids of (at least) the first ``num_blocks`` full blocks
         of ``prompt_ids``, computed once per prompt."""
@@ -394,13 +388,6 @@ class BlockManager(BlockPool):
                 room = held
         self._room[request_id] = room if self.max_seq_len is None else min(room, self.max_seq_len)
         return True
-
-    def decode_steps_with_room(self, request_ids: Sequence[str], wanted: int) -> int:
-        """How many of ``wanted`` decode steps (a token per sequence each) the free blocks allow."""
-        free, size = self.num_free_blocks, self.block_size
-        if free >= len(request_ids) * (wanted // size + 2):   # plenty: each one's growth, and one more
-            return wanted
-        return min(wanted, steps_before_blocks_run_out([self.num_tokens_of[r] for r in request_ids], size, free))
 
     def _hash_full_prompt_blocks(self, request_id: str) -> None:
         """Register the sequence's prompt blocks that are now full (their tokens are computed in the

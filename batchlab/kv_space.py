@@ -12,11 +12,7 @@ return types, so a scheduler never asks which kind it has:
   grows each of many decoding sequences by one token, stopping at the first without room.
 - ``free(id)``: the sequence ended (or was preempted); its room is reusable at the next step.
 - ``fits_ever(n)``: could a sequence of ``n`` tokens ever fit an empty cache? (False: reject it.)
-- Two questions the simulator's fast path asks before it predicts a run of decode steps
-  (``fast_path.py``): ``decode_steps_with_room(ids, wanted)``, how many of ``wanted`` steps (one
-  token per sequence each) the sequences can take before one finds no room; and
-  ``reuses_unheld_blocks(prompt_ids, max_tokens)``, would a new prompt reuse cached blocks that
-  no sequence holds (which the run's new blocks could evict)?
+- ``rollback(id, n)``: give back the room of drafted tokens a step rejected (speculative decoding).
 
 The two kinds differ in what admission takes, not in the calls:
 
@@ -85,13 +81,6 @@ class KVSpace(Protocol):
     def free(self, request_id: str) -> None:
         """Release a sequence's space; it can be reused at the very next step."""
 
-    def decode_steps_with_room(self, request_ids: Sequence[str], wanted: int) -> int:
-        """How many of ``wanted`` decode steps (one token per sequence each) the sequences can
-        all take before one of them would find no room."""
-
-    def reuses_unheld_blocks(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:
-        """Would a prompt's first ``max_tokens`` tokens reuse cached KV that no sequence holds?"""
-
 
 class ReservingKVSpace:
     """The contract for a space that reserves a sequence's whole length when it is admitted.
@@ -148,12 +137,6 @@ class ReservingKVSpace:
 
     def grow_each(self, request_ids: Sequence[str]) -> int:
         return len(request_ids)
-
-    def decode_steps_with_room(self, request_ids: Sequence[str], wanted: int) -> int:
-        return wanted
-
-    def reuses_unheld_blocks(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:
-        return False          # nothing is shared, so nothing is cached for later
 
     def rollback(self, request_id: str, num_tokens: int) -> None:
         """Nothing to give back: the reservation covers the sequence's whole length."""

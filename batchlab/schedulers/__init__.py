@@ -4,7 +4,8 @@
 - ``DynamicBatcher``: a batch leaves when full or when a timer ends (``dynamic.py``).
 - ``ContinuousBatcher``: re-form the batch every step within a token budget (``continuous.py``).
 
-All follow the contract in ``base.py``; static and dynamic share ``request_level.py``.
+All follow the contract in ``base.py``; static and dynamic share ``request_level.py``. Each can
+promise the simulator's fast path steady decodes (``steady.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from batchlab.schedulers.continuous import ContinuousBatcher, ContinuousBatcherC
 from batchlab.schedulers.dynamic import DynamicBatcher, DynamicBatcherConfig
 from batchlab.schedulers.request_level import RequestLevelBatcher
 from batchlab.schedulers.static import StaticBatcher, StaticBatcherConfig
+from batchlab.schedulers.steady import SteadyDecodes
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     "static": StaticBatcher,
@@ -32,7 +34,7 @@ def make_scheduler(name: str, **kwargs) -> Scheduler:
 
 
 __all__ = [
-    "Scheduler", "RequestLevelBatcher",
+    "Scheduler", "RequestLevelBatcher", "SteadyDecodes",
     "StaticBatcher", "StaticBatcherConfig",
     "DynamicBatcher", "DynamicBatcherConfig",
     "ContinuousBatcher", "ContinuousBatcherConfig",

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import Any
 
-from batchlab.kv_space import KVCacheFullError, KVSpace
+from batchlab.kv_space import KVSpace
 from batchlab.plan import StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.trace import PreemptionRecord
@@ -104,24 +104,6 @@ class Scheduler(ABC):
                 del waiting[i]
                 return True
         return False
-
-    # --- what the simulator's fast path asks (fast_path.py) -------------------------------------
-    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int, batch_id: int | None) -> bool:
-        """Do this policy's rules say that, after a step that decoded ``request_ids`` (in that
-        order) and ended nobody, every next step is one decode for each of them, until a request
-        arrives or finishes? A policy that promises nothing answers False (the default)."""
-        return False
-
-    def decode_steps_with_room(self, request_ids: tuple[str, ...], wanted: int) -> int:
-        """How many of ``wanted`` such steps the KV room allows (each grows every sequence)."""
-        return self.kv.decode_steps_with_room(request_ids, wanted)
-
-    def grow_for_decode_steps(self, request_ids: tuple[str, ...], num_steps: int) -> None:
-        """Take the KV room of ``num_steps`` such steps at once, as planning each would have."""
-        for rid in request_ids:
-            if not self.kv.grow(rid, num_steps):
-                raise KVCacheFullError(f"{rid!r} could not grow by {num_steps} tokens: "
-                                       "decode_steps_with_room said they fit")
 
     @abstractmethod
     def add_request(self, req: Request) -> None:

@@ -46,6 +46,7 @@ from batchlab.engine_args import EngineArgs
 from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import KVTransfer, Request, RequestStatus
 from batchlab.schedulers.base import Scheduler, split_ended
+from batchlab.schedulers.steady import SteadyDecodes, reuses_unheld_blocks
 from batchlab.trace import PreemptionRecord
 
 
@@ -150,7 +151,7 @@ def _first_chunk(config: ContinuousBatcherConfig, kv, req: Request, budget: int)
     return num_tokens
 
 
-class ContinuousBatcher(Scheduler):
+class ContinuousBatcher(Scheduler, SteadyDecodes):
     """Plan every step from a token budget, letting requests join and leave at any step.
 
     Rules for one step (budget = ``max_num_batched_tokens`` tokens):
@@ -346,7 +347,7 @@ class ContinuousBatcher(Scheduler):
         head = waiting[0]
         if self.first_chunk_tokens(head, config.max_num_batched_tokens - len(running)):
             return False
-        return not self.kv.reuses_unheld_blocks(head.prompt_ids, head.num_known_tokens - 1)
+        return not reuses_unheld_blocks(self.kv, head.prompt_ids, head.num_known_tokens - 1)
 
     def __repr__(self) -> str:
         return f"ContinuousBatcher({', '.join(f'{k}={v}' for k, v in asdict(self.config).items())})"

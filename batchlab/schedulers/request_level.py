@@ -38,9 +38,10 @@ from typing import Any
 from batchlab.plan import ScheduledChunk, StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.schedulers.base import Scheduler, split_ended
+from batchlab.schedulers.steady import SteadyDecodes
 
 
-class RequestLevelBatcher(Scheduler):
+class RequestLevelBatcher(Scheduler, SteadyDecodes):
     """Base for batchers that run whole batches of requests; see the module docstring for the rules.
 
     A subclass sets ``self.config`` (a dataclass with a ``stream`` field) and supplies one rule,
