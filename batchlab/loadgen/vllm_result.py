@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from batchlab.analysis.bench_json import metric_stats, percentile_key, rate_fields
 from batchlab.checks import fail
 from batchlab.loadgen.records import ClientRecord
 
@@ -67,12 +68,6 @@ def parse_metric_percentiles(text: str) -> list[float]:
     return qs
 
 
-def percentile_key(metric: str, q: float) -> str:
-    """vLLM's key for one percentile: ``p99_ttft_ms``, ``p99.9_itl_ms``."""
-    word = str(int(q)) if int(q) == q else str(q)
-    return f"p{word}_{metric}_ms"
-
-
 def _completed(r: ClientRecord) -> bool:
     return r.ok and r.send_time is not None and bool(r.chunk_times)
 
@@ -93,14 +88,6 @@ def per_request(records: list[ClientRecord]) -> dict[str, list]:
         if n > 1:
             out["tpot"].append((e2el - ttft) / (n - 1))
     return out
-
-
-def _stats(metric: str, values: list[float], percentiles: list[float]) -> dict[str, float]:
-    v = np.asarray(values if values else [0.0], dtype=float) * 1000      # vLLM reports 0 when empty
-    stats = {f"mean_{metric}_ms": float(v.mean()), f"median_{metric}_ms": float(np.median(v)),
-             f"std_{metric}_ms": float(v.std())}
-    stats.update({percentile_key(metric, q): float(np.percentile(v, q)) for q in percentiles})
-    return stats
 
 
 def _peaks(records: list[ClientRecord]) -> tuple[float, int]:
@@ -143,11 +130,9 @@ def result_json(result, *, num_prompts: int, schedule, percentile_metrics: list[
                    ramp_up_end_rps=schedule.ramp_up_end_rps)
     peak_tokens, peak_running = _peaks(recs)
     queue = [(r.send_time - r.scheduled_time) if r.send_time is not None else 0.0 for r in recs]
+    out.update(rate_fields(dur, len(done), len(recs) - len(done), total_in, total_out))
     out.update({
-        "duration": dur, "completed": len(done), "failed": len(recs) - len(done),
-        "total_input_tokens": total_in, "total_output_tokens": total_out,
-        "request_throughput": len(done) / dur, "request_goodput": result.goodput(slo) if slo is not None else None,
-        "output_throughput": total_out / dur, "total_token_throughput": (total_in + total_out) / dur,
+        "request_goodput": result.goodput(slo) if slo is not None else None,
         "latencies": [(r.token_times()[-1] - r.send_time) if _completed(r) else 0.0 for r in recs],
         "queue_times": queue,
         "max_output_tokens_per_s": peak_tokens, "max_concurrent_requests": peak_running, "rtfx": 0.0})
@@ -165,7 +150,7 @@ def result_json(result, *, num_prompts: int, schedule, percentile_metrics: list[
             values["e2el_including_client_queue"] = [e + q for e, q in zip(per["e2el"], values["client_queue_time"])]
     for metric in percentile_metrics:
         if metric in values:                     # the client-queue metrics exist only with --max-concurrency
-            out.update(_stats(metric, values[metric], percentiles))
+            out.update(metric_stats(metric, values[metric], percentiles))     # (0 when empty, as vLLM)
     return out
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from batchlab.analysis.bench_json import metric_stats, rate_fields
 from batchlab.analysis.metrics import itl_values, per_request_metrics, preemption_stats, request_counts
 from batchlab.trace import Trace
 
@@ -84,19 +85,10 @@ class Prediction:
         inputs, outputs = int(df["prompt_len"].sum()), int(df["num_output_tokens"].sum())
         out = {"backend": "batchlab.predict", "model_id": self.setup["model"], "num_prompts": counts["num_requests"],
                "request_rate": self.setup.get("request_rate", "trace"), "burstiness": self.setup.get("burstiness"),
-               "duration": duration, "completed": counts["num_finished"],
-               "failed": counts["num_requests"] - counts["num_finished"],
-               "total_input_tokens": inputs, "total_output_tokens": outputs,
-               "request_throughput": counts["num_finished"] / duration if duration else 0.0,
-               "output_throughput": outputs / duration if duration else 0.0,
-               "total_token_throughput": (inputs + outputs) / duration if duration else 0.0}
+               **rate_fields(duration, counts["num_finished"], counts["num_requests"] - counts["num_finished"],
+                             inputs, outputs)}
         for name in METRICS:
-            ms = self.values(name) * 1e3
-            out[f"mean_{name}_ms"] = float(ms.mean()) if len(ms) else float("nan")
-            out[f"median_{name}_ms"] = float(np.median(ms)) if len(ms) else float("nan")
-            out[f"std_{name}_ms"] = float(ms.std()) if len(ms) else float("nan")
-            for p in self.percentiles:
-                out[f"p{p:g}_{name}_ms"] = float(np.percentile(ms, p)) if len(ms) else float("nan")
+            out.update(metric_stats(name, self.values(name), self.percentiles, empty=float("nan")))
         return out
 
     def summary_lines(self) -> list[str]:
