@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchlab.checks import check_int, fail, is_number
+from batchlab.workloads.arrivals import gamma_gaps
 
 RAMP_UP_STRATEGIES = ("linear", "exponential")
 
@@ -79,17 +80,8 @@ class Schedule:
     def send_times(self, n: int, seed: int = 0) -> np.ndarray:
         """``n`` send times in seconds after the load starts (sorted; see the module docstring)."""
         check_int("n", n)
-        rng = np.random.default_rng(seed)
-        gaps = np.empty(n)
-        for i in range(n):
-            rate = self.rate_at(i, n)
-            if rate == math.inf:
-                gaps[i] = 0.0
-            elif self.burstiness == math.inf:
-                gaps[i] = 1.0 / rate
-            else:
-                gaps[i] = rng.gamma(shape=self.burstiness, scale=1.0 / (rate * self.burstiness))
-        times = np.cumsum(gaps)
+        rates = np.array([self.rate_at(i, n) for i in range(n)])
+        times = np.cumsum(gamma_gaps(np.random.default_rng(seed), rates, self.burstiness))
         if self.ramp_up_strategy is None and times[-1] != 0:
             times *= (n / self.request_rate) / times[-1]      # the last send at exactly N / rate
         return times

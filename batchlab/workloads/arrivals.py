@@ -64,6 +64,18 @@ def arrivals_fixed(n: int, rate: float) -> np.ndarray:
     return np.arange(n) / rate
 
 
+def gamma_gaps(rng: np.random.Generator, rates: np.ndarray, burstiness: float) -> np.ndarray:
+    """One gap per rate: a gamma draw of shape ``burstiness`` and mean ``1 / rate`` (exactly
+    ``1 / rate`` at an infinite burstiness, 0 at an infinite rate). The one gap rule of the
+    workloads here and of the load client's ``vllm bench serve`` schedule."""
+    rates = np.asarray(rates, dtype=float)
+    if np.isinf(rates).all():
+        return np.zeros(len(rates))
+    if math.isinf(burstiness):
+        return 1.0 / rates
+    return rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness))
+
+
 def arrivals_gamma(n: int, rate: float, burstiness: float, seed: Seed = 0) -> np.ndarray:
     """``n`` arrivals whose gaps are gamma-distributed: shape ``burstiness``, mean ``1 / rate``.
 
@@ -76,11 +88,7 @@ def arrivals_gamma(n: int, rate: float, burstiness: float, seed: Seed = 0) -> np
     check_int("n", n, hint="the number of requests")
     rate = _check_rate(rate, "gamma")
     check_number("burstiness", burstiness, strict=True, hint="1 = Poisson, < 1 burstier, > 1 more regular")
-    rng = _rng(seed)
-    if math.isinf(rate):
-        return np.zeros(n)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    return np.concatenate([[0.0], np.cumsum(gamma_gaps(_rng(seed), np.full(n - 1, rate), burstiness))])
 
 
 def arrivals_poisson(n: int, rate: float, seed: Seed = 0) -> np.ndarray:
