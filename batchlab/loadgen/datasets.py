@@ -24,7 +24,6 @@ ids into text for the chat endpoint.
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 
 from batchlab.checks import check_int, fail, is_number
 from batchlab.loadgen.client import LoadRequest
+from batchlab.workloads.lengths import range_around
 
 DATASETS = ("random", "sharegpt", "prefix_repetition")
 SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048     # vLLM's is_valid_sequence
@@ -116,9 +116,8 @@ def random_requests(n: int, cfg: DatasetConfig, tokenizer, seed: int = 0) -> lis
     rng = np.random.default_rng(seed)
     in_ratio, out_ratio = parse_range_ratio(cfg.random_range_ratio)
     real_len = max(0, cfg.random_input_len - int(tokenizer.num_special_tokens_to_add()))
-    in_low, in_high = math.floor(real_len * (1 - in_ratio)), math.ceil(real_len * (1 + in_ratio))
-    out_low = max(math.floor(cfg.random_output_len * (1 - out_ratio)), 1)
-    out_high = max(math.ceil(cfg.random_output_len * (1 + out_ratio)), 1)
+    in_low, in_high = range_around(real_len, in_ratio)
+    out_low, out_high = (max(x, 1) for x in range_around(cfg.random_output_len, out_ratio))
     if cfg.random_prefix_len + in_low < 1:
         fail("random-input-len", cfg.random_input_len, "long enough for a prompt of at least 1 token",
              f"the tokenizer adds {tokenizer.num_special_tokens_to_add()} special tokens; "

@@ -31,6 +31,7 @@ import numpy as np
 from batchlab.checks import check_choice, check_fraction, check_int, check_number, fail
 from batchlab.requests import Request
 from batchlab.workloads.arrivals import arrivals_fixed, arrivals_gamma
+from batchlab.workloads.lengths import range_around
 
 TRACE_FIELDS = ("arrival_s", "input_tokens", "output_tokens")
 OPTIONAL_FIELDS = ("prefix_group", "prefix_len")
@@ -114,7 +115,7 @@ class TrafficSpec:
             arrivals = arrivals_gamma(n, self.request_rate, self.burstiness, rng)
 
         def lengths(mean: int) -> np.ndarray:
-            lo, hi = max(1, int(mean * (1 - self.range_ratio))), int(mean * (1 + self.range_ratio))
+            lo, hi = (max(x, 1) for x in range_around(mean, self.range_ratio))
             return rng.integers(lo, hi + 1, size=n)
 
         inputs, outputs = lengths(self.input_len), lengths(self.output_len)

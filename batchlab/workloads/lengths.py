@@ -12,6 +12,7 @@ cores serves 16-32 requests in seconds to tens of seconds (see ``PRESETS``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -37,6 +38,12 @@ class Fixed:
     @property
     def mean(self) -> float:
         return float(self.tokens)
+
+
+def range_around(length: int, ratio: float) -> tuple[int, int]:
+    """vLLM's ``--random-range-ratio``: lengths drawn from ``[floor(length * (1 - ratio)),
+    ceil(length * (1 + ratio))]``, both ends included."""
+    return math.floor(length * (1 - ratio)), math.ceil(length * (1 + ratio))
 
 
 @dataclass(frozen=True)
