@@ -108,7 +108,11 @@ for v in "${variants[@]}"; do
   echo "== check_machine_shapes: $v (${env[*]}${hog:+, a CPU hog}): pytest ${files[*]}"
   start=$(date +%s)
   log=$(mktemp)
-  env "${env[@]}" BATCHLAB_EXECUTED_DIR= "$PY" -m pytest --nbval-lax -q -p no:cacheprovider \
+  # The cheap set's model tests time nothing (tests/conftest.py: PARALLEL_MODULES): two at a time.
+  workers=()
+  (( cheap )) && (( ${#extra[@]} == 0 )) && [[ "$v" == avx2 || "$v" == avx512_bf16 ]] && \
+      workers=(-n "${BATCHLAB_TEST_WORKERS:-2}")
+  env "${env[@]}" BATCHLAB_EXECUTED_DIR= "$PY" -m pytest --nbval-lax -q -p no:cacheprovider "${workers[@]}" \
       "${files[@]}" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   stop_hog
