@@ -36,6 +36,7 @@ import numpy as np
 from batchlab.backends.base import Backend, StepResult
 from batchlab.backends.cost_model import CostModel, StepTimeModel
 from batchlab.checks import check_instance, check_int, check_number
+from batchlab.engine_args import EngineArgs
 from batchlab.kv_blocks import BlockManager
 from batchlab.kv_space import TokenKVSpace
 from batchlab.plan import StepPlan, decode_split, step_features
@@ -87,6 +88,15 @@ class SimBackend(Backend):
         self._streams: dict[str, AcceptanceStream] = {}
         self._noise_factors: list[float] = []
         self.reset()
+
+    @classmethod
+    def for_args(cls, cost_model: StepTimeModel, kv_capacity_tokens: int, args: EngineArgs, *, paged: bool = True,
+                 noise: float = 0.0, seed: int = 0, placeholder_token: int = PLACEHOLDER_TOKEN) -> "SimBackend":
+        """The simulator under vLLM's flags ``args`` (their context length, blocks and prefix
+        caching; a reserving, slot-like cache with ``paged=False``): the one builder of it from flags."""
+        return cls(cost_model, kv_capacity_tokens, args.max_model_len, noise, seed,
+                   args.block_size if paged else None, bool(args.enable_prefix_caching),
+                   placeholder_token=placeholder_token)
 
     def _draft_pass_model(self, cost_model: StepTimeModel) -> StepTimeModel | None:
         """What one draft pass costs: the model cut short (``early_exit``), the drafter's own

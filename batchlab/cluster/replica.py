@@ -32,13 +32,10 @@ from batchlab.kv_blocks import BlockManager
 from batchlab.listener import EngineListener
 from batchlab.loop import Arrivals, run_until
 from batchlab.requests import Request
-from batchlab.schedulers import ContinuousBatcher
-from batchlab.schedulers.continuous import batcher_for
 from batchlab.trace import Trace
 from batchlab.engine_args import EngineArgs
 from batchlab.vllm_sim import VllmReplica
-from batchlab.vllm_sim.async_scheduling import AsyncScheduledBatcher
-from batchlab.vllm_sim.replica import wire
+from batchlab.vllm_sim.replica import scheduler_for, simulated_engine
 
 
 SPEC_ONLY = ("noise", "seed", "fast_decode_runs")   # for_device's arguments that are not vLLM's flags
@@ -113,13 +110,11 @@ class ReplicaSpec:
         return cls(vllm.step_model, vllm.memory.kv_tokens, vllm.resolved_args, vllm=vllm, **own)
 
     def build(self, index: int) -> Engine:
-        a = self.args
-        backend = SimBackend(self.cost_model, self.kv_capacity_tokens, a.max_model_len, self.noise, self.seed + index,
-                             a.block_size if self.paged else None, a.enable_prefix_caching)
+        backend = SimBackend.for_args(self.cost_model, self.kv_capacity_tokens, self.args, paged=self.paged,
+                                      noise=self.noise, seed=self.seed + index)
         if isinstance(backend.kv, BlockManager):
             backend.kv = AdmissionLog.like(backend.kv)
-        kind = AsyncScheduledBatcher if a.async_scheduling else ContinuousBatcher
-        return wire(Engine(batcher_for(a, kind), backend, fast_decode_runs=self.fast_decode_runs))
+        return simulated_engine(scheduler_for(self.args), backend, self.fast_decode_runs)
 
 
 class Replica:

@@ -20,8 +20,8 @@ from batchlab.engine import Engine
 from batchlab.engine_args import EngineArgs
 from batchlab.loadgen.client import LoadRequest
 from batchlab.requests import Request
-from batchlab.schedulers.continuous import batcher_for
 from batchlab.trace import Trace
+from batchlab.vllm_sim.replica import scheduler_for, simulated_engine
 
 # vLLM V1's flags on a CPU (128 sequences, 2,048 tokens a step, chunked prefill, blocks of 128
 # tokens), prefix caching off unless asked for: what simulate_load fills where its args say None.
@@ -44,9 +44,8 @@ def simulate_load(cost_model: StepTimeModel, requests: list[LoadRequest], args: 
             raise ValueError(f"request {getattr(r, 'request_id', r)!r}: simulate_load needs LoadRequests with "
                              "token-id prompts (plan_requests makes them)")
         reqs.append(Request(r.request_id, list(r.prompt), r.max_tokens, r.arrival_time))
-    backend = SimBackend(cost_model, kv_capacity_tokens=kv_capacity_tokens, block_size=a.block_size,
-                         enable_prefix_caching=a.enable_prefix_caching)
-    return Engine(batcher_for(a), backend).run(reqs)
+    backend = SimBackend.for_args(cost_model, kv_capacity_tokens, a)
+    return simulated_engine(scheduler_for(a), backend).run(reqs)
 
 
 def load_figures(trace: Trace) -> dict[str, float]:

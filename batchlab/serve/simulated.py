@@ -106,9 +106,7 @@ class SimulatedDevice:
         """The engine's backend for a ``ServerConfig`` (its KV cache knobs)."""
         e = config.engine
         tokens = self.kv_capacity_tokens(config.kv_cache_memory_bytes, e.max_num_seqs, e.max_model_len)
-        return SimBackend(self.cost_model, tokens, e.max_model_len, block_size=e.block_size if config.paged else None,
-                          enable_prefix_caching=e.enable_prefix_caching,
-                          placeholder_token=placeholder_token)
+        return SimBackend.for_args(self.cost_model, tokens, e, paged=config.paged, placeholder_token=placeholder_token)
 
     def card(self) -> dict:
         """What ``/v1/models`` says about the simulation."""

@@ -110,19 +110,15 @@ class VllmReplica:
 
     def backend(self, noise: float = 0.0, seed: int = 0) -> SimBackend:
         """The replica's simulated GPUs: its step time and its KV blocks."""
-        f = self.resolved_args
-        return SimBackend(self.step_model, self.memory.kv_tokens, f.max_model_len, noise, seed,
-                          block_size=f.block_size, enable_prefix_caching=f.enable_prefix_caching)
+        return SimBackend.for_args(self.step_model, self.memory.kv_tokens, self.resolved_args, noise=noise, seed=seed)
 
     def scheduler(self) -> ContinuousBatcher:
         """vLLM's scheduler with this replica's budgets (async scheduling unless turned off)."""
-        f = self.resolved_args
-        kind = AsyncScheduledBatcher if f.async_scheduling else ContinuousBatcher
-        return batcher_for(f, kind)
+        return scheduler_for(self.resolved_args)
 
     def engine(self, index: int = 0) -> Engine:
         """One replica's engine on the virtual clock (``index``: its place in a cluster, unused)."""
-        return wire(Engine(self.scheduler(), self.backend()))
+        return simulated_engine(self.scheduler(), self.backend())
 
     def describe(self) -> list[str]:
         """The flags as ``vllm serve`` would be given them, the memory plan and the kernels' source."""
@@ -144,11 +140,19 @@ def device_memory_bytes(preset: DevicePreset) -> float:
     return preset.memory_bytes / 1e9 * GIB
 
 
-def wire(engine: Engine) -> Engine:
-    """Let an async scheduler see the engine's latest step (it holds back that step's arrivals)."""
-    if isinstance(engine.scheduler, AsyncScheduledBatcher):
-        engine.scheduler.last_step = lambda: engine.steps[-1] if engine.steps else None
+def scheduler_for(args: EngineArgs) -> ContinuousBatcher:
+    """vLLM V1's scheduler under ``args``: its budgets, and the async-scheduling variant when
+    ``args.async_scheduling`` is on (the one builder of it from vLLM's flags)."""
+    return batcher_for(args, AsyncScheduledBatcher if args.async_scheduling else ContinuousBatcher)
+
+
+def simulated_engine(scheduler: ContinuousBatcher, backend: SimBackend, fast_decode_runs: bool = True) -> Engine:
+    """An engine on the virtual clock, an async scheduler let see its latest step (it holds back
+    that step's arrivals)."""
+    engine = Engine(scheduler, backend, fast_decode_runs=fast_decode_runs)
+    if isinstance(scheduler, AsyncScheduledBatcher):
+        scheduler.last_step = lambda: engine.steps[-1] if engine.steps else None
     return engine
 
 
-__all__ = ["VllmReplica", "device_memory_bytes", "wire"]
+__all__ = ["VllmReplica", "device_memory_bytes", "scheduler_for", "simulated_engine"]
