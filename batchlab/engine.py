@@ -1,47 +1,10 @@
-"""The engine: one step of a serving loop, and the bookkeeping a step leaves behind.
+"""The engine: one step of a serving loop (``Engine.step``: plan, run, apply, release) and the
+one place a request ends (``end_request``).
 
-A serving engine is a loop around one step (nano-vllm's ``LLMEngine.step``, vLLM's
-``EngineCore.step``), and ``Engine.step`` is that step::
-
-    plan = scheduler.schedule(now)          who computes which tokens now (empty: nothing to do)
-    result = backend.run(plan)              the model (or the simulator) computes them
-    each sampled token is appended          a request that reached max_new_tokens or a stop
-                                            token ends (``end_request``)
-    release_ended()                         ended requests leave the scheduler's queues and free
-                                            their KV (``scheduler.remove_ended``); finished
-                                            ones' responses are released to clients
-
-Around the step runs one loop (``loop.py``: admit the arrivals, step, wait when idle), which
-every driver calls with its own arrivals:
-
-- ``offline.py`` (``Engine.run``): a known workload, with a progress bar and the simulator's
-  fast path (``fast_path.py``);
-- ``online.py`` (``Engine.run_online``): a server's loop on the wall clock; requests added and
-  aborted from other threads through an inbox, and a listener told of every step and end;
-- ``cluster/replica.py``: each replica of a cluster, up to the next event of the cluster's clock.
-
-The drivers know the engine through ``contract.ServingEngine``: they sit under it in the
-package's layers and never import it.
-
-Rules the engine keeps:
-
-- **Inputs are never changed.** ``run`` serves fresh copies (``Request.fresh_copy``), so the same
-  workload list can be served again under another policy and compared.
-- **A request ends in one place** (``end_request``) with a ``FinishReason`` (length, stop, abort,
-  rejected) and, for an abort or a rejection, the reason in words (``finish_detail``). A request
-  the policy can never run (``scheduler.why_unschedulable``) is rejected on arrival and stays in
-  the trace. Nobody is lost: ``check_ended`` checks at the end of a run that every request
-  finished with exactly its tokens and was released once, or was rejected or aborted with a
-  reason.
-- **Plans are checked.** A chunk must start where its request's computed tokens end, stay within
-  its known tokens, and sample exactly when it reaches the last known token.
-- When a request ends the engine calls ``backend.release(request_id)``, so the backend can forget
-  what it kept for it (a sampler's generator, say). A finished request marked ``kv_export`` (a
-  disaggregated prefill worker's) first has a copy of its prompt's keys and values handed to the
-  listener (``on_kv_export``), before the scheduler frees its KV space.
-
-The clocks are described in ``clock.py``: ``"virtual"`` (time moves by each step's reported
-duration and skips idle gaps) or ``"wall"`` (real time; requests arrive in real time).
+Inputs are never changed (``run`` serves fresh copies), plans are checked, and nobody is lost:
+every request ends finished, rejected or aborted, with a reason. The drivers (``offline.py``,
+``online.py``, a cluster's replicas) call it through ``contract.ServingEngine``. The rules and
+their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,31 +1,8 @@
-"""The simulator's fast path: runs of plain decode steps predicted in bulk, inside the serving loop.
+"""The simulator's fast path (``DecodeRuns``): runs of plain decode steps predicted in bulk, when
+the policy promises them (``SteadyDecodes``) and for as long as the KV room lasts.
 
-Most steps of a large simulation are plain decode steps that repeat with every sequence one
-token further on, until a request arrives or finishes. When the policy's own rules say that the
-next steps can only be such decodes (below), the serving loop (``loop.run_until``) lets this
-module compute a whole run of them: one duration per step from the cost model, each step's chunks stored
-compactly (``DecodeChunks``, expanded only when read), and the requests and the KV accounting
-brought forward at once. The trace is the same as stepping the engine every time
-(``tests/test_engine.py`` checks it); only the Python work per decode token disappears. It
-applies only to the simulator (``SimBackend``) on the virtual clock.
-
-When is a run steady? After a step in which every chunk sampled a token and nobody finished, the
-fast path asks the policy (``SteadyDecodes.decodes_steadily``, in ``schedulers/steady.py``), which
-knows its own rules:
-
-- **Continuous batching**: that step held every running request, in running order, and the head
-  of the waiting queue cannot be admitted (no seat, no budget, no KV room), nor reuse cached
-  prefix blocks that the run's new blocks might evict. None of that changes before a request
-  arrives or finishes.
-- **Static and dynamic batching**: a batch is running and that step was its latest: until a
-  member finishes, each next step is one decode per unfinished member; arrivals only queue.
-
-How long a run may last, the policy and its KV space answer too
-(``SteadyDecodes.decode_steps_with_room``): on a paged cache every decode may need a new block,
-and the run stops before the step in which the free blocks would run out (the scheduler would
-preempt someone). The run's KV growth is taken at once (``SteadyDecodes.grow_for_decode_steps``) and its
-tokens are applied as stepping would (``apply_decode_run``), ending who is done through the
-engine (``ServingEngine.end_request``).
+The trace is the same as stepping the engine every time (``tests/test_engine.py``). The rules
+and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

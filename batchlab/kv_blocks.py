@@ -1,42 +1,8 @@
-"""Paged KV accounting: fixed-size blocks handed out as sequences grow, shared by prefix hash.
+"""Paged KV accounting (``BlockManager``): blocks of ``block_size`` tokens handed out as
+sequences grow, block tables, and prefix caching by chained block hashes with LRU eviction.
 
-The slot cache (``kv_cache.py``) gives every admitted sequence room for its whole possible length
-up front. A paged cache (vLLM's PagedAttention) cuts the memory into **blocks** of
-``block_size`` tokens (16 by default, vLLM's default) and gives a sequence a new block only when
-its tokens spill over the last one. A sequence's **block table** lists its blocks in order:
-token ``i`` lives at offset ``i % block_size`` of block ``table[i // block_size]``. At most the
-last block of each sequence is partly empty, so the memory that holds no token is under one
-block per sequence.
-
-``BlockManager`` below is only the accounting a scheduler sees (it implements the
-``kv_space.KVSpace`` contract, the paged way); it touches no tensors. ``paged_kv_cache.PagedKVCache`` adds the
-tensors for the real model; the simulator uses a ``BlockManager`` alone.
-
-What a scheduler does with it (``schedulers/continuous.py``):
-
-- **admit** a request with ``admit(id, n, max_tokens, prompt_ids)``: blocks for the ``n`` tokens
-  its first step computes (prefix hits among them), not its whole length;
-- **grow** it before each step with ``can_grow(id, n)`` / ``grow(id, n)``: room for ``n`` more
-  tokens, a new block every ``block_size`` tokens;
-- when a running sequence cannot grow, **preempt** another (``free`` its blocks and recompute it
-  later);
-- ``free(id)`` when it ends.
-
-Prefix caching (``enable_prefix_caching=True``), as in vLLM and nano-vllm: every *full* block of
-a prompt is identified by a hash chained over the whole prefix up to and including that block,
-``hash((hash of the previous block, this block's token ids))``, so two blocks match only if
-everything before them matches too (the keys and values at a position depend on every earlier
-token). A new sequence whose prompt starts with cached blocks takes them (reference count + 1)
-instead of computing them again. A block whose reference count drops to 0 keeps its hash and its
-contents and waits in the free queue; it is reused as a hit if asked for again before it is
-needed for something else, and the least recently freed block is the first to be overwritten
-(LRU eviction). Only prompt tokens are hashed here (vLLM also caches generated tokens); at least
-one token of a prompt is always computed, so its step produces logits.
-
-Counting memory: ``used_blocks`` are blocks referenced by at least one sequence (a shared block
-counts once); ``num_free_blocks`` includes cached blocks nobody references. ``reserve_blocks``
-keeps that many free blocks out of reach of admission, for running sequences to grow into
-(vLLM's v0 scheduler had such a "watermark"; v1's default is none, as here).
+Accounting only: ``paged_kv_cache.PagedKVCache`` adds the tensors for the real model. At most the
+last block of each sequence is partly empty. The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

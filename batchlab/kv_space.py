@@ -1,29 +1,10 @@
-"""The KV contract a scheduler plans against: sizes, admission, growth and release, never tensors.
+"""The KV contract a scheduler plans against (``KVSpace``): admit, grow, free, rollback; sizes,
+never tensors.
 
-Every KV space, the slot cache and the paged cache alike, answers the same calls with the same
-return types, so a scheduler never asks which kind it has:
-
-- ``can_admit(num_tokens, max_tokens, prompt_ids)`` / ``admit(...) -> cached``: admit a new
-  sequence whose first step computes ``num_tokens`` tokens and which may grow to ``max_tokens``.
-  The return value is how many leading prompt tokens were already cached (a prefix hit), so the
-  sequence need not compute them; ``cached_prefix_tokens`` asks the same before admitting.
-- ``grow(id, n)``: room for ``n`` more tokens before a step computes them; False (and nothing
-  changes) when there is none. ``can_grow(id, n)`` asks without growing. ``grow_each(ids)``
-  grows each of many decoding sequences by one token, stopping at the first without room.
-- ``free(id)``: the sequence ended (or was preempted); its room is reusable at the next step.
-- ``fits_ever(n)``: could a sequence of ``n`` tokens ever fit an empty cache? (False: reject it.)
-- ``rollback(id, n)``: give back the room of drafted tokens a step rejected (speculative decoding).
-
-The two kinds differ in what admission takes, not in the calls:
-
-- **Reserving** (``ReservingKVSpace``: the slot cache ``batchlab.model.kv_cache.KVCache`` and the
-  simulator's ``TokenKVSpace`` below): admission reserves everything the sequence may ever need
-  (``max_tokens``), so growth is always granted within the reservation (a slot holds the whole
-  sequence), no request is ever preempted and nothing is shared (``cached`` is always 0).
-- **Paged** (``batchlab.kv_blocks.BlockManager``, and ``PagedKVCache`` on the real model):
-  admission takes blocks for the first step only, growth takes a block whenever a sequence
-  spills over its last one and can fail when none is free (a scheduler then preempts someone),
-  and full prompt blocks may be shared between sequences (prefix caching).
+Every cache answers the same calls: a reserving one (``ReservingKVSpace``: the slot cache,
+``TokenKVSpace``) holds a sequence's whole length from admission; a paged one
+(``kv_blocks.BlockManager``) grows block by block and may share prefix blocks. The rules and
+their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

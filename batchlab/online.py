@@ -1,26 +1,8 @@
-"""The online driver: a server's loop, with requests added and aborted while it runs.
+"""The online driver (``Engine.run_online``): the serving loop on the wall clock, fed by a
+thread-safe ``EngineInbox`` (add, abort, stop) and telling a listener each step and each end.
 
-Offline, ``Engine.run(workload)`` knows every request and its arrival time in advance. A server
-does not: requests come in from other threads (HTTP handlers) while the loop is running, clients
-go away, and the server is stopped at some point. ``Engine.run_online(inbox, listener)`` runs
-the same loop (``loop.run_until``) on the wall clock (``serve_online`` below), with two
-differences:
-
-- Its arrivals are an ``EngineInbox``: a thread-safe list of commands (``add`` a request,
-  ``abort`` one, ``stop``), read at the top of every pass. An added request arrives at the moment
-  ``add`` was called (its ``arrival_time`` is set then, on the engine's clock). When there is
-  nothing to run, the loop waits on the inbox (until a command comes, or the scheduler's timer is
-  due) instead of ending.
-- It tells a listener (``listener.py``) what happens as it happens: ``on_step`` with each step's
-  output (every request's new tokens, finishes, cached prompts, preemptions) the moment the step
-  ends, ``on_end`` when a request's response is complete (finished and released, rejected, or
-  aborted). A server streams from these.
-
-Aborts. An aborted request ends with status ABORTED, ``finish_reason`` ABORT and the reason in
-``finish_detail``. A waiting one leaves the queue at once; a running one leaves the scheduler,
-which frees its KV space, before the next step is planned. Its tokens so far stay in the trace.
-``stop(reason)`` stops admission (later ``add``s are rejected with the reason) and aborts
-everything still in flight with that reason, then the loop returns its trace.
+An aborted request ends ABORTED with the reason in ``finish_detail``; ``stop(reason)`` aborts
+everything still in flight. The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ import pandas as pd
 from batchlab.analysis.metrics import summarize
 from batchlab.backends import CostModel, ModelBackend, SimBackend
 from batchlab.experiments.calibration import calibration_steps, fit_calibration
-from batchlab.backends.cost_model import features_df
+from batchlab.steptime.cost_model import features_df
 from batchlab.engine import Engine
 from batchlab.experiments.sweeps import capacity
 from batchlab.model import load_model

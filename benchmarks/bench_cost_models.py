@@ -24,8 +24,8 @@ import torch
 
 from batchlab.backends import ModelBackend
 from batchlab.experiments.calibration import calibration_steps
-from batchlab.backends.cost_model import features_df
-from batchlab.backends.roofline import MODEL_SHAPES, DTYPE_BYTES, RooflineCostModel, compare_cost_models, \
+from batchlab.steptime.cost_model import features_df
+from batchlab.steptime.roofline import MODEL_SHAPES, DTYPE_BYTES, RooflineCostModel, compare_cost_models, \
     profile_features
 from batchlab.model import load_model
 from batchlab.model.llama import LlamaWeights

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchlab.backends.device_presets import load_device_presets  # noqa: E402
-from batchlab.backends.kernel_profiles import MAX_TOKENS, compare_profile, error_summary, guess_device, \
+from batchlab.steptime.device_presets import load_device_presets  # noqa: E402
+from batchlab.steptime.kernel_profiles import MAX_TOKENS, compare_profile, error_summary, guess_device, \
     layer_shape_of, read_kernel_profile  # noqa: E402
 from batchlab.checks import check_int  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Fit the all-reduce model (batchlab.backends.collectives) to data/gpu_network/ and store it.
+"""Fit the all-reduce model (batchlab.steptime.collectives) to data/gpu_network/ and store it.
 
     .venv/bin/python scripts/fit_all_reduce.py            # prints each fit, writes collectives.json
     .venv/bin/python scripts/fit_all_reduce.py --check    # prints, and fails if the stored fit differs
@@ -18,7 +18,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchlab.backends.collectives import COLLECTIVES_PATH, fit_all_reduce  # noqa: E402
+from batchlab.steptime.collectives import COLLECTIVES_PATH, fit_all_reduce  # noqa: E402
 
 DATA = ROOT / "data" / "gpu_network"
 SOURCE = ("fitted by scripts/fit_all_reduce.py to data/gpu_network/*_all_reduce.csv (Vidur's measured NCCL "

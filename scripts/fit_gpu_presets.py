@@ -1,11 +1,11 @@
 """Fit each measured GPU's kernel efficiencies to data/gpu_kernels/ and store them in the presets.
 
-    .venv/bin/python scripts/fit_gpu_presets.py            # fit, print, rewrite batchlab/backends/device_presets.json
+    .venv/bin/python scripts/fit_gpu_presets.py            # fit, print, rewrite batchlab/steptime/device_presets.json
     .venv/bin/python scripts/fit_gpu_presets.py --check    # fit and compare with the file; exit 1 if they differ
 
 Every ``data/gpu_kernels/<gpu>_<model>.csv`` (Vidur's measured per-layer kernel times) belongs to
 the device its name starts with; each device is fitted on all its files together, on its
-datasheet's roofs and SM count (``batchlab.backends.kernel_fit``: small operators, then achieved
+datasheet's roofs and SM count (``batchlab.steptime.kernel_fit``: small operators, then achieved
 bandwidth and the fixed cost per kernel from the memory-bound rows, then achieved compute, the
 transition's exponent and the matrix multiplies' output tile from every row). The transition is
 fitted twice, as a smooth maximum (exponent fitted) and as a hard maximum (exponent 32, same
@@ -25,11 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from batchlab.backends.device_presets import DEVICE_PRESETS_PATH, load_device_presets  # noqa: E402
-from batchlab.backends.kernel_fit import MEMORY_BOUND_TOKENS, TILE_CANDIDATES, TILE_COLS, fit_device  # noqa: E402
-from batchlab.backends.kernel_profiles import KERNEL_PROFILES_DIR, compare_profile, error_summary, guess_device, \
+from batchlab.steptime.device_presets import DEVICE_PRESETS_PATH, load_device_presets  # noqa: E402
+from batchlab.steptime.kernel_fit import MEMORY_BOUND_TOKENS, TILE_CANDIDATES, TILE_COLS, fit_device  # noqa: E402
+from batchlab.steptime.kernel_profiles import KERNEL_PROFILES_DIR, compare_profile, error_summary, guess_device, \
     read_kernel_profile  # noqa: E402
-from batchlab.backends.kernels import MMA_ROWS, SPLIT_K_MAX_SLICES, SPLIT_K_MIN_DEPTH, \
+from batchlab.steptime.kernels import MMA_ROWS, SPLIT_K_MAX_SLICES, SPLIT_K_MIN_DEPTH, \
     KernelEfficiency  # noqa: E402
 
 HARD_MAX_P = 32.0

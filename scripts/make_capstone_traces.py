@@ -33,7 +33,7 @@ import numpy as np
 
 from batchlab.analysis.trace_io import save_trace
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher

@@ -24,8 +24,8 @@ import torch
 
 from batchlab.backends import ModelBackend
 from batchlab.experiments.calibration import calibration_steps
-from batchlab.backends.cost_model import features_df
-from batchlab.backends.roofline import DTYPE_BYTES, MODEL_SHAPES, RooflineCostModel, compare_cost_models, \
+from batchlab.steptime.cost_model import features_df
+from batchlab.steptime.roofline import DTYPE_BYTES, MODEL_SHAPES, RooflineCostModel, compare_cost_models, \
     profile_features
 from batchlab.model import load_model
 from batchlab.model.environment import device_name, device_slug, environment_report

@@ -4,7 +4,7 @@ import numpy as np
 
 from batchlab.analysis import metrics
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import StaticBatcher
 from batchlab.workloads import make_workload

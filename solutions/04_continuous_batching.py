@@ -2,7 +2,7 @@
 
 from batchlab.analysis.metrics import summarize
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher, StaticBatcher
 from batchlab.workloads import Range, make_workload

@@ -1,7 +1,7 @@
 """Worked solutions for notebook 05 (the memory that caps the batch)."""
 
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher

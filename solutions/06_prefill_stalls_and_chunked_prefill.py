@@ -3,7 +3,7 @@
 import numpy as np
 
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.experiments.prefill_stall import StallScenario, budget_sweep, stall_summary
 from batchlab.schedulers import ContinuousBatcher

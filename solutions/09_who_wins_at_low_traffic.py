@@ -2,8 +2,8 @@
 
 from batchlab.analysis import metrics
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.steptime.cost_model import CostModel
+from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher
 from batchlab.workloads.scripted import scripted_workload

@@ -17,7 +17,7 @@ from batchlab.analysis.diagnosis import (
     token_gaps,
 )
 from batchlab.analysis.trace_io import load_trace
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 
 CAPSTONE = Path(__file__).resolve().parent.parent / "data" / "capstone"
 

@@ -20,7 +20,7 @@ import pytest
 from batchlab.analysis import metrics
 from batchlab.analysis.diagnosis import excess_share_before_first_token
 from batchlab.analysis.trace_io import load_trace
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.exercises import nb11
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from batchlab.analysis.metrics import summary_row
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.engine_args import EngineArgs
 from batchlab.cluster import ROUTING_POLICIES, Cluster, ClusterConfig, ReplicaSpec, RouteRequest, make_router
 from batchlab.cluster.cache_aware import CacheAwareConfig, CacheAwareRouter

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import FEATURES, CostModel, features_df, nnls
+from batchlab.steptime.cost_model import FEATURES, CostModel, features_df, nnls
 from batchlab.engine import Engine
 from batchlab.plan import ScheduledChunk, StepPlan, chunk_attention_pairs, step_features
 from batchlab.requests import Request

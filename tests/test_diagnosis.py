@@ -16,7 +16,7 @@ from batchlab.analysis.diagnosis import (
     token_gaps,
 )
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher

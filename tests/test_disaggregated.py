@@ -10,7 +10,7 @@ import pytest
 
 from batchlab.analysis.metrics import summary_row
 from batchlab.backends import SimBackend
-from batchlab.backends.roofline import model_shape
+from batchlab.steptime.roofline import model_shape
 from batchlab.cluster import Cluster, ClusterConfig, ReplicaSpec
 from batchlab.cluster.disaggregated import KV_LINKS, DisaggregatedCluster, DisaggregatedConfig, KVLink
 from batchlab.cluster.pd_goodput import attainment_table, goodput_by_layout, layouts

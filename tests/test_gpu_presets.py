@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.backends.device_presets import DEVICE_PRESETS_PATH, load_device_presets
-from batchlab.backends.kernel_fit import fit_device
-from batchlab.backends.kernel_profiles import compare_profile, error_summary, guess_device, layer_shape_of, \
+from batchlab.steptime.device_presets import DEVICE_PRESETS_PATH, load_device_presets
+from batchlab.steptime.kernel_fit import fit_device
+from batchlab.steptime.kernel_profiles import compare_profile, error_summary, guess_device, layer_shape_of, \
     read_kernel_profile
-from batchlab.backends.kernels import KernelEfficiency, KernelModel, split_k_slices
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.steptime.kernels import KernelEfficiency, KernelModel, split_k_slices
+from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.shapes import MODEL_SHAPES, LayerShape
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,11 +1,11 @@
-"""batchlab.backends.measured_kernels and measured_step: vLLM's kernels as AIConfigurator measured them."""
+"""batchlab.steptime.measured_kernels and measured_step: vLLM's kernels as AIConfigurator measured them."""
 
 import json
 
 import numpy as np
 import pytest
 
-from batchlab.backends.measured_kernels import KernelTables, read_table
+from batchlab.steptime.measured_kernels import KernelTables, read_table
 from batchlab.plan import ScheduledChunk, decode_split
 from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict
 from batchlab.shapes import ModelShape
@@ -115,7 +115,7 @@ def test_a_vllm_version_picks_the_nearest_measured_tables():
 
 
 def test_the_roofline_refuses_experts_and_the_shapes_table_holds_mixtral():
-    from batchlab.backends.roofline import MODEL_SHAPES, RooflineCostModel
+    from batchlab.steptime.roofline import MODEL_SHAPES, RooflineCostModel
 
     mixtral = MODEL_SHAPES["Mixtral-8x7B"]
     assert mixtral.num_params == pytest.approx(46.7e9, rel=0.005) and mixtral.moe.experts_per_token == 2
@@ -124,7 +124,7 @@ def test_the_roofline_refuses_experts_and_the_shapes_table_holds_mixtral():
 
 
 def test_the_2024_profiles_cross_check_the_measured_gemms_op_by_op(h100):
-    from batchlab.backends.kernel_profiles import KERNEL_PROFILES_DIR, compare_projections, read_kernel_profile
+    from batchlab.steptime.kernel_profiles import KERNEL_PROFILES_DIR, compare_projections, read_kernel_profile
 
     profile = read_kernel_profile(KERNEL_PROFILES_DIR / "h100_Llama-2-7b-hf.csv")
     compared = compare_projections(profile, h100.gemm_seconds)
@@ -136,7 +136,7 @@ def test_the_2024_profiles_cross_check_the_measured_gemms_op_by_op(h100):
 
 
 def test_a_step_known_by_its_totals_is_split_as_vllm_builds_one():
-    from batchlab.backends.attention_fit import guess_split
+    from batchlab.steptime.attention_fit import guess_split
     assert guess_split(8, 8, 800) == (8, 800)                       # all decodes
     assert guess_split(1, 512, 512 * 1024) == (0, 0)                # one chunk, its cached prefix its own
     assert guess_split(3, 102, 2 * 50 + 100 * 101 // 2) == (2, 100)  # two decodes and a fresh prompt

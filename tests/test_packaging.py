@@ -25,7 +25,7 @@ def test_a_plain_install_has_its_data_files(tmp_path):
         "reqs = w.make_workload(3, prompt_len=5, output_len=2, arrival='at_once', prompt_source=corpus)\n"
         "assert all(len(r.prompt_ids) == 5 for r in reqs)\n"
         "from batchlab.shapes import load_model_shapes\n"
-        "from batchlab.backends.roofline import load_device_presets\n"
+        "from batchlab.steptime.roofline import load_device_presets\n"
         "assert 'Llama-3-8B' in load_model_shapes() and 'H100' in ' '.join(load_device_presets())\n"
         "print(w.CORPUS_PATH)\n" % target)
     # Run from an empty folder with only the installed copy on the path (not this checkout).

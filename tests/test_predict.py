@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.backends.collectives import all_reduce_model
+from batchlab.steptime.collectives import all_reduce_model
 from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict, read_trace
 from batchlab.predict.__main__ import main as cli
 from batchlab.engine_args import padded_tokens

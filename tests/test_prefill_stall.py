@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 from batchlab.analysis.diagnosis import token_gaps
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.experiments.prefill_stall import (
     StallScenario,

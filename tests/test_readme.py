@@ -55,7 +55,8 @@ REPO_DIRS = ("scripts/", "benchmarks/", "tests/", "batchlab/", "notebooks/", "da
 FOREIGN_PATHS = {"data/profiling/compute/...", "data/profiling/a100/cpu_overheads.csv"}
 # Roots of dotted names and calls that belong to other libraries or to Python.
 PROJECT_ROOTS = ("batchlab", "benchmarks")     # importable from the checkout (benchmarks: pytest's pythonpath)
-EXTERNAL_ROOTS = {"torch", "ray", "vllm", "LLM", "transformers", "httpx", "np", "pd", "max", "min"}
+EXTERNAL_ROOTS = {"torch", "ray", "vllm", "LLM", "transformers", "httpx", "np", "pd", "max", "min",
+                  "LLMEngine", "EngineCore"}     # (nano-vllm's and vLLM's engines)
 FLAG = re.compile(r"--[A-Za-z][\w-]*")
 IDENT = r"[A-Za-z_]\w*"
 README_MAX_LINES = 250          # README is a newcomer's page; long notes go to docs/*.md
@@ -251,7 +252,7 @@ def resolve(name: str) -> Resolved | None:
     """Resolve a dotted name a doc uses against batchlab; None for another library's name.
 
     Its first part may be ``batchlab``, a batchlab module's or package's basename
-    (``prom.scrape``, ``backends.cost_model``) or a name defined at the top of a batchlab module
+    (``prom.scrape``, ``steptime.cost_model``) or a name defined at the top of a batchlab module
     (``ModelBackend``)."""
     parts = name.split(".")
     modules, toplevel, _ = package_index()
@@ -791,7 +792,7 @@ def test_inline_code_names_what_the_code_has() -> None:
 
 BROKEN = '''\
 Size it with `ModelBackend(max_num_seqs=...)` and read `prom.scrape(url, timeout=1)`; see
-`batchlab.loadgen.prom.no_such_thing`, `backends.cost_model.CostModel`, `NoSuchBackend`,
+`batchlab.loadgen.prom.no_such_thing`, `steptime.cost_model.CostModel`, `NoSuchBackend`,
 `grounded_nowhere=False`, `scripts/no_such_script.py`, `--no-such-flag` and `BATCHLAB_NO_SUCH`.
 Read [the data](data/README.md), [a page](https://example.org/x.md), [a section](#two) and
 [a page that is

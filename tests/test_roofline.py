@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
-from batchlab.backends.roofline import (MODEL_SHAPES, ModelShape, RooflineCostModel, compare_cost_models,
+from batchlab.steptime.cost_model import CostModel
+from batchlab.steptime.roofline import (MODEL_SHAPES, ModelShape, RooflineCostModel, compare_cost_models,
                                         load_device_presets, profile_features)
 from batchlab.engine import Engine
 from batchlab.plan import ScheduledChunk
@@ -95,7 +95,7 @@ def test_presets_load_and_are_sane():
     (lambda d: d["step_overhead"].update(ms=-1), "step_overhead.ms=-1; must be"),
 ])
 def test_bad_presets_give_clear_errors(tmp_path, change, message):
-    from batchlab.backends.roofline import DEVICE_PRESETS_PATH
+    from batchlab.steptime.roofline import DEVICE_PRESETS_PATH
     data = json.loads(DEVICE_PRESETS_PATH.read_text())
     change(data)
     path = tmp_path / "presets.json"

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.serve import ServerConfig, start_server
 from batchlab.serve.simulated import PLACEHOLDER_TEXT, SimulatedDevice
 from batchlab.vllm_sim import VllmReplica

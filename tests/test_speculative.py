@@ -388,7 +388,7 @@ def test_acceptance_model_draws_as_stated_and_fits_back():
 
 def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
     from batchlab.backends import SimBackend
-    from batchlab.backends.roofline import RooflineCostModel
+    from batchlab.steptime.roofline import RooflineCostModel
     from batchlab.experiments.speculation import crossover, serve_batches
     from batchlab.speculative import AcceptanceModel
 
@@ -418,7 +418,7 @@ def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
         serve_batches(backend, requests, [16], {"none": None, "ngram": SPEC}, rounds=0)
     with pytest.raises(ValueError, match="needs an AcceptanceModel"):
         SimBackend(cost, 10**6, speculative_config=SPEC)
-    from batchlab.backends.cost_model import CostModel
+    from batchlab.steptime.cost_model import CostModel
     with pytest.raises(ValueError, match="method='early_exit' needs a cost model that knows the model's layers"):
         SimBackend(CostModel(0.01, 0.001, 0.001, 0.0), 10**6, speculative_config=EARLY_EXIT, acceptance=acceptance)
     with pytest.raises(ValueError, match="early_exit_layer=32; must be in 1..31"):
@@ -427,7 +427,7 @@ def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
 
 def test_by_request_rate_a_poor_drafter_helps_a_light_load_and_hurts_a_heavy_one():
     from batchlab.backends import SimBackend
-    from batchlab.backends.roofline import RooflineCostModel
+    from batchlab.steptime.roofline import RooflineCostModel
     from batchlab.experiments.speculation import serve_rates
     from batchlab.speculative import AcceptanceModel
     from batchlab.workloads import make_workload
@@ -453,7 +453,7 @@ def test_the_simulator_prices_an_early_exit_drafts_passes():
     """A pass of the first L layers costs what a step of a model of L layers costs, without the
     per-step overhead; deeper exits cost more for the same acceptance."""
     from batchlab.backends import SimBackend
-    from batchlab.backends.roofline import RooflineCostModel
+    from batchlab.steptime.roofline import RooflineCostModel
     from batchlab.experiments.speculation import serve_batches
     from batchlab.speculative import AcceptanceModel
 
@@ -520,7 +520,7 @@ def test_the_simulator_prices_a_draft_models_passes_as_vllm_runs_them():
     free, drafted = speedups(SPEC, 0.8), speedups(DRAFT_MODEL, 0.8)
     assert 1.2 < drafted[1] < free[1] and drafted[64] < free[64]    # the drafter's passes cost time
     assert speedups(DRAFT_MODEL, 0.1)[1] < 0.9                      # and rarely-right drafts only cost
-    from batchlab.backends.roofline import RooflineCostModel
+    from batchlab.steptime.roofline import RooflineCostModel
     with pytest.raises(ValueError, match="needs a cost model that prices another model's kernels"):
         SimBackend(RooflineCostModel.for_device("Llama-3-8B", "H100"), 10**6, speculative_config=DRAFT_MODEL,
                    acceptance=AcceptanceModel(0.7))

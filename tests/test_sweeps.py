@@ -10,7 +10,7 @@ import pytest
 
 from batchlab.analysis.metrics import SLO, summary_row
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.experiments.sweeps import capacity, load_sweep, run_point
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from batchlab.analysis.metrics import latency_values
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, prom, run_load
 from batchlab.loadgen.calibrate import OutsideInConfig, calibrate_outside_in, fastest_rounds
 from batchlab.loadgen.predict import compare, load_figures, simulate_load

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis.metrics import per_request_metrics
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.checks import check_instance, check_int
 from batchlab.plan import chunk_attention_pairs
 from batchlab.trace import Trace

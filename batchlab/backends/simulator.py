@@ -1,30 +1,9 @@
-"""The simulator backend: steps take the time a fitted cost model predicts, and compute nothing.
+"""The simulator backend (``SimBackend``): a step takes the time a cost model predicts and
+computes nothing; every sampled token is a placeholder.
 
-A ``SimBackend`` stands in for the real model at scales the real model cannot reach on a CPU
-(hundreds of thousands of requests). It keeps the same contract as ``ModelBackend``: it is given
-a ``StepPlan`` and answers with a ``StepResult``. The differences:
-
-- ``duration`` is ``cost_model.predict(plan)``, times an optional random factor (``noise``);
-- every sampled token is the placeholder ``-1`` (there is no model to choose a real one), or the
-  ``placeholder_token`` given (a server simulating a device hands out a real vocabulary id, so
-  its detokenizer has text to send; the text means nothing);
-- the KV cache is only accounting: a ``TokenKVSpace`` of ``kv_capacity_tokens`` tokens that
-  reserves whole lengths, or, with ``block_size`` set, a paged ``kv_blocks.BlockManager`` of
-  ``kv_capacity_tokens // block_size`` blocks (on-demand growth, preemption and, with
-  ``enable_prefix_caching``, prefix hits for requests that carry ``prompt_ids``). For a device's
-  capacity from a model's shape and a memory budget, see ``batchlab.shapes``.
-
-Speculative decoding (``speculative_config`` with an ``acceptance`` model): each check accepts as
-its request's acceptance stream draws, and the check's ``k + 1`` positions are priced like any
-tokens of a step. Prompt lookup's drafts cost nothing here (vLLM drafts them on the host, with
-async scheduling off: ``VllmStepModel.speculating``); an early-exit draft's ``k`` passes are
-priced by the cost model cut to its first layers (``early_exit``), a draft model's by its own
-kernels on the same GPUs (``VllmStepModel.draft_model``), and added to the step that drafts.
-
-Noise: with ``noise = sigma > 0`` each step's duration is multiplied by ``exp(sigma*z - sigma**2/2)``
-with ``z`` standard normal, a lognormal factor whose mean is 1 (so noise does not change average
-throughput) and whose spread is about ``sigma`` (0.1 → roughly ±10 %). The draws come from one
-seeded stream, one draw per step in step order, so a run is reproducible.
+Its KV cache is accounting only (``TokenKVSpace``, or a paged ``BlockManager`` with
+``block_size``); ``noise`` multiplies each step by a seeded lognormal factor of mean 1. The
+rules and their reasons (speculative decoding, noise): ``docs/the-core.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from batchlab.backends.base import Backend, StepResult
-from batchlab.backends.cost_model import CostModel, StepTimeModel
+from batchlab.steptime.cost_model import CostModel, StepTimeModel
 from batchlab.checks import check_instance, check_int, check_number
 from batchlab.engine_args import EngineArgs
 from batchlab.kv_blocks import BlockManager
@@ -58,7 +37,7 @@ class SimBackend(Backend):
                  acceptance: AcceptanceModel | None = None) -> None:
         if not isinstance(cost_model, StepTimeModel):
             raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
-                             "reads a saved fit) or a RooflineCostModel (backends.roofline)")
+                             "reads a saved fit) or a RooflineCostModel (steptime.roofline)")
         check_number("noise", noise, hint="the lognormal sigma, 0 = no noise")
         check_int("seed", seed, minimum=-2**63)
         check_int("placeholder_token", placeholder_token, minimum=PLACEHOLDER_TOKEN)

@@ -47,7 +47,7 @@ from typing import Any
 
 import pandas as pd
 
-from batchlab.backends.kv_links import KV_LINKS, KVLink, kv_link
+from batchlab.steptime.kv_links import KV_LINKS, KVLink, kv_link
 from batchlab.checks import check_int, check_number, fail, is_int
 from batchlab.cluster.driver import ClusterRun
 from batchlab.cluster.policies import check_policy, make_router

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import StepTimeModel
+from batchlab.steptime.cost_model import StepTimeModel
 from batchlab.checks import check_bool, check_instance, check_int, check_number, fail
 from batchlab.cluster.lazy_runs import LazyDecodeRuns
 from batchlab.engine import Engine

@@ -67,7 +67,7 @@ def check_smallest_max_num_seqs(answer) -> Verdict:
     """The smallest max_num_seqs whose p99 TTFT meets the target, found by trying each."""
     from batchlab.analysis.metrics import summarize
     from batchlab.backends import SimBackend
-    from batchlab.backends.cost_model import CostModel
+    from batchlab.steptime.cost_model import CostModel
     from batchlab.engine import Engine
     from batchlab.schedulers import ContinuousBatcher
     from batchlab.workloads import Range, make_workload

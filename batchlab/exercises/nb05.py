@@ -34,7 +34,7 @@ def check_sequences_at_once(answer) -> Verdict:
 
 def _preemption_scenario() -> dict:
     from batchlab.backends import SimBackend
-    from batchlab.backends.cost_model import CostModel
+    from batchlab.steptime.cost_model import CostModel
     from batchlab.engine import Engine
     from batchlab.requests import Request
     from batchlab.schedulers import ContinuousBatcher

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import Verdict, call_reader, compare, exercise, not_a_function
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher

@@ -26,7 +26,7 @@ def _sweep() -> tuple[tuple[float, float, float], ...]:
     """(rate, goodput in req/s, SLO attainment) per swept rate."""
     from batchlab.analysis.metrics import benchmark_duration, per_request_metrics
     from batchlab.backends import SimBackend
-    from batchlab.backends.cost_model import CostModel
+    from batchlab.steptime.cost_model import CostModel
     from batchlab.engine import Engine
     from batchlab.schedulers import ContinuousBatcher
     from batchlab.workloads import make_workload

@@ -34,7 +34,7 @@ def _additive_s(num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
 
 def _roofline_s(num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
     """max(bytes / bandwidth, FLOPs / peak) + overhead, from the shape and the datasheet numbers."""
-    from batchlab.backends.roofline import device_preset, model_shape
+    from batchlab.steptime.roofline import device_preset, model_shape
 
     shape, device = model_shape(SHAPE_3), device_preset(DEVICE_3)
     b = device.dtype_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine_args import EngineArgs
 from batchlab.exercises import Verdict, call_reader, compare, exercise, not_a_function
 from batchlab.loadgen.client import LoadRequest

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batchlab.backends.cost_model import CostModel, features_df
+from batchlab.steptime.cost_model import CostModel, features_df
 from batchlab.backends.model_backend import ModelBackend
 from batchlab.engine import Engine
 from batchlab.engine_args import EngineArgs

@@ -36,7 +36,7 @@ from matplotlib.axes import Axes
 from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.plots import PHASE_COLORS
 from batchlab.backends.base import Backend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.checks import check_choice, check_instance, check_int, check_number, fail
 from batchlab.engine import Engine
 from batchlab.plan import chunk_attention_pairs

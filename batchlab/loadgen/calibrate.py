@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from batchlab.backends.cost_model import FEATURES, CostModel
+from batchlab.steptime.cost_model import FEATURES, CostModel
 from batchlab.checks import check_int
 from batchlab.loadgen.client import LoadRequest, run_load
 from batchlab.plan import chunk_attention_pairs

@@ -14,7 +14,7 @@ import pandas as pd
 
 from batchlab.analysis.metrics import latency_values, throughput
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import StepTimeModel
+from batchlab.steptime.cost_model import StepTimeModel
 from batchlab.checks import check_instance
 from batchlab.engine import Engine
 from batchlab.engine_args import EngineArgs

@@ -19,7 +19,7 @@ import math
 import sys
 from pathlib import Path
 
-from batchlab.backends.device_presets import load_device_presets
+from batchlab.steptime.device_presets import load_device_presets
 from batchlab.cluster.policies import ROUTING_POLICIES
 from batchlab.predict.deployment import Deployment, predict
 from batchlab.engine_args import EngineArgs

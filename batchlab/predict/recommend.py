@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from batchlab.backends.device_presets import load_device_presets
-from batchlab.backends.kv_links import kv_link
+from batchlab.steptime.device_presets import load_device_presets
+from batchlab.steptime.kv_links import kv_link
 from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.predict.deployment import Deployment, predict, predict_disaggregated
 from batchlab.engine_args import EngineArgs

@@ -1,40 +1,9 @@
-"""Continuous batching: the batch is re-formed at every step, within a token budget.
+"""Continuous batching (``ContinuousBatcher``): the batch is re-formed at every step, within a
+token budget, in vLLM V1's order: decodes, unfinished prompts, then waiting requests.
 
-Continuous (iteration-level) batching, introduced by Orca and used by vLLM, does not wait for a
-batch to end. Every step it asks each request "how many of your tokens are computed, and how many
-do you need?" and hands out tokens from a per-step budget until requests catch up. A request that
-finishes leaves after the step that produced its last token, and a waiting one may take its place
-at the very next step. With chunked prefill, a long prompt is split across several steps so it
-never stalls the decoding requests beside it for long.
-
-The order of one step follows vLLM's v1 scheduler:
-
-1. running requests that are decoding, one token each;
-2. running requests still in their prompt, continuing it with what is left of the budget;
-3. waiting requests, first come first served, while there is room.
-
-Memory decides how many can run, through the KV contract (``batchlab.kv_space``), the same calls
-on every cache: a request is admitted when ``kv.can_admit`` says its first chunk fits, and each
-planned chunk first grows its request's room (``kv.grow``, False when there is none). On a reserving
-space (the slot cache, the simulator's ``TokenKVSpace``) admission reserves the whole possible
-length, so growth always succeeds and nobody is ever preempted. On a paged one
-(``kv_blocks.BlockManager``) admission takes blocks for the first step only, and when a running
-request needs a block and none is free the most recently admitted running request is
-**preempted** (vLLM v1's rule): its blocks are freed, it goes back to the front of the waiting
-queue, and when it is admitted again its prompt and the tokens it already generated are computed
-again (its output so far is kept). Each preemption is recorded in ``preemptions``.
-
-Prompt KV transferred to a request (``Request.kv_transfer``: a disaggregated prefill worker's)
-counts as computed when the request is first admitted, as a cached prefix does
-(``ready_tokens``); a preempted request lost it, and computes its prompt again. KV still in
-flight (``KVTransfer.seconds``: a simulated decode worker's) is vLLM's "waiting for remote KVs":
-the request is admitted and holds its blocks (and a seat) while the KV crosses the link, the
-transfer starting then, and gets its first chunk at the first step after the KV has landed.
-
-Speculative decoding: a decoding request with a draft (``SpecState.draft_ids``, the backend's
-proposal) computes its one known token and the drafted ones after it in the same chunk, so the
-step can check them; the drafts take what budget and KV room are left after every decode's
-token. The engine gives back the room of the drafts the step rejected (``kv.rollback``).
+On a paged cache a request that cannot grow preempts the most recently admitted one (recomputed
+later). Transferred prompt KV counts as computed at first admission; a draft rides along with
+its request's decode. The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

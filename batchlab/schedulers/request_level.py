@@ -1,33 +1,8 @@
-"""What static and dynamic batching share: a batch of whole requests that runs until its last member ends.
+"""What static and dynamic batching share (``RequestLevelBatcher``): a batch of whole requests
+that runs until its last member ends; the two differ only in when a batch leaves the queue.
 
-Request-level batching (the way servers batched before continuous batching) forms a batch of
-requests, runs it, and forms the next batch only when the whole batch is done. The two policies
-built on this module differ in one rule only, *when a batch leaves the queue*:
-
-- ``StaticBatcher``: when ``batch_size`` requests are waiting.
-- ``DynamicBatcher``: when ``max_batch_size`` are waiting or a timer runs out, whichever is first.
-
-Everything else is the same and lives here:
-
-1. **Admission.** The leaving requests are taken from the front of the waiting queue (first come,
-   first served). Each one reserves KV space for its prompt plus every token it may generate and
-   becomes RUNNING. If the cache cannot hold them all, the batch runs with the members that fit
-   and the rest stay at the front of the queue for the next batch. (Between batches the cache is
-   empty, and the engine rejects any request that cannot fit an empty cache, so the first member
-   always fits.) On a paged KV cache too, these batchers admit each member with its whole length
-   (its blocks, all at once), so they never grow, preempt or share prefix blocks.
-2. **The first step** of a batch computes every member's whole prompt, one chunk per member and no
-   chunking, and samples each member's first token.
-3. **Decode steps** follow: one token for each member that has not finished. Nobody joins a running
-   batch; requests that arrive meanwhile wait in the queue.
-4. **Held slots.** A member that finishes early keeps its place (and its KV space) until the batch
-   ends. A padded implementation would keep computing padding for it; batchlab computes nothing for
-   it but reports the count as ``StepPlan.held_slots``, so the waste can be shown.
-5. **The batch ends** after the step in which its last member finishes. All members' KV space is
-   freed then, and the next batch may start at the very next step.
-6. **Release.** With ``stream=False`` (a non-streaming server) every member's complete response is
-   handed back when the batch ends, so a short request waits for the longest one. With
-   ``stream=True`` each member is released as soon as it finishes (its slot is still held).
+Members reserve their whole length, their prompts run in the first step, and finished members
+hold their slots until the batch ends. The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

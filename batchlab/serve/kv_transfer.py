@@ -50,7 +50,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from batchlab.backends.kv_links import KV_LINKS, kv_link
+from batchlab.steptime.kv_links import KV_LINKS, kv_link
 from batchlab.checks import check_choice, check_number, fail
 from batchlab.serve.protocol import APIError
 

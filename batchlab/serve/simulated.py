@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchlab.backends import SimBackend
-from batchlab.backends.cost_model import CostModel, StepTimeModel
-from batchlab.backends.device_presets import load_device_presets
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.steptime.cost_model import CostModel, StepTimeModel
+from batchlab.steptime.device_presets import load_device_presets
+from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.shapes import MODEL_SHAPES, ModelShape, model_shape
 from batchlab.vllm_sim import VllmReplica
 

@@ -14,12 +14,12 @@ import re
 from dataclasses import dataclass, field, replace
 
 from batchlab.backends import SimBackend
-from batchlab.backends.collectives import all_reduce_model
-from batchlab.backends.device_presets import DevicePreset, load_device_presets
-from batchlab.backends.grounded_step import GroundedStep
-from batchlab.backends.kernels import KernelModel
-from batchlab.backends.measured_kernels import SYSTEMS, KernelTables
-from batchlab.backends.measured_step import MeasuredStep
+from batchlab.steptime.collectives import all_reduce_model
+from batchlab.steptime.device_presets import DevicePreset, load_device_presets
+from batchlab.steptime.grounded_step import GroundedStep
+from batchlab.steptime.kernels import KernelModel
+from batchlab.steptime.measured_kernels import SYSTEMS, KernelTables
+from batchlab.steptime.measured_step import MeasuredStep
 from batchlab.checks import check_choice, check_instance, check_int, fail
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher
@@ -48,7 +48,7 @@ class VllmReplica:
         except ValueError as err:
             raise ValueError(f"model: {err}") from None
         presets = load_device_presets()
-        check_choice("gpu", self.gpu, sorted(presets), hint="--gpu, a preset of batchlab/backends/device_presets.json")
+        check_choice("gpu", self.gpu, sorted(presets), hint="--gpu, a preset of batchlab/steptime/device_presets.json")
         check_int("tensor_parallel_size", self.tensor_parallel_size, hint="--tensor-parallel-size")
         check_instance("args", self.args, EngineArgs, "an EngineArgs")
         if self.vllm_version is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(self.vllm_version)):

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from batchlab.backends.attention_fit import guess_split
-from batchlab.backends.cost_model import StepTimeModel
-from batchlab.backends.grounded_step import GroundedStep
-from batchlab.backends.measured_step import MeasuredStep
+from batchlab.steptime.attention_fit import guess_split
+from batchlab.steptime.cost_model import StepTimeModel
+from batchlab.steptime.grounded_step import GroundedStep
+from batchlab.steptime.measured_step import MeasuredStep
 from batchlab.checks import check_int, fail
 from batchlab.shapes import ModelShape, model_shape
 from batchlab.speculative import SpeculativeConfig

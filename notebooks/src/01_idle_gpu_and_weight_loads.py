@@ -41,8 +41,8 @@ from batchlab.analysis.plots import plot_occupancy, plot_step_profile, plot_time
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
-from batchlab.backends.device_presets import load_device_presets
-from batchlab.backends.kernel_profiles import (KERNEL_PROFILES_DIR, PROJECTION_COLUMNS, layer_shape_of,
+from batchlab.steptime.device_presets import load_device_presets
+from batchlab.steptime.kernel_profiles import (KERNEL_PROFILES_DIR, PROJECTION_COLUMNS, layer_shape_of,
                                               read_kernel_profile)
 from batchlab.engine import Engine
 from batchlab.exercises import check
@@ -302,7 +302,7 @@ roofline.round(2)
 # measured, against the datasheet's roofline `max(weight bytes / bandwidth, FLOPs / peak)`. In
 # bf16 a token does 2 FLOPs per 2-byte weight, so *t* tokens have an intensity of *t* FLOPs per
 # byte and the ridge sits at `peak / bandwidth` tokens. The third line is the course's
-# **grounded preset** for that GPU (`batchlab/backends/device_presets.json`): each kernel
+# **grounded preset** for that GPU (`batchlab/steptime/device_presets.json`): each kernel
 # reaches the fractions of the datasheet's bandwidth and peak fitted to these measurements, with
 # a fixed cost per kernel and a smooth turn between the two roofs (`scripts/fit_gpu_presets.py`).
 # The simulator's GPU cost model in later notebooks is built from it.
@@ -464,7 +464,7 @@ print(f"{len(stored)} stored profile(s): " + (", ".join(p.label for p in stored)
 # token) pair the attention scores: a token at position *p* attends to itself and the *p* tokens
 # before it, so a decode at position *p* is *p* + 1 pairs (it reads *p* + 1 cached keys), and a
 # prompt of *n* tokens is *n*(*n* + 1)/2 pairs (the causal triangle). Pairs are what make long
-# contexts slow; `batchlab.backends.cost_model` writes the formula out.
+# contexts slow; `batchlab.steptime.cost_model` writes the formula out.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

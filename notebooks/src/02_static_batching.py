@@ -43,7 +43,7 @@ from batchlab.analysis.claims import expect
 from batchlab.analysis.plots import plot_occupancy, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model

@@ -23,7 +23,7 @@
 #
 # The real model serves a small scene; a simulator calibrated on it serves the sweeps. The
 # calibration measures a few hundred real steps of many shapes and fits the step-time formula of
-# `batchlab.backends.cost_model` (a fixed cost per step, plus costs per sequence, per token and per
+# `batchlab.steptime.cost_model` (a fixed cost per step, plus costs per sequence, per token and per
 # attention pair); it takes some seconds and adapts to whatever device runs this notebook.
 
 # %%
@@ -38,7 +38,7 @@ from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model

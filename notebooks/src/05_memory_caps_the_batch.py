@@ -40,7 +40,7 @@ from batchlab.analysis.kv_usage import kv_usage, stored_share
 from batchlab.analysis.plots import plot_timeline
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model

@@ -28,7 +28,7 @@
 # ## Setup
 #
 # The real model serves the experiment; a simulator calibrated on it (the step-time formula of
-# `batchlab.backends.cost_model`, fitted to a few hundred real steps of many shapes) serves the full
+# `batchlab.steptime.cost_model`, fitted to a few hundred real steps of many shapes) serves the full
 # budget sweep. The calibration takes some seconds and adapts to whatever device runs this.
 
 # %%
@@ -43,9 +43,9 @@ from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
-from batchlab.backends.device_presets import load_device_presets
-from batchlab.backends.kernel_profiles import KERNEL_PROFILES_DIR, compare_profile, read_kernel_profile
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.steptime.device_presets import load_device_presets
+from batchlab.steptime.kernel_profiles import KERNEL_PROFILES_DIR, compare_profile, read_kernel_profile
+from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.experiments.prefill_stall import (

@@ -48,7 +48,7 @@ from batchlab.analysis.plots import plot_load_curve
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
-from batchlab.backends.cost_model import CostModel
+from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.experiments.sweeps import capacity, load_sweep

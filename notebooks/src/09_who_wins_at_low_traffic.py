@@ -49,8 +49,8 @@ from batchlab.exercises import check
 # %%
 from batchlab.backends import ModelBackend, SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
-from batchlab.backends.cost_model import CostModel, features_df, nnls
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.steptime.cost_model import CostModel, features_df, nnls
+from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.engine import Engine
 from batchlab.experiments.sweeps import capacity, load_sweep
 from batchlab.model import load_model

@@ -55,8 +55,8 @@ from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timel
 from batchlab.analysis.trace_io import load_trace
 from batchlab.analysis.widgets import explore
 from batchlab.backends import ModelBackend
-from batchlab.backends.cost_model import CostModel
-from batchlab.backends.roofline import RooflineCostModel
+from batchlab.steptime.cost_model import CostModel
+from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.model import load_model

@@ -39,9 +39,9 @@ import pandas as pd
 # %%
 from batchlab.analysis.claims import expect
 from batchlab.analysis.widgets import explore
-from batchlab.backends.kernel_profiles import (KERNEL_PROFILES_DIR, compare_profile, compare_projections, error_summary,
+from batchlab.steptime.kernel_profiles import (KERNEL_PROFILES_DIR, compare_profile, compare_projections, error_summary,
                                                read_kernel_profile)
-from batchlab.backends.device_presets import device_preset
+from batchlab.steptime.device_presets import device_preset
 from batchlab.exercises import check
 from batchlab.predict import Deployment, EngineArgs, TrafficSpec, predict
 from batchlab.vllm_sim.memory import GIB

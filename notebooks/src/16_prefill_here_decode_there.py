@@ -45,7 +45,7 @@ import pandas as pd
 from batchlab.analysis.claims import expect, expect_close, expect_true
 from batchlab.analysis.metrics import summary_row
 from batchlab.analysis.widgets import explore
-from batchlab.backends.roofline import model_shape
+from batchlab.steptime.roofline import model_shape
 from batchlab.cluster import KV_LINKS, Cluster, ClusterConfig, DisaggregatedCluster, DisaggregatedConfig, ReplicaSpec
 from batchlab.cluster.pd_goodput import attainment_table, goodput_by_layout
 from batchlab.exercises import check

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.backends.attention_fit import AttentionFit, fit_attention
+from batchlab.steptime.attention_fit import AttentionFit, fit_attention
 from batchlab.checks import fail
 
 # batchlab's GPU presets -> AIConfigurator's system folders (SXM boards, the ones it measured).

@@ -1,6 +1,6 @@
 """GPU presets: each device's datasheet roofline and what its kernels were measured to reach.
 
-``batchlab/backends/device_presets.json`` holds, per device, the datasheet's memory bandwidth,
+``batchlab/steptime/device_presets.json`` holds, per device, the datasheet's memory bandwidth,
 dense peak in one dtype, memory and number of SMs (each cited; the SMs set how many tiles of a
 matrix multiply run in one wave), and ``kernels``: the ``KernelEfficiency`` fitted
 by ``scripts/fit_gpu_presets.py`` to measured kernel times (``data/gpu_kernels/``), or, for a
@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchlab.backends.kernels import KernelEfficiency, KernelModel
+from batchlab.steptime.kernels import KernelEfficiency, KernelModel
 from batchlab.checks import check_int, check_number
 from batchlab.shapes import DTYPE_BYTES
 

@@ -33,7 +33,7 @@ The memory term keeps the real bytes (a padded row is never read). Attention
 (``kernel_seconds``) is not quantized.
 
 ``KernelEfficiency`` holds the fitted numbers (``scripts/fit_gpu_presets.py`` fits them,
-``batchlab/backends/device_presets.json`` stores them per device); ``KernelModel`` applies them to
+``batchlab/steptime/device_presets.json`` stores them per device); ``KernelModel`` applies them to
 a device's datasheet numbers and SM count, for one kernel, one matrix multiply or one decoder
 layer. Every method takes numpy arrays of token counts too (the fit evaluates thousands of rows
 at once).

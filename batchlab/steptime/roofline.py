@@ -37,7 +37,7 @@ an average, so the keys read are approximate there.
 
 The pieces: ``batchlab.shapes`` (``ModelShape``; ``MODEL_SHAPES`` holds SmolLM2-135M, Llama-2-7B
 and Llama-3-8B, each with its source), ``device_presets`` (``DevicePreset``:
-``load_device_presets`` reads ``batchlab/backends/device_presets.json``: T4, L4, A100, H100,
+``load_device_presets`` reads ``batchlab/steptime/device_presets.json``: T4, L4, A100, H100,
 H200), ``RooflineCostModel`` (the formula, with ``predict``/``predict_features`` like
 ``CostModel``, so ``SimBackend`` takes either), and ``compare_cost_models`` (fit both forms on the
 same measured steps and score them on held-out ones).
@@ -51,10 +51,10 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from batchlab.backends.cost_model import FEATURES, CostModel, StepTimeModel, features_df
-from batchlab.backends.device_presets import DEVICE_PRESETS_PATH, DevicePreset, device_preset, load_device_presets
-from batchlab.backends.grounded_step import GroundedStep
-from batchlab.backends.kernels import KernelEfficiency, KernelModel
+from batchlab.steptime.cost_model import FEATURES, CostModel, StepTimeModel, features_df
+from batchlab.steptime.device_presets import DEVICE_PRESETS_PATH, DevicePreset, device_preset, load_device_presets
+from batchlab.steptime.grounded_step import GroundedStep
+from batchlab.steptime.kernels import KernelEfficiency, KernelModel
 from batchlab.checks import check_bool, check_int, check_number
 from batchlab.shapes import DTYPE_BYTES, MODEL_SHAPES, LayerShape, ModelShape, model_shape
 from batchlab.trace import StepRecord, Trace

@@ -106,7 +106,7 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
 class StepTimeModel:
     """What the simulator asks of a step-time formula: ``predict_features(num_seqs, num_tokens,
     attention_pairs)`` in seconds. ``predict`` works out a step's features and asks it. Two forms
-    exist: the additive ``CostModel`` below and the roofline (``batchlab.backends.roofline``)."""
+    exist: the additive ``CostModel`` below and the roofline (``batchlab.steptime.roofline``)."""
 
     def predict_features(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
         raise NotImplementedError

@@ -1,7 +1,7 @@
 """Fit a device's ``KernelEfficiency`` to measured per-layer kernel times, in three stages.
 
 The kernels run on the device's datasheet roofs and its SM count (``num_sms``: tiles run in
-waves of one per SM; see ``batchlab.backends.kernels``).
+waves of one per SM; see ``batchlab.steptime.kernels``).
 
 1. **Small operators** (norms, rope, activation, residual add): linear least squares, in relative
    error, of ``5 * latency + bytes / (fraction * bandwidth)`` over every row.
@@ -27,9 +27,9 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from batchlab.backends.kernel_profiles import MAX_TOKENS, PROJECTION_COLUMNS, SMALL_OP_COLUMNS, compare_profile, \
+from batchlab.steptime.kernel_profiles import MAX_TOKENS, PROJECTION_COLUMNS, SMALL_OP_COLUMNS, compare_profile, \
     error_summary, layer_shape_of, measured_layer_ms
-from batchlab.backends.kernels import KernelEfficiency, KernelModel
+from batchlab.steptime.kernels import KernelEfficiency, KernelModel
 from batchlab.shapes import SMALL_OPS_PER_LAYER
 
 MEMORY_BOUND_TOKENS = 8

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from batchlab.backends.kernels import KernelModel
-from batchlab.backends.attention_fit import guess_split
-from batchlab.backends.measured_kernels import KernelTables
+from batchlab.steptime.kernels import KernelModel
+from batchlab.steptime.attention_fit import guess_split
+from batchlab.steptime.measured_kernels import KernelTables
 from batchlab.checks import check_int, fail
 from batchlab.shapes import SMALL_OPS_PER_LAYER, ModelShape
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batchlab.backends.kernels import KernelModel
+from batchlab.steptime.kernels import KernelModel
 from batchlab.checks import check_int
 from batchlab.shapes import ModelShape
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchlab.backends.cost_model import nnls
+from batchlab.steptime.cost_model import nnls
 from batchlab.checks import fail
 
 QUERY_TILE = 128

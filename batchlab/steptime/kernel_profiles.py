@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 import batchlab
-from batchlab.backends.kernels import KernelModel
+from batchlab.steptime.kernels import KernelModel
 from batchlab.shapes import LayerShape
 
 SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp")
