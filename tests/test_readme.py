@@ -56,7 +56,8 @@ FOREIGN_PATHS = {"data/profiling/compute/...", "data/profiling/a100/cpu_overhead
 # Roots of dotted names and calls that belong to other libraries or to Python.
 PROJECT_ROOTS = ("batchlab", "benchmarks")     # importable from the checkout (benchmarks: pytest's pythonpath)
 EXTERNAL_ROOTS = {"torch", "ray", "vllm", "LLM", "transformers", "httpx", "np", "pd", "max", "min",
-                  "LLMEngine", "EngineCore"}     # (nano-vllm's and vLLM's engines)
+                  "LLMEngine", "EngineCore", "TpKVTopology",    # (nano-vllm's and vLLM's engines, vLLM's KV layout)
+                  "os", "numpy"}
 FLAG = re.compile(r"--[A-Za-z][\w-]*")
 IDENT = r"[A-Za-z_]\w*"
 README_MAX_LINES = 250          # README is a newcomer's page; long notes go to docs/*.md

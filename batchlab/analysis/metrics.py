@@ -1,56 +1,6 @@
 """Serving metrics from a ``Trace``: what a benchmark client would have measured.
 
-Every latency here is computed from what the client saw, ``RequestRecord.visible_token_times``,
-and from each request's arrival time, exactly as vLLM's serving benchmark computes them
-(``calculate_metrics`` in ``vllm/benchmarks/serve.py``, formerly ``benchmarks/benchmark_serving.py``).
-All times are seconds on the trace's clock; rates are per second.
-
-Per finished request, with ``t_1 .. t_n`` the times its ``n`` output tokens became visible:
-
-* **TTFT** (time to first token) = ``t_1 - arrival``. For a non-streaming server the first token
-  is visible only when the whole response is, so TTFT equals E2E there.
-* **E2E latency** = ``t_n - arrival`` (the last visible token: the release of the response).
-* **TPOT** (time per output token, first token excluded) = ``(E2E - TTFT) / (n - 1)``;
-  undefined (NaN) when ``n == 1`` and then left out of TPOT statistics, as vLLM does.
-* **ITL** (inter-token latency) = every gap ``t_{i+1} - t_i`` between successive visible tokens,
-  pooled over all requests into one population (a long request contributes many gaps). Tokens
-  that become visible together (a non-streamed response) contribute gaps of 0: there is no
-  streaming to measure, and TTFT = E2E tells that story. (vLLM's client would see one chunk and
-  record no gap at all, and prints 0 for an empty list; batchlab keeps the zeros so ITL counts
-  always equal the sum of ``n - 1``.)
-* **queue time** = ``first_scheduled_time - arrival``: how long the request waited before its
-  first step (a server-side view, not something a client can see).
-
-Over the run:
-
-* **duration** = from the first arrival (of any request, rejected ones included) to the last
-  release (the last visible token of any finished request). vLLM measures its benchmark
-  duration the same way, from sending the first request to receiving the last response. Every
-  function that divides by time also accepts an explicit ``duration``.
-* **request throughput** = finished requests / duration.
-* **output-token throughput** = output tokens of finished requests / duration.
-* **total-token throughput** = (prompt + output tokens of finished requests) / duration.
-* **goodput** (vLLM's benchmark meaning) = finished requests that meet *every* given SLO / duration. SLOs are upper bounds
-  in seconds on any of ``ttft``, ``tpot``, ``e2e`` (see ``SLO``). A 1-token request has no TPOT
-  and counts as meeting a TPOT SLO (vLLM treats its TPOT as 0 for goodput).
-* **goodput** (DistServe's meaning, ``max_rate_meeting_slo``) = the highest request rate at which
-  at least a target share (e.g. 90%) of requests meets the SLO, read from a load sweep; the share
-  at one rate is ``slo_attainment`` (good / all requests).
-
-Statistics use ``numpy.percentile`` with linear interpolation and the population standard
-deviation (``ddof=0``), as vLLM does. Rejected requests (status ``rejected``) and any request that
-did not finish are counted and reported, and left out of every latency statistic and throughput.
-
-Device view (from the step records, not from the client):
-
-* **busy share** = time spent computing steps / duration.
-* **mean batch occupancy** = sequences per step, weighted by step duration (idle time excluded).
-* **slot waste** (request-level batching) = slot-time held by finished members of an unfinished
-  batch / all slot-time: ``sum(held_slots * d) / sum((num_seqs + held_slots) * d)`` over steps of
-  duration ``d``.
-
-Other tools call different numbers "ITL" and "TPOT"; ``itl_definitions`` computes them side by side
-on one trace, with the source files they were checked against.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

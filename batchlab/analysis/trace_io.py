@@ -1,48 +1,6 @@
 """Saving a ``Trace`` to a JSON file and loading it back, so a run can be studied later.
 
-A workload file (``workloads.save_workload``) stores what clients *asked*; a trace file stores
-what the server *did*: every request's life (arrival, first step, release) and every step (when
-it ran, and which requests it computed how many tokens for). Metrics and plots of a loaded trace
-are those of the original run, to the microsecond.
-
-Small files by leaving out what can be worked out again. The engine's rules fix a lot:
-
-- A chunk always continues where its request's computed tokens end, so its ``start`` is a count
-  the loader keeps itself; and it samples exactly when it reaches the last known token.
-- Every sampled token is computed at the end of its step, so token times come from the steps.
-- Most steps decode exactly the requests that sampled a token in the step before and have not
-  finished, in the same order; such a step stores ``null`` instead of the list.
-
-So a step stores its idle gap and duration, the requests it decodes (or ``null``), and its
-prompt chunks as (request, number of tokens) pairs. Under speculative decoding a decode may check
-a draft: the step's ``checks`` list says which, with how many tokens were drafted and accepted;
-the check emits ``1 + accepted`` tokens at the step's end, and its computed tokens grow by as
-many. ``save_trace`` checks that replaying the file gives back every token time; a trace where it
-would not (one made by hand, without steps, or a stop token inside a check) stores its token
-times explicitly instead.
-
-Schema (``format`` ``"batchlab-trace"``, ``version`` 1, or 2 when a step checks a draft; times
-are integer microseconds)::
-
-    {"format": "batchlab-trace", "version": 1 or 2, "time_unit": "us",
-     "meta": {...},                          # free-form, JSON-able
-     "requests": {                           # one list per column, one item per request
-        "request_id", "arrival", "prompt_len", "max_new_tokens", "status", "finish_reason",
-        "first_scheduled" (or null), "release" (or null), "streamed",
-        "token_gaps"  (only if token times cannot be replayed: per request, first token time
-                       minus arrival, then the gaps between successive token times),
-        "output_ids"  (only if some token is not the simulator's placeholder -1)},
-     "steps": {                              # one list per column, one item per step
-        "idle_before" (gap since the previous step's end; the first: since t = 0),
-        "duration", "held_slots", "batch_id" (or null),
-        "decodes"  (request indices, or null: "the requests that sampled last step, unfinished"),
-        "prefills" (flat list [request index, num_tokens, ...]),
-        "checks"   (version 2 only: flat list [request index, drafted, accepted, ...], for the
-                    decodes of the step that checked a speculative draft)}}
-
-Request indices point into the ``requests`` columns. A loaded step lists its decodes first, then
-its prompt chunks; the order of chunks inside a step changes no metric. A loaded check's drafted
-tokens are placeholders (``-1``): the file keeps how many there were, not which.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
 """Prefill here, decode there: a disaggregated cluster on one virtual clock.
 
-Two pools of replicas, each behind its own router. Prefill workers compute prompts; decode
-workers generate the tokens; the prompt's KV goes from one to the other over a link, so a decode
-step never meets a prefill. The flow is vLLM's disaggregated serving as ``vllm-router
---vllm-pd-disaggregation`` drives it:
-
-1. The prefill router sends the request to a prefill worker with ``max_tokens=1``: the worker
-   computes the prompt (and samples one token, which nobody reads).
-2. When that step ends, the decode router picks a decode worker and sends it the request, with
-   the prompt's KV still on the prefill worker (``Request.kv_transfer``, ``prompt_len - 1`` tokens).
-3. The decode worker admits it when it has room, as for any request: it takes the KV blocks and
-   a seat at once, and pulls the KV into them (vLLM's "waiting for remote KVs"), holding them
-   while it is in flight. The move takes ``KVLink.transfer_time`` (a fixed latency plus
-   ``prompt_len`` x the model's KV bytes per token over the bandwidth); a prefill worker's link
-   carries one transfer at a time, in the order its prefills end.
-4. At the first step after the KV has landed, the decode worker computes the last prompt token,
-   samples the first token from it and decodes on (vLLM's decode worker recomputes the last
-   prompt token the same way).
-
-TTFT is measured from the client's arrival to the decode worker's first token (what a client of
-the router sees): the prefill's queue and compute, the wait for room on the decode worker, the
-transfer, and one decode step.
-
-A worker may die (``kill``): as in ``Cluster``, it finishes the step it is running, aborts its
-other requests with the reason, and its pool's router stops using it. A prefill worker that dies
-also loses the KV it had not delivered: those requests end aborted on their decode worker (or
-before reaching one), the reason saying that the decode worker never received the KV.
-
-Stated simplifications: a transfer's start is the later of the decode worker's admission and the
-link's turn (the turn as if every earlier transfer on that link had started at once); the prefill
-worker frees its blocks when its step ends (vLLM's keeps them until they are read); a link's
-bandwidth is its nominal one, per direction; transfers from different prefill workers never share
-a link; a request waiting for its KV counts against ``max_num_seqs`` (vLLM's waits in the queue
-holding its blocks).
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

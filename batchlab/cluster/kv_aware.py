@@ -1,28 +1,7 @@
 """KV-aware routing as NVIDIA Dynamo's KV router does it: the cheapest replica by a cost that
 counts the prompt work a replica's cache would save and the KV load it already carries.
 
-Dynamo's router documentation ("KV Router", "Routing Concepts") gives the cost of sending a
-request to worker ``w``::
-
-    cost(w) = overlap_score_weight * prefill_blocks(w) + decode_blocks(w)
-
-- ``prefill_blocks(w)``: prompt blocks ``w`` would still have to compute, i.e. the request's
-  prompt blocks minus those ``w`` already stores (the *overlap*, known from the KV events
-  workers publish when they store or drop a block), plus the uncomputed prompt blocks of
-  requests already sent to ``w`` (the router drops a request's share when its first token
-  comes back, which signals that its prefill is done);
-- ``decode_blocks(w)``: KV blocks of the requests ``w`` is serving (the router's estimate from
-  their prompts), plus the new request's; dropped when a request ends.
-
-The router takes the lowest cost (``router_temperature`` 0, the default) or samples with
-softmax over the normalised costs (temperature > 0). ``overlap_score_weight`` defaults to 1;
-higher favours cache reuse (TTFT), lower favours even load (ITL); 0 ignores prefixes.
-
-Here the KV events are exact: ``ReplicaReports.stored_blocks`` reads the replica's block hashes
-at the moment of routing, so the predicted hit is the real one then (it can still differ at
-admission, after the request waited). Blocks are the replicas' own KV blocks (``block_size``).
-vllm-router's ``kv_aware`` policy uses the same events more simply: the worker with the longest
-stored prefix, or the least loaded one when no worker stores any block of the prompt.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

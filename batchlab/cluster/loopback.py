@@ -1,41 +1,6 @@
 """A real router on loopback: ``vllm-router`` in front of N simulated-device batchlab replicas.
 
-``batchlab.cluster`` simulates routers; this module runs the real one. ``LoopbackCluster``
-starts ``num_replicas`` servers (``python -m batchlab.serve --simulate ...``, see
-``simulated.py``: real tokenizer, admission, paged KV and prefix cache; each step sleeps the
-time a cost model predicts) and then ``vllm-router`` (the Rust binary its PyPI wheel installs,
-pinned in ``requirements.txt``), all on 127.0.0.1 free ports, waits until the router says every
-worker is healthy, and tears everything down on exit::
-
-    with LoopbackCluster(LoopbackConfig(num_replicas=4, policy="cache_aware")) as lb:
-        result = run_load(lb.url, requests)           # through the router
-        direct = run_load(lb.replica_urls[0], more)   # or straight to one replica
-
-What the router needs from a replica, and gets from ``batchlab.serve``: ``GET /health`` (at
-start-up and every ``--health-check-interval-secs``, default 60), ``GET /get_load`` (polled for
-``{"load": N}`` only under ``power_of_two``, every ``--worker-startup-check-interval``, default
-30 s) and the OpenAI routes it forwards, with the SGLang fields it adds to every body
-(``no_stop_trim``, ``separate_reasoning``, ...).
-
-``start_router(urls, policy)`` starts the router alone in front of servers already running.
-Each router exposes its own Prometheus metrics (``vllm_router_*``: requests, retries, latency
-per worker) on a free port of its own (``--prometheus-port``; the router's default, 29000, would
-make two routers on one machine collide): ``RouterProcess.metrics()`` reads them. How often the
-router polls ``/get_load`` is not a flag of 0.1.17: it polls at its
-``--worker-startup-check-interval`` (30 s unless given).
-
-Errors: a policy, replica count or simulate spec that is not allowed fails before anything
-starts; a replica URL that does not answer ``/health`` is named; a missing router binary, a router that exits or a replica that never becomes healthy
-raise one error naming it, with the tail of its log, and stop what was started.
-``kill_replica(i)`` ends a replica with SIGKILL: the requests it was serving end at the client
-with the error the router passes on (its stream is cut), and the router's retries send new
-requests to the others.
-
-Sources: vllm-router 0.1.17's ``router_args.py`` (the policies and their defaults, such as
-``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5) and its
-``src/routers/http/`` (``power_of_two`` compares the polled ``/get_load`` values; only
-``cache_aware`` counts the router's own requests in flight). ``batchlab.cluster``'s
-``PowerOfTwoConfig(load="polled")`` models that view.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
 """Routing policies that look at no prompt: round robin, random, least outstanding requests,
 power of two choices, and consistent hashing on a session or prefix key.
 
-Each follows a router in use, by its published rule:
-
-- ``round_robin``: the next alive replica in turn (vllm-router's and SGLang's ``round_robin``:
-  a counter modulo the healthy workers).
-- ``random``: a uniformly random alive replica, from a seeded generator (``random``).
-- ``least_outstanding``: the replica with the fewest requests in flight (join the shortest
-  queue, by the router's own count; ties broken at random so the first replica is not favoured).
-- ``power_of_two``: draw two different replicas at random and take the less loaded, the first
-  drawn on a tie. By default the load is the router's own count of requests in flight, exact and
-  current: the idealised rule Mitzenmacher analysed ("The Power of Two Choices in Randomized Load
-  Balancing", IEEE TPDS 12(10), 2001; Ray Serve's default request router follows it). Two choices
-  are enough: the most loaded of n bins holds about ``log log n / log 2`` balls instead of
-  ``log n / log log n`` with one random choice, while the router looks at only two counts.
-  ``PowerOfTwoConfig(load="polled")`` gives vllm-router's view instead: it does not count its own
-  in-flight requests under this policy, it compares the ``load`` each worker last reported on
-  ``GET /get_load`` (requests running and waiting there), polled every
-  ``--worker-startup-check-interval`` (30 s by default), so between polls every choice rests on
-  the same, ageing numbers.
-- ``consistent_hash``: a hash ring with 160 virtual nodes per replica (vllm-router's
-  ``VIRTUAL_NODES_PER_WORKER``); a request goes to the first point clockwise from its key's hash.
-  The key is the session (vllm-router reads it from headers such as ``X-Session-ID`` first) or,
-  without one, the prompt's first ``prefix_tokens`` tokens. A dead replica's points leave the
-  ring, so only its keys move. Sessions stay on one replica; a shared prefix key sends every
-  request with that prefix to the same replica, however busy.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """Sweeps: many pure, seeded runs over a grid of settings, in this process or on Ray.
 
-A question about routing ("which policy, at which load, with how much prefix sharing?") is a
-grid of runs. Each run here is a **pure function** of its settings, seed included, and returns
-a **small row** (a dict of numbers and labels), never a trace: rows travel cheaply between
-processes and machines, and the same settings give the same row wherever they run. So a sweep
-can run the points one after another in this process (the default), or as Ray tasks::
-
-    points = grid(policy=["round_robin", "cache_aware"], load=[0.5, 0.9], seed=[0, 1])
-    table = run_sweep(cluster_point, points)                       # in process
-    table = run_sweep(cluster_point, points, use_ray=True)         # Ray on this machine
-    RAY_ADDRESS=ray://head:10001 python my_sweep.py                # the same code on a Ray cluster
-
-On Ray, a run is one task of one CPU. Without ``RAY_ADDRESS`` Ray is started inside this
-process (``ray.init``) with ``num_cpus`` CPUs if given, or as many as Ray itself detects (it
-reads a container's CPU limit, which ``os.cpu_count()`` does not), and its workers import
-batchlab from the same place as this process does. With ``RAY_ADDRESS`` set (a running
-cluster's head, e.g. ``ray://head:10001``), ``ray.init`` joins that cluster and ships this
-batchlab to its workers (``runtime_env``'s ``py_modules``); their nodes need batchlab's
-dependencies (numpy, pandas) installed, and ``num_cpus`` is the cluster's business. Ray is
-stopped again if the sweep started it. Starting Ray takes seconds to tens of seconds, so Ray
-pays off only for sweeps whose runs take longer than that in total.
-
-A point whose run raises does not lose the others: its row holds the settings and an ``error``
-column (``"TypeName: message"``); the column exists only when some point failed, and a line
-says how many did.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
 """Calibrating the simulator: measure real steps of the model, fit the cost model to them.
 
-The simulator is only as good as its step-time formula. ``calibrate_cost_model`` serves a short,
-deliberately varied workload on the real model (continuous batching with a small token budget,
-so steps mix prompt chunks of many sizes with decode batches of many sizes and contexts) and
-fits ``CostModel`` to the measured step durations. It takes some seconds on a CPU and adapts
-to whatever machine runs it: on a GPU the fitted costs are a GPU's.
-
-A third pass serves a few prompts alone (``LONE_PROMPT_LENS``), each computed in one step. The
-two batched passes are mostly decode steps: of some 220 steps only a handful hold more than 64
-tokens, and none holds one long prompt by itself. Fitted to those alone, the split between the
-per-token and per-attention-pair costs is barely pinned down, and a lone 256-token prompt
-(32,896 attention pairs, far beyond any calibrated step) was predicted anywhere from 0.55x to
-1.6x its measured time from one calibration to the next on a busy single core. The notebooks
-simulate exactly such steps (a dynamic batch's whole-prompt prefill), so the calibration
-measures them. And since a chunk that starts at token ``s`` attends to the ``s`` keys before it
-(through an explicit mask: another attention call than a whole prompt's causal one, whose cost
-per pair need not be the same), one prompt is also served alone in small chunks: the same
-tokens per step, ever more pairs.
-
-Every fit is stored in the per-user cache, under its machine and setup (model, dtype, threads,
-KV cache, oneDNN's cap). ``reuse=True`` takes a stored fit only after timing about 30 fresh steps
-(a batch of decodes and the lone prompts: some 4 s instead of some 20) and finding it predicts
-them within ``REUSE_ERROR``; a slower or faster machine (a busy core, another power mode) is
-calibrated anew. So each notebook after the first checks the fit instead of measuring it again.
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """Load sweeps: serve the same workload at several request rates under several policies.
 
-A single run answers "how fast is this server at this traffic?". A *load sweep* answers the
-question an operator asks: "how do latency and goodput change as traffic grows, and which policy
-holds up longer?". It is a loop over two things::
-
-    for each policy:                          # e.g. {"dynamic": ..., "continuous": ...}
-        for each rate:                        # requests per second
-            requests = workload_fn(rate)      # the same requests, moved in time
-            trace = Engine(policy(), backend_factory()).run(requests)
-            one row = summary_row(trace)      # counts, rates, TTFT/ITL/E2E percentiles
-
-Rules the sweep keeps:
-
-- **Fresh state for every run.** A scheduler holds queues and a backend holds a KV cache, so the
-  sweep takes *factories* (functions that build a new one) and calls them once per run.
-- **Same requests at every rate.** ``workload_fn(rate)`` should return the same requests with
-  arrivals scaled to the rate (``make_workload(..., rate=rate, seed=s)`` does, because lengths
-  and arrival gaps come from separate random streams); the sweep does not check this, but the
-  comparison is only fair if it holds.
-- **Nothing is hidden.** Rejected or unfinished requests are counted in the row
-  (``num_rejected``, ``num_unfinished``) and left out of the latencies, as ``metrics`` does.
-
-``capacity`` measures how many requests per second a policy sustains at all (everything sent at
-once), so a sweep can place its rates as fractions of it, which means the same on any machine.
-
-The result is a tidy table (one row per policy and rate) that ``plots.plot_load_curve`` draws
-directly: ``plot_load_curve(df, x="request_rate", y="ttft_p99", hue="policy")``.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """One load client for any OpenAI-compatible server (batchlab's, vLLM's, or anyone's).
 
-- ``client.py``: ``run_load`` (open or closed loop, streaming, bounded) and ``LoadResult``.
-- ``records.py``: ``ClientRecord`` per request and the ``Trace`` built from the records, so every
-  metric, plot and notebook function works on client-side data unchanged.
-- ``prompts.py``: prompts from a JSONL file (completions or chat), arrival times, text prompts.
-- ``datasets.py``: ``vllm bench serve``'s datasets (``random``, ``sharegpt``, ``prefix_repetition``).
-- ``schedule.py``: send times as vLLM plans them (gamma gaps rescaled so the last send is at
-  N / rate; linear or exponential ramp-ups).
-- ``vllm_result.py``: a load as ``vllm bench serve``'s result JSON (its keys and units), and
-  ``read_result``, which reads a file of either client.
-- ``sweep.py``: SLOs in vLLM's ``--goodput`` form, and a sweep over request rates with DistServe's
-  goodput at the end.
-- ``calibrate.py``: the course's cost model fitted from outside a server (lone prompts, concurrent decodes).
-- ``predict.py``: a load predicted on the simulator under a server's knobs, beside what was measured.
-- ``prom.py``: any server's ``/metrics`` (batchlab's or vLLM's) as a DataFrame; histogram
-  quantiles; a gauge sampler that scrapes during a load.
-- ``soak.py``: a long mixed load (streams, aborts, bad requests) for a server's memory and end states.
-- ``__main__.py``: the command line, with ``vllm bench serve``'s flags.
-
-From a notebook::
-
-    reqs = plan_requests(32, prompt_len=64, output_len=16, tokenizer=tok, arrival="poisson", rate=2.0)
-    result = run_load(server.url, reqs)             # open loop at each request's arrival_time
-    result.table()                                  # ttft / tpot / itl / e2e from the client's side
-    result.rate_report()                            # did the client keep to its plan?
-
-From a shell: ``python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --request-rate 2 --num-prompts 32``
-(``--save-result`` writes vLLM's result JSON).
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

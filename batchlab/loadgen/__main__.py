@@ -1,33 +1,6 @@
 """``python -m batchlab.loadgen``: ``vllm bench serve``'s sibling: load an OpenAI-compatible server, print what the client saw.
 
-    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --num-prompts 32 --request-rate 2
-    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --request-rate 2 --burstiness 0.25
-    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --ramp-up-strategy linear \\
-        --ramp-up-start-rps 1 --ramp-up-end-rps 8 --num-prompts 64
-    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --dataset-name sharegpt --dataset-path sg.json
-    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --dataset-name prefix_repetition \\
-        --prefix-repetition-prefix-len 64 --prefix-repetition-suffix-len 16 --prefix-repetition-num-prefixes 4
-    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --concurrency 8 --num-prompts 32   # closed loop
-    python -m batchlab.loadgen --base-url http://127.0.0.1:8000 --rates 1,2,4 --goodput ttft:500 tpot:100 \\
-        --save-result --result-dir runs/
-    python -m batchlab.loadgen --base-url http://my-vllm:8000 --endpoint /v1/chat/completions \\
-        --prompts my_prompts.jsonl --tokenizer HuggingFaceTB/SmolLM2-135M-Instruct --request-rate 4 \\
-        --max-concurrency 16 --num-warmups 2 --header x-team=course --extra-body '{"top_k": 20}'
-
-vLLM's flag names, meanings and result file (``--save-result``: ``vllm bench serve``'s JSON keys
-and units, ``batchlab.loadgen.vllm_result``); arrivals planned as vLLM plans them
-(``batchlab.loadgen.schedule``: the last send at N / rate); its ``random``, ``sharegpt`` and
-``prefix_repetition`` datasets (``batchlab.loadgen.datasets``). ``ignore_eos`` is sent as vLLM
-sends it (``--ignore-eos``, and always with the ``random`` dataset and ``--workload``, whose
-lengths are exact; ``--no-ignore-eos`` turns it off even there), ``continuous_usage_stats``
-only with ``--continuous-usage-stats``. The course's own: ``--prompts`` (a JSONL of
-``{"prompt": ...}`` / ``{"messages": ...}`` lines), ``--workload`` (replay a workload file's
-arrival times), ``--concurrency`` (a closed loop), ``--rates`` (a sweep ending with DistServe's
-goodput), ``--save-trace``. Defaults that differ from vLLM's, for a CPU: ``--num-prompts 32``,
-``--random-input-len 64``, ``--random-output-len 16``, ``--temperature 0`` (greedy). The old
-names still work: ``--url``, ``--rate``, ``--num-requests``, ``--prompt-len``, ``--warmup``,
-``--no-progress``, ``--arrival``, ``--out DIR`` (= ``--save-result --result-dir DIR``). Bad
-options stop with one line naming the value and what is allowed (exit code 2).
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,6 @@
 """The load client: streams requests to any OpenAI-compatible server and records what it sees.
 
-Two ways to load a server:
-
-- **open loop** (``mode="open"``): each request is sent at its planned time (Poisson, gamma
-  bursts, a fixed rate, or a workload file's arrival times), whether or not earlier ones have
-  finished. Queueing at the server shows up as latency, as it does for real users. With
-  ``max_concurrency`` (vLLM's ``--max-concurrency``), a request whose time has come waits while
-  that many are in flight; its latencies count from when it was really sent.
-- **closed loop** (``mode="closed"``): ``concurrency`` virtual users, each sending its next request
-  the moment its last one ends. The server is never offered more than ``concurrency`` requests,
-  so its queue never grows: a closed-loop benchmark hides queueing by construction.
-
-Every request is streamed (``"stream": true``) to ``/v1/completions`` or, with
-``endpoint="chat"``, ``/v1/chat/completions``, asking for usage in every chunk
-(``stream_options.continuous_usage_stats``, which vLLM and batchlab support) so that the tokens
-in each chunk are counted exactly; without it (``continuous_usage_stats=False``, the command
-line's default, as ``vllm bench serve`` sends) or from a server that ignores it, a chunk with text
-counts one token, and the last chunk gets whatever the final usage (or, without one, the
-``tokenizer``) adds. Greedy with ``ignore_eos`` by default here (the command line sends it only
-when asked, as vLLM's does), so every request makes exactly its ``max_tokens`` (as serving
-benchmarks do); ``extra_body`` adds any other request fields.
-
-``warmup`` requests (copies of the first ones) are sent before the load and left out of its
-results; ``LoadResult.warmup`` keeps them. A load generator that falls behind its plan measures
-the wrong thing; ``LoadResult.rate_report`` gives the achieved arrival rate against the plan's
-and says when sends were late. Everything is bounded: a request count, a per-request timeout
-(``request_timeout``) and ``max_duration`` for the whole load, after which requests still in
-flight are cancelled and recorded as such (``LoadResult.cut``). A server that answers errors is
-never a crash: every request ends in its record, counted by outcome (``status_counts``).
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

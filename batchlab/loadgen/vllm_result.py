@@ -1,28 +1,6 @@
 """``vllm bench serve``'s result JSON (``--save-result``), written from a load and read from either client.
 
-The keys and units are vLLM 0.32's, so whatever reads vLLM's result files reads the course
-client's unchanged:
-
-- the run: ``date``, ``endpoint_type``, ``backend``, ``label``, ``model_id``, ``tokenizer_id``,
-  ``num_prompts``, ``request_rate`` (a number, or the string ``"inf"``), ``burstiness``,
-  ``max_concurrency`` and, with a ramp-up, ``ramp_up_strategy``, ``ramp_up_start_rps``,
-  ``ramp_up_end_rps``;
-- counts and rates: ``duration`` (**seconds**), ``completed``, ``failed``,
-  ``total_input_tokens``, ``total_output_tokens``, ``request_throughput`` (req/s),
-  ``request_goodput`` (req/s, null without ``--goodput``), ``output_throughput`` and
-  ``total_token_throughput`` (tok/s), ``max_output_tokens_per_s``, ``max_concurrent_requests``
-  (the busiest one-second bucket);
-- for each of ``--percentile-metrics`` (default ttft,tpot,itl): ``mean_<m>_ms``,
-  ``median_<m>_ms``, ``std_<m>_ms`` and ``p<q>_<m>_ms`` for each of ``--metric-percentiles``
-  (default 99; ``p99``, ``p99.9``), all in **milliseconds**;
-- per request, in **seconds**: ``latencies`` and ``queue_times`` always, and with
-  ``--save-detailed`` also ``input_lens``, ``output_lens``, ``ttfts``, ``itls`` (a list per
-  request), ``start_times``, ``generated_texts``, ``errors``.
-
-The latencies are the course's (``records``): TTFT to the first chunk that carries a token,
-TPOT = (E2EL - TTFT) / (tokens - 1), ITL between tokens (a chunk of k tokens gives k - 1 gaps of
-0 s), E2EL to the last token. With one token per chunk (batchlab's server, vLLM's) they are
-vLLM's. ``read_result`` reads a file of either client into one ``BenchResult``.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

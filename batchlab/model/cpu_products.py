@@ -1,31 +1,6 @@
 """How the step multiplies activations by weights on a CPU: the routes, in one place.
 
-A step's time on a CPU is mostly its products ``x @ w`` ((rows, in) activations by (in, out)
-weights). torch's plain ``x @ w`` hands the weight to oneDNN, which rearranges it into its blocked
-layout on every call. The step instead keeps a copy of each weight packed once into that layout
-and multiplies with it (``prepack`` and ``packed_product``):
-
-- fp32: packed from two rows on. On the course's 2-core AVX2 VM, one thread, a (23, 576) @ (576,
-  3072) product took 1.1-1.2 ms packed against 1.4-2.4 ms for ``x @ w``, and the LM head at 6-23
-  rows 2-3x less; at one row ``x @ w`` was as fast or faster, so a single-row product keeps it.
-- bf16 on a CPU with bf16 matrix units (``avx512_bf16``, AMX): packed from one row on. On the
-  course's AMD EPYC (AVX-512 bf16) the packed product took 0.3-0.7x the time of ``x @ w`` at 1-32
-  rows (the LM head at one row: 2.1 against 6.7 ms), 0.95-1.0x at 256-512.
-- bf16 without such units: torch's bf16 product is an emulated fallback, so the step takes fp32's
-  route on fp32 copies of the weights, made once (the same values: bf16 widens to fp32 exactly),
-  and rounds each result back to bf16. Widening the weight at every product instead
-  (``x.float() @ w.float()``) writes and reads twice the weights' bytes again at every product:
-  on the course's 2-core AVX2 VM a batch-1 greedy step of SmolLM2-135M took 112-115 ms that way,
-  42-43 ms on a plain fp32 copy (an fp32 model's: 37 ms). The copies (an fp32 copy of each
-  weight and its packed copy) hold what an fp32 model's weights and packed copies hold.
-
-Which units a CPU has is read from /proc/cpuinfo (``cpu_bf16_flags``), less those above the level
-``ONEDNN_MAX_CPU_ISA`` caps oneDNN at: with ``ONEDNN_MAX_CPU_ISA=AVX2`` a CPU with bf16 units
-runs the kernels, and batchlab the routes, of one without them.
-
-``StepProducts`` chooses the route for each product. ``batchlab.model.llama`` uses it for every
-projection, and the dtype probe (``batchlab.model.cpu_dtype``) times products made by it, so what
-the probe measures is what a step does.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
 """The KV cache: where each running sequence keeps the keys and values of its past tokens.
 
-Layout: one slot per sequence, each slot long enough for ``max_seq_len`` tokens::
-
-    kv: (num_layers, 2, num_slots, num_kv_heads, max_seq_len, head_dim)   # [:, 0] keys, [:, 1] values
-
-Keys and values share one tensor so a step writes both with one indexed copy per layer. The
-key/value index comes first, so that all slots' keys (and values) are one block in which every
-(slot, head) matrix sits a fixed stride from the next, as a batched matmul wants: a decode
-step's attention over 32 slots of 160 positions took 7-20% less time than with the slots first
-(torch's fp32 kernel and bf16 ``grouped_attention``; the course's 2-core AMD EPYC, 2026-12-02).
-
-A sequence is given a whole slot when it is admitted and gives it back when it finishes; the
-slot is reused by the next admitted sequence at the very next step. Because a slot's tokens are
-contiguous, attention reads a sequence's past as a plain view (no gather, no copy), and a
-decode step can attend for many slots in one call: slots ``0..span-1``, masked to each one's
-length. To keep that span no wider than the running sequences, the busy slots are kept packed
-at the front: when a sequence leaves, the one in the highest busy slot moves into its hole (its
-written positions are copied at the start of the next step, so the copy is part of the timed
-step). Without it, in the benchmark's offline run, finished sequences left holes and the span
-was on average twice the decoding sequences.
-
-The price of slots is memory: a sequence that ends after 50 tokens still held room for
-``max_seq_len``. Paged caches (vLLM's PagedAttention, ``paged_kv_cache.py``) hand out small blocks
-instead. Schedulers see both through the same ``KVSpace`` contract (``batchlab.kv_space``): to
-them a slot is a reservation of the whole sequence, so growth within it is always granted. To
-the step, a slot is a block table of one block of ``max_seq_len`` consecutive positions.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

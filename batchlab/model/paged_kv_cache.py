@@ -1,29 +1,6 @@
 """The paged KV cache's tensors: one pool of blocks, read and written through block tables.
 
-Layout: every token position of every block is one row of a pool, per layer::
-
-    kv: (num_layers, num_blocks * block_size, 2, num_kv_heads, head_dim)   # [..., 0, :, :] keys, 1 values
-
-Token ``i`` of a sequence with block table ``table`` lives in row
-``table[i // block_size] * block_size + i % block_size`` (vLLM calls this row the token's *slot
-mapping*). A step therefore
-
-1. **scatters** its new keys and values into their rows (one indexed copy per layer), then
-2. **gathers** each sequence's past through its table into a dense (context, KV, hd) block and
-   attends over it, as the slot cache's step does over its contiguous slot. Single-token chunks
-   (decodes) attend together, in groups of similar context (``step_layout.context_groups``), each
-   gathered and padded only to its own longest past (a step of 32 decodes at contexts of 50-800
-   took about 3x as long in one group padded to the longest: ``bench_paged.py``).
-
-The gather is the price of paging on a CPU without a paged-attention kernel: it copies the
-context's keys and values once per layer (GPU kernels such as vLLM's read the blocks in place).
-``benchmarks/bench_paged.py`` measures what it costs against the slot cache's step.
-
-The accounting (which blocks a sequence holds, prefix hashes, reference counts) is
-``kv_blocks.BlockManager``, which ``PagedKVCache`` extends with the tensors; schedulers see
-only the accounting (the ``kv_space.KVSpace`` contract). ``llama.forward_step`` takes either
-cache: each builds its own ``step_layout`` and reads its own past in ``attention``, and both share
-``step_layout.py``.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Checking a draft: which of the drafted tokens the model itself would have produced.
 
-A decode with a draft of ``k`` tokens ``d_1 .. d_k`` computes ``k + 1`` positions in one step: the
-request's last known token, then each draft token. The logits after position ``i`` are the
-model's next-token distribution ``p_i`` given the known text and ``d_1 .. d_i``, exactly what a
-step without speculation would compute once ``d_1 .. d_i`` were accepted. So:
-
-- **Greedy** (``temperature == 0``): accept ``d_1`` if it is the choice at position 0, then ``d_2``
-  if it is the choice at position 1, ...; the first mismatch is replaced by the model's choice,
-  and if every draft is accepted the last position's choice is one token more (the "bonus"
-  token). The output is token for token what decoding without speculation gives (up to the
-  rounding of a different batch shape, as any change of batch does: notebook 04).
-- **Sampled** (``temperature > 0``): speculative sampling's rejection rule (Leviathan, Kalman and
-  Matias 2023, "Fast Inference from Transformers via Speculative Decoding", algorithm 1; Chen et
-  al. 2023): accept ``d_i`` with probability ``min(1, p_i(d_i) / q_i(d_i))``, where ``q_i`` is the
-  drafter's distribution; on a rejection draw from ``max(0, p_i - q_i)``, renormalized, and stop.
-  Each output token is then distributed exactly as sampling from ``p`` would be. Prompt lookup
-  drafts one token for sure (``q_i`` puts all its mass on ``d_i``), so ``d_i`` is accepted with
-  probability ``p_i(d_i)`` and a rejection draws from ``p_i`` without ``d_i`` (as vLLM treats
-  drafters without probabilities).
-
-Each position's ``p_i`` is the sampler's: logit bias, ``min_tokens``, penalties, temperature,
-``min_p``, ``top_k``, ``top_p``, computed as if ``d_1 .. d_i`` were already in the output. The
-draws come from the request's own generator, so a seeded request is reproducible.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """The HTTP side: a FastAPI app with OpenAI-compatible routes over an ``EngineRunner``.
 
-Routes (as vLLM's OpenAI server names them): ``POST /v1/completions``, ``POST
-/v1/chat/completions`` (``"stream": true`` for server-sent events), ``GET /v1/models``,
-``GET /health``, ``GET /metrics`` (Prometheus text, vLLM's metric names: see ``metrics.py``),
-``POST /tokenize``, ``POST /detokenize``, ``GET /version``, ``GET|POST /ping`` and ``GET /load``
-(vLLM's), ``GET /get_load`` (what ``vllm-router`` polls under
-``power_of_two``: ``{"load": requests in flight}``, the SGLang worker's form), and ``GET
-/batchlab/stats`` (queue and KV-cache occupancy, for tests and notebooks). With an API key, every ``/v1`` route needs
-``Authorization: Bearer <key>`` and answers 401 without it (the others stay open, as in vLLM).
-Every error, ``/health``'s 503 included, is an OpenAI error object:
-``{"error": {"message", "type", "param", "code"}}``.
-
-Each response carries the server's own timings for the request in an extension field,
-``"batchlab"`` (in the last chunk when streaming): arrival, first scheduled, first token, finish
-and release on the engine's clock, with ``engine_clock_unix_offset`` to put them on the client's
-clock. A client can then split its TTFT into network and HTTP + queueing + prefill.
-
-``X-Request-Id``: a client's request header is echoed in the response's header, in the response
-``id`` (``cmpl-<id>``, ``chatcmpl-<id>``) and in the timings (``x_request_id``); the engine's
-own request id stays unique whatever clients send.
-
-Streaming: tokens that reach the handler together (one step's, or several when the event loop
-was busy) go out in one chunk, and the finish reason rides on the chunk of the last token, as in
-vLLM. A client that disconnects has its request aborted ("client disconnected"); its KV space is
-freed before the engine's next step.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

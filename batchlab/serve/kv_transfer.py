@@ -1,47 +1,6 @@
 """Prefill here, decode there, for real: the KV hand-off between two batchlab servers.
 
-``vllm-router --vllm-pd-disaggregation`` (0.1.17, its default NIXL mode) serves a request in two
-parts, and a batchlab server with ``--kv-transfer-config`` plays either one:
-
-1. **Prefill**: the router sends the client's body with ``max_tokens`` 1, ``stream`` false and
-   ``"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false, ...}``. The
-   worker computes the prompt, samples one token (which nobody reads), copies the prompt's keys
-   and values out of its cache as the request finishes (``Request.kv_export``) and answers with
-   the parameters that say where they wait, the fields vLLM's ``NixlConnector`` returns::
-
-       {"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": ..., "remote_request_id": ...,
-        "remote_block_ids": [...], "remote_host": "127.0.0.1", "remote_port": 8100, "remote_num_tokens": 412,
-        "tp_size": 1}
-
-2. **Decode**: the router sends the client's body as it came, with those parameters. The worker
-   pulls the KV (``GET /batchlab/kv/{remote_request_id}`` on ``remote_host:remote_port``), checks
-   that it fits, and admits the request with it (``Request.kv_transfer``, a ``KVTransfer``
-   holding the tensor): it computes the last prompt token, samples the first token from it
-   and decodes on. Its answer is the client's.
-
-The transport: vLLM's decode worker reads the prefill worker's blocks with NIXL (RDMA, or TCP
-through UCX); here the bytes cross loopback HTTP (``application/octet-stream``, the shape and
-dtype in the ``X-Batchlab-KV`` header). A prefill worker keeps an unread export for
-``kv_lease_duration`` seconds (vLLM 0.32's ``NixlConnector`` keeps the blocks for the same lease,
-30 s by default, which the decode worker's heartbeats renew; batchlab's decode worker reads at
-once and sends no heartbeat), and a read frees it. Unlike vLLM it copies the KV out of its
-cache when the prefill finishes, so its blocks are free at once; the decode worker holds the
-received KV in memory until its scheduler admits the request and writes it into the blocks it
-takes (vLLM's decode worker allocates the blocks first and pulls into them).
-
-What must match, checked by the decode worker before the request starts: the model's KV shape
-(layers, KV heads, head dim) and dtype, the prompt (its tokens' hash), and the block size in
-vLLM's rule (``TpKVTopology.block_size_ratio``: the decode worker's block size must be a multiple of
-the prefill worker's). A simulated server (``--simulate``) hands over the KV's size only, and
-its decode worker admits the request at once and holds its blocks, computing nothing for it, for
-the time the configured link (``KV_LINKS``) would take for those bytes
-(``KVTransfer.seconds``, as the cluster simulator's decode workers do).
-
-When the KV does not come (the prefill worker is gone, answers 404 because the lease ran out,
-never answers within ``kv_fetch_timeout``, or sends KV that does not fit), vLLM's
-``kv_load_failure_policy`` decides: ``"fail"`` (vLLM's default) ends the request with an error that
-says why (HTTP 502, 504 on a timeout, 400 for KV that does not fit), ``"recompute"`` computes the
-prompt here instead (logged).
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

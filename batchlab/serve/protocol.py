@@ -2,33 +2,7 @@
 validated request (``GenerationRequest``). Parsing a body is in ``parsing.py``, building
 responses in ``responses.py``.
 
-Only what batchlab's server accepts is checked, each field with an error that names it and
-says what is allowed, as an OpenAI-style error body::
-
-    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": 400}}
-
-Implemented fields (as vLLM's OpenAI server takes them): ``model``, ``prompt`` (a string or a
-list of token ids; completions) or ``messages`` (chat), ``max_tokens`` (chat also
-``max_completion_tokens``), ``min_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
-``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``, ``seed``,
-``stop``, ``stop_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``,
-``ignore_eos``, ``n`` (1 only), ``stream``, ``stream_options`` (``include_usage``,
-``continuous_usage_stats``), ``user``; completions also ``echo`` and ``logprobs`` (an integer:
-how many top tokens); chat also ``add_generation_prompt``, ``logprobs`` (true/false) and
-``top_logprobs``. Log-probabilities are the model's raw ones, as vLLM returns by default.
-``kv_transfer_params`` (disaggregated serving's hand-off, vLLM's NIXL fields) is read by a server
-started with ``--kv-transfer-config`` (``kv_transfer.py``) and ignored, with a warning, by others.
-
-A field vLLM knows but batchlab's engine cannot do (``n`` > 1, beam search, ``best_of``,
-structured output, tools, ``prompt_logprobs``, ...) is refused with a 400 naming the field and
-why, unless it holds its do-nothing value (``"best_of": 1``, ``"tools": []``; clients send
-those). A field nobody knows is ignored with a logged warning, as vLLM's ``OpenAIBaseModel``
-does, so a client or router that adds a defaulted field of its own still gets answers.
-
-``model`` may be the served name or the model's ``root`` (its folder, as ``/v1/models`` lists it:
-``vllm bench serve`` names the model by it). ``/tokenize`` and ``/detokenize`` bodies are
-checked here too (vLLM's: ``prompt`` or
-``messages``, ``add_special_tokens``, ``add_generation_prompt``, ``return_token_strs``; ``tokens``).
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

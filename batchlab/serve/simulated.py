@@ -1,30 +1,6 @@
 """The server's simulated-device mode: real serving code, predicted step times, placeholder text.
 
-``python -m batchlab.serve --simulate H100 --paged --enable-prefix-caching`` serves the same HTTP
-API with the same tokenizer, admission control, scheduler, paged KV accounting and prefix cache
-as the real server, but its engine runs on a ``SimBackend``: a step computes no tensors and
-lasts the wall time its cost model predicts (the wall clock sleeps the difference, see
-``clock.py``). A replica then costs a few milliseconds of CPU per step however large the device
-it pretends to be, so 4-8 of them fit on a 2-core machine behind a router.
-
-What it is not: the generated tokens are placeholders. Every sampled token is the id of
-``PLACEHOLDER_TEXT`` (" x"), so an answer reads " x x x ..." and runs to ``max_tokens`` (it never
-samples an end-of-sequence token). ``/v1/models`` says so (``"simulated_device"``), and so does
-every response's ``"batchlab"`` timings field (``"simulated": "<spec>"``).
-
-``--simulate SPEC`` takes:
-
-- ``DEVICE``, a GPU preset (``T4``, ``L4``, ``A100``, ``H100``, ``H200``): ``DEFAULT_SHAPE``
-  (Llama-3-8B) on that device, served as vLLM would serve it on one GPU
-  (``batchlab.vllm_sim.VllmReplica``'s step time: measured vLLM kernels where they exist);
-- ``MODEL@DEVICE``, a model shape from ``MODEL_SHAPES`` on a preset, e.g. ``Llama-2-7B@A100``;
-- a path to a saved cost model (``*.json``: ``CostModel.save``'s additive fit, or a
-  ``RooflineCostModel.to_dict()``).
-
-Token counts come from the course's tokenizer (SmolLM2's), treated as the simulated model's
-tokens: the lengths are right for batching, the vocabulary is not the simulated model's. The KV
-cache holds ``--kv-cache-memory-bytes`` divided by the simulated model's bytes per token (the
-additive fit has no shape: SmolLM2-135M's), or ``--max-num-seqs`` x ``--max-model-len`` tokens.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

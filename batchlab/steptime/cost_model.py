@@ -1,29 +1,6 @@
 """How long one step takes: a four-term linear cost model, fitted to measured steps.
 
-The simulator does not run the model; it asks this formula how long each step would have taken::
-
-    t_step = fixed_s
-           + per_seq_s            * num_seqs           # sequences in the step
-           + per_token_s          * num_tokens         # tokens computed (prompt chunks + decodes)
-           + per_attention_pair_s * attention_pairs    # query-key pairs the attention looks at
-
-What each term stands for:
-
-- ``fixed_s``: paid once per step whatever it holds: reading every weight matrix from memory
-  (a decode step at batch 1 is mostly this), launching the layers, Python overhead.
-- ``per_seq_s``: paid per sequence: gathering its cache, its attention call, sampling its token.
-- ``per_token_s``: paid per computed token: the matrix multiplies of every layer (about 2 FLOPs
-  per parameter per token), the part that grows with prompt length and batch size.
-- ``per_attention_pair_s``: paid per query-key pair of attention. A token at position ``p``
-  attends to ``p + 1`` keys (itself and everything before it). So a decode at position ``p``
-  reads ``p + 1`` cached keys, and a prompt chunk of ``n`` tokens starting at ``s`` computes
-  ``n*s + n*(n+1)/2`` pairs (``s`` cached keys for each query, plus the causal triangle inside
-  the chunk). This is the term that makes long contexts slow.
-
-Fitting: every measured step gives one equation ``features · coefficients ≈ duration``. We solve
-them by non-negative least squares (no cost can be negative), written out below with numpy
-(Lawson and Hanson's active-set method), weighting each step by ``1 / duration`` by default so
-that a 20 ms decode step counts as much as a 1 s prefill step (we fit relative errors).
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

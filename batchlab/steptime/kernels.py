@@ -1,42 +1,6 @@
 """What a GPU's kernels reach: one kernel's time from its bytes and FLOPs, fitted to measured ones.
 
-A datasheet's roofline says a kernel takes ``max(bytes / bandwidth, flops / peak)``. Measured
-kernels (``data/gpu_kernels/``: Vidur's per-layer operator times on an A100 and an H100) are
-slower everywhere, and most of all near the ridge, where neither roof binds alone. Each kernel
-here takes::
-
-    t = latency + (a**p + c**p) ** (1/p)
-    a = bytes / (bandwidth_fraction * bandwidth)         # the memory roof the kernels reach
-    c = flops / (compute_fraction * peak)                # the compute roof they reach
-
-``latency`` is a fixed cost per kernel (launch, ramp-up), which is what makes small matrices (a
-layer split over 8 GPUs) relatively slow. ``p`` shapes the transition: ``p = 1`` adds the two
-times (no overlap at all), a large ``p`` tends to the hard ``max``. The small element-wise
-operators (norms, rope, the MLP's activation, the residual add) get their own latency and
-bandwidth fraction and no compute term: they move bytes.
-
-A matrix multiply's ``flops`` are those of the tiles it runs, not of its outputs (tile and wave
-quantization). ``rows`` x ``n`` outputs are computed in tiles of ``tile_rows`` x ``tile_cols``
-(one thread block each): the rows are padded up to a multiple of ``tile_rows`` (fewer rows than
-one tile: up to the next power of two, at least ``MMA_ROWS``, as small-batch kernels use short
-tiles), the columns to a multiple of ``tile_cols``. The tiles run in waves of ``num_sms`` (one
-tile per SM at a time), so their count is rounded up to whole waves; the K loop may be split
-into up to ``split_k_slices(k)`` slices to fill a wave better, the split that wastes least is
-taken::
-
-    h     = tile_rows if rows >= tile_rows else min(tile_rows, max(MMA_ROWS, 2**ceil(log2(rows))))
-    tiles = ceil(rows / h) * ceil(n / tile_cols)
-    waves = min over s = 1..split_k_slices(k) of ceil(tiles * s / num_sms) / s
-    flops = 2 * k * waves * num_sms * h * tile_cols      # without num_sms: 2 * k * tiles * h * tile_cols
-
-The memory term keeps the real bytes (a padded row is never read). Attention
-(``kernel_seconds``) is not quantized.
-
-``KernelEfficiency`` holds the fitted numbers (``scripts/fit_gpu_presets.py`` fits them,
-``batchlab/steptime/device_presets.json`` stores them per device); ``KernelModel`` applies them to
-a device's datasheet numbers and SM count, for one kernel, one matrix multiply or one decoder
-layer. Every method takes numpy arrays of token counts too (the fit evaluates thousands of rows
-at once).
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

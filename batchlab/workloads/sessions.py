@@ -1,40 +1,6 @@
 """Workloads with prefix sharing: multi-turn chat sessions over shared system prompts.
 
-Prefix caching (``kv_blocks``) and cache-aware routing (``batchlab.cluster``) only matter when
-prompts share their beginnings. Two kinds of sharing dominate chat traffic, and both are built
-here from token ids, so a paged KV cache with prefix caching really hits:
-
-- **shared system prompts**: every session starts with one of ``num_system_prompts`` system
-  prompts of ``system_prompt_len`` tokens, taken in turn. One system prompt for everyone is
-  the most sharing; as many system prompts as sessions is none. ``system_prompt_skew > 0`` makes
-  some system prompts hot (each session draws prompt ``k`` with weight ``1 / (k + 1) ** skew``,
-  a Zipf law), the
-  situation in which prefix-only routing piles requests onto the replicas holding hot prefixes.
-- **multi-turn sessions**: turn ``k``'s prompt is the system prompt, then every earlier turn's
-  user message and answer, then the new user message. Each turn therefore starts with the whole
-  previous prompt, and a replica that served the previous turn may still hold it.
-
-The knobs of sharing are ``num_system_prompts``, ``system_prompt_len``, ``system_prompt_skew``
-and ``turns``; ``ideal_prefix_reuse`` measures the result as the share of prompt tokens that an
-unbounded prefix cache would already hold (counted in whole blocks, in arrival order).
-
-Arrivals are open-loop: sessions start as a Poisson process at ``session_rate`` per second, and
-each next turn arrives an exponential think time (mean ``think_time_s``) after the previous
-turn *arrived*. A real user waits for the answer first; an open-loop workload cannot know when
-that is, so under heavy load a turn may arrive before its predecessor's answer has finished.
-The answer tokens in later prompts are synthetic ids (the simulator's own outputs are
-placeholders), so what a later turn can hit is the previous *prompt*, as in batchlab's cache,
-which hashes prompt blocks only.
-
-How real traces look. Mooncake's technical report (Qin et al., "Mooncake: A KVCache-centric
-Disaggregated Architecture for LLM Serving", arXiv:2407.00079, section 4) describes its public
-trace of Kimi's traffic: 23,608 requests over one hour, prompts hashed in blocks of 512 tokens,
-an average input of 7,590 tokens and an average output of 182 tokens; under LRU the cache hit
-ratio grows from 30% with 1,000 blocks of cache to 50% with 50,000, and over half of the cached
-blocks are never reused while a few are reused tens of thousands of times. Real traffic is thus
-far longer-prompted and more skewed than the defaults here, which are sized for a quick
-simulation; raise ``system_prompt_len``, ``turns`` and ``system_prompt_skew`` to move toward it.
-No other trace's statistics are cited.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations
