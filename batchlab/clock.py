@@ -1,16 +1,6 @@
 """The engine's two clocks: virtual (time is what the steps report) and wall (time is real).
 
-Both put the workload's arrival times and the steps on one axis of seconds since the run began.
-
-- ``VirtualClock``: time moves only by the duration each step reports (measured on the real
-  model, predicted by the simulator) and jumps straight over idle gaps to the next arrival or
-  timer. A trace with a 1000 s quiet spell runs in no time, and results never depend on how
-  precisely the machine can sleep, or on what else it is doing between steps.
-- ``WallClock``: time is ``time.perf_counter()`` since the run began. Requests arrive in real
-  time (the engine sleeps until the next arrival or timer when idle), and a step lasts as long
-  as it really took. If the backend reports a longer duration than the step really took (a
-  simulator computes nothing), the clock sleeps the difference, so a simulated run plays back
-  at its predicted speed. This is how a live server would run.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """The serving loop: admit what has arrived, take a step, and wait when there is nothing to run.
 
-Every way of serving runs this one loop around ``Engine.step``; only where the requests come from
-(an ``Arrivals``) and how far it runs (``until``) differ:
-
-- ``Engine.run(workload)`` (``offline.py``): a known workload, to the end;
-- ``Engine.run_online(inbox)`` (``online.py``): requests added and aborted by a server's threads;
-- a cluster's replica (``cluster/replica.py``): up to the next event of the cluster's clock.
-
-One pass::
-
-    admit the arrivals up to now         the engine queues each, or rejects it
-    nothing more will arrive?            tell the scheduler (``start_draining``)
-    step                                 plan, run, apply (``Engine.step``); on the simulator the
-                                         fast path may predict a whole run of decode steps instead
-    the plan was empty?                  wait for the next arrival, the scheduler's timer, or
-                                         ``until``; with none of them left, the work is done
-
-The loop knows the engine only through ``contract.ServingEngine``, so it sits under the engine
-in the package's layers: the engine imports it, never the other way round.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Models' shapes as data: the sizes that decide a decoder's weights, its work per token, its KV cache.
 
-A Llama-style decoder (Llama, Mistral, Qwen2 and their kin, dense) is ``num_layers`` layers of one
-``LayerShape`` (attention with ``num_heads`` query heads sharing ``num_kv_heads`` key/value heads
-of ``head_dim``, and a gated MLP of ``intermediate_size``), an embedding and an LM head over
-``vocab_size`` tokens. From those sizes:
-
-- **KV bytes per token** (``kv_bytes_per_token``, the one formula every cache and cost model
-  uses): a key and a value per layer and KV head, ``2 x num_layers x num_kv_heads x head_dim x
-  bytes per element``. Llama-3-8B in bf16: 2 x 32 x 8 x 128 x 2 = 131,072 bytes = 128 KiB, so a
-  1 GiB budget holds 8,192 tokens: 4 sequences of 2,048 tokens.
-- **Weights**: the four matrix multiplies per layer (fused q/k/v, o, fused gate/up, down) as one
-  GPU holds them when a layer is split over ``tensor_parallel`` GPUs (Megatron's way: q/k/v and
-  gate/up by output columns, o and down by input rows), plus the LM head.
-- **Attention work**: 4 x num_layers x num_heads x head_dim FLOPs per query-key pair.
-
-``MODEL_SHAPES`` holds the course's models (``batchlab/shapes.json``, each with its source);
-``ModelShape.from_config_json`` reads any Hugging Face ``config.json`` of a dense decoder of that
-family, and refuses the architectures it does not describe (mixtures of experts, say).
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

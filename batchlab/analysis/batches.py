@@ -1,18 +1,6 @@
 """Request-level batches, read back from a trace: who ran together, when, and who waited for whom.
 
-Static and dynamic batching run whole batches (``schedulers/request_level.py``): every step of a
-batch carries its ``batch_id``, and the batch's first step computes every member's prompt. So a
-trace alone tells, for each batch, its members, when it started and ended, and whether the
-server was idle or busy when its oldest member arrived. That last fact decides how long the
-oldest member can wait under dynamic batching (see ``DynamicBatcher``):
-
-- **formed while idle**: the previous batch had ended when the oldest member arrived, so the
-  member's arrival started the timer and the batch left within ``timeout``;
-- **formed while busy**: the oldest member arrived while another batch ran; it waits at least
-  until that batch ends, which can be much longer than ``timeout``.
-
-Continuous batching has no batches (``batch_id`` is None on every step); ``batches_df`` then
-returns an empty table.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

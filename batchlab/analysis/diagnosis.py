@@ -1,19 +1,6 @@
 """Where did the waiting go? A trace compared with what an empty server would have given.
 
-A slow request is slow *compared with something*. The natural yardstick is the same request on an
-empty server: its prompt computed in one step, then one decode step per token, each step holding
-only this request. A cost model (``cost_model.CostModel``, fitted to the real model) predicts
-those times. Anything a request waited beyond them is **excess**, caused by sharing the server:
-
-* **excess before the first token** = TTFT - lone TTFT. Queueing (waiting for a free slot, a
-  batch timer, a full batch) and sharing prefill steps with others land here.
-* **excess in the stream** = (E2E - TTFT) - lone decode time. Decode steps that are slower
-  because they carry many sequences, or that stall while someone else's prompt is computed,
-  land here.
-
-Which of the two is larger says which latency a user *feels*: a late first token (queueing and
-prefill) or a slow stream (decode throughput). ``token_gaps`` then ties every gap a client saw
-to the step that produced the token, so a long gap can be blamed on what that step computed.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

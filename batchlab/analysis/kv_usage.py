@@ -1,16 +1,6 @@
 """What the KV memory held, step by step, read back from a trace.
 
-After each step, every request in flight (admitted, not finished, not preempted) has some tokens'
-keys and values stored: the tokens its chunks have computed. What a cache *holds* for it is more:
-
-- a **slot** cache holds ``slot_len`` token positions per request, whatever it stores;
-- a **paged** cache holds whole blocks: ``ceil(stored / block_size) * block_size``.
-
-``kv_usage`` lists, per step, the stored tokens against what each kind of cache would hold for
-the same requests, and ``stored_share`` is the time-weighted share of held memory that stored
-real tokens (the figure the vLLM paper reports: 20-38% for systems that reserve a request's
-whole length, against under 4% waste with paged blocks). Prefix blocks shared between requests
-are counted once per request here (an upper bound on what a prefix cache holds).
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

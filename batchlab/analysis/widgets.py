@@ -1,20 +1,6 @@
 """Sliders around plain functions, for notebooks.
 
-A notebook writes an ordinary function that draws (and returns) a figure, calls it directly to
-get a fixed figure that tests and nbval can run, and wraps it with ``explore`` to get sliders::
-
-    def show_rate(rate=2.0, policy="continuous"):
-        trace = run_policy(policy, rate)
-        return plot_timeline(trace).figure
-
-    fig = show_rate(rate=2)                             # plain call: no widgets needed
-    explore(show_rate, rate=(0.5, 8, 0.5), policy=["static", "dynamic", "continuous"])
-
-(Assign the plain call's result, or end the line with ``;``: with the inline backend a returned
-figure would otherwise be shown twice.)
-
-The function never knows about widgets. ``explore`` needs ``ipywidgets`` and says so clearly
-when it is missing.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
 """Cache-aware routing as vllm-router and SGLang's router do it: prefix affinity unless the load
 is out of balance.
 
-The rule (vllm-router's ``src/policies/cache_aware.rs``, adapted from SGLang's router; defaults
-from its ``router_args.py``), for each request:
-
-1. **Imbalanced?** With ``max`` and ``min`` the most and fewest requests in flight on any
-   replica, the load is imbalanced when *both* ``max - min > balance_abs_threshold`` (64) and
-   ``max > min * balance_rel_threshold`` (1.5). Then the request goes to the least loaded
-   replica (``"load_balance"``), and its prompt is still added to that replica's tree.
-2. Otherwise, find the replica whose approximate tree shares the longest prefix with the prompt;
-   ``match_rate = matched tokens / prompt tokens``. If ``match_rate > cache_threshold`` (0.3;
-   a strict ``>``, as the source has it) the request goes there (``"cache_affinity"``), else to
-   the least loaded replica (``"low_match_min_load"``). Either way the prompt is added to the
-   chosen replica's tree.
-3. Every ``eviction_interval_s`` (120 s) each replica's tree is pruned, least recently used
-   first, to ``max_tree_tokens`` (2**26; the real router counts characters of text, batchlab
-   counts tokens, in blocks of ``block_tokens``).
-
-SGLang's router documents the same rule and thresholds with other defaults (its README lists
-``--cache-threshold`` 0.5). The tree is the router's own approximation (``prefix_index``): it
-says what was *sent* to each replica, not what the replica still holds, so its predicted hit
-can be far above the actual one once replicas evict.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """``Cluster``: N replicas behind a router, run over a workload on one virtual clock.
 
-Typical use::
-
-    spec = ReplicaSpec.for_device("Llama-3-8B", "H100")          # each replica: a simulated GPU
-    cluster = Cluster(ClusterConfig(num_replicas=4, policy="cache_aware"), spec)
-    cluster.kill(replica=2, at=30.0)                              # optional: a replica dies
-    result = cluster.run(workload.requests, session_of=workload.session_of)
-    summary_row(result.merged), result.hit_summary(), result.replicas_df()
-
-Every run builds fresh replicas and a fresh router, so a ``Cluster`` can run several workloads,
-and the same workload under several configurations gives comparable results. Runs are
-deterministic: the router's random choices come from ``seed``, each replica's step-time noise
-from ``ReplicaSpec.seed + replica``.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

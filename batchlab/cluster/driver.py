@@ -1,22 +1,6 @@
 """The cluster driver: N engines on one virtual clock behind a router, stepped in time order.
 
-It is ``offline.py`` for many engines. Events happen in time order:
-
-    a replica dies          it finishes the step it is running, aborts the rest (with the
-                            reason), and the router stops sending it requests
-    a metrics scrape        (routers that read reported metrics) every replica is brought up to
-                            the scrape's time and its queue depth and KV usage are read
-    a request arrives       every replica is brought up to the arrival's time (each runs the
-                            steps that start before it); the router hears of every request that
-                            ended by then, in time order; it chooses; the request joins that
-                            replica's queue, and the replica's true cached prefix is recorded
-                            beside the router's prediction
-
-Between events each replica runs on its own: ``Replica.advance_to`` steps its engine, or lets
-its fast path predict runs of decode steps (``lazy_runs``). When every request has arrived,
-each replica is told to drain and runs to its end. Ends reach the router through an engine
-listener that queues them with their times, so a step that ends after an arrival cannot tell
-the router anything before that arrival.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

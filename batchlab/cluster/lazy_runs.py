@@ -1,24 +1,6 @@
 """The simulator's fast path for a replica of a cluster: decode runs brought forward lazily.
 
-One engine's offline driver (``offline.py``) lets ``fast_path.DecodeRuns`` predict a run of
-plain decode steps up to the next arrival, and brings the run's requests forward (their tokens,
-their KV growth) at every such stop. In a cluster of ``N`` replicas the next arrival anywhere
-comes ``N`` times as often as the next arrival at one replica, and every replica must be
-brought up to each arrival's time (the router must see which requests ended before it), so a
-run would stop ``N`` times more often, and each stop costs work for every request in the run.
-
-``LazyDecodeRuns`` predicts the same steps with the same rules (it reuses ``DecodeRun``,
-the policy's answers and ``predict_decode_steps``) but brings them forward only when something looks:
-
-- before the replica's engine takes a step, before a request is added to it, before anyone
-  reads its KV cache (``sync``);
-- at once when the run reaches its last step, in which requests finish, so that their ends
-  reach the router at the same moment as they would step by step.
-
-Between those moments nothing else can change the replica (no request arrives there, and a
-run's requests neither finish nor are preempted), so the rules are checked once per run (a run
-stays steady until a request arrives or finishes: its KV only grows, so the waiting head can
-only get further from fitting). The steps, and so the trace, are those of stepping the engine.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

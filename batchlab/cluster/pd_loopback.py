@@ -1,25 +1,7 @@
 """Prefill here, decode there, for real on loopback: ``vllm-router --vllm-pd-disaggregation`` in
 front of batchlab servers playing the prefill and the decode part.
 
-``PDLoopback`` starts ``num_prefill`` and ``num_decode`` servers (``python -m batchlab.serve
---paged --kv-transfer-config ...``, processes of their own: the real model, or a simulated
-device with ``simulate``), then the router with ``--prefill`` and ``--decode`` URLs, all on
-127.0.0.1 free ports, and stops everything on exit::
-
-    with PDLoopback(PDLoopbackConfig()) as pd:
-        result = run_load(pd.url, requests)        # each request: prefill worker, KV over HTTP, decode worker
-
-The router sends each request to a prefill worker with ``max_tokens`` 1, reads the
-``kv_transfer_params`` of its answer and sends the client's request with them to a decode worker,
-which pulls the prompt's KV from the prefill worker (``batchlab.serve.kv_transfer``) and answers
-the client. ``colocated_config()`` is the same server without the hand-off, for the colocated
-twin a comparison needs.
-
-Errors: a bad knob fails before anything starts (the server's own checks); a worker that never
-becomes healthy, or a router that exits, raises an error naming it, and whatever was started is
-stopped. ``kill(pool, i)`` ends a worker with SIGKILL: a decode worker's clients see their
-streams cut; a dead prefill worker's KV dies with it (its decode worker answers 502 with the
-reason, or computes the prompt itself under ``kv_load_failure_policy="recompute"``).
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

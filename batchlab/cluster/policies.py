@@ -1,16 +1,6 @@
 """The routing policies by name, and ``make_router``: one call to build any of them.
 
-======================  ====================================================================
-``round_robin``         the next replica in turn (vllm-router, SGLang)
-``random``              a seeded uniform choice
-``least_outstanding``   the fewest requests in flight
-``power_of_two``        the less loaded of two random replicas (Ray Serve's default; vllm-router's
-                        reads polled loads: ``{"load": "polled"}``)
-``consistent_hash``     a hash ring on the session, or the prompt's prefix (vllm-router)
-``cache_aware``         prefix affinity unless load is imbalanced (vllm-router's default; SGLang)
-``kv_aware``            the lowest prefill + decode block cost, from KV events (NVIDIA Dynamo)
-``weighted``            prefix, queue and KV-usage scores, weighted 3/2/2 (llm-d)
-======================  ====================================================================
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """A router's own, approximate picture of which prompt prefixes each replica holds.
 
-A router cannot see inside a replica's KV cache. The cache-aware routers in use keep a picture
-of their own instead, built from what *they* sent where:
-
-- vllm-router's and SGLang's ``cache_aware`` policy keep an approximate radix tree per worker
-  of the request texts routed to it (``src/policies/cache_aware.rs`` in vllm-project/router,
-  adapted from SGLang's router), and every ``eviction_interval_secs`` (120 s by default) prune
-  each worker's tree, least recently used leaves first, down to ``max_tree_size`` (2**26).
-- llm-d's default ``prefix-cache-scorer`` (the Gateway API Inference Extension's prefix plugin,
-  ``pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go``) cuts each prompt into blocks,
-  chains their hashes, and keeps per server an LRU of the block hashes it routed there
-  (``lruCapacityPerServer`` 31,250 entries by default), adding them when a request is sent.
-
-``PrefixIndex`` is both: chained block hashes (a block matches only if everything before it
-matched, as in a radix tree or ``kv_blocks``), a set of replicas per block, and an LRU order per
-replica, in which a prompt's first blocks are the most recently used (so pruning removes the
-ends of prompts first, as a tree's leaves go first). The picture is approximate twice over: it
-records what was *routed*, not what the replica computed and kept (its cache is smaller and
-evicts on its own schedule), and it prunes on its own schedule. The real routers match text
-(characters or bytes); batchlab matches token blocks, which is what a replica can hit.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """One replica of a cluster: an engine on the cluster's virtual clock, stepped by the driver.
 
-``ReplicaSpec`` says how to build each replica: continuous batching on a simulated backend
-(``SimBackend``) with a paged KV cache and prefix caching by default, any cost model (the
-additive CPU fit, or a vLLM replica on GPUs: ``ReplicaSpec.for_device("Llama-3-8B", "H100")``
-takes ``batchlab.vllm_sim.VllmReplica``'s step time, KV blocks and vLLM's defaults for the GPU).
-``Replica`` runs the engine's serving loop (``loop.run_until``) as ``offline.py`` does, except
-that the cluster driver adds the requests and decides how far it runs: ``advance_to(t)`` runs
-every step that *starts* before ``t`` (the step in progress at ``t`` completes, as steps are
-atomic here), using the lazy fast path (``lazy_runs``) for runs of plain decode steps.
-
-``AdmissionLog`` is the paged KV accounting of ``kv_blocks`` plus one record: how many prompt
-tokens each request's first admission found cached. That is the *actual* prefix hit, set
-beside the router's predicted one. (The engine's trace does not record it; ``Engine`` would
-need a field on ``RequestRecord`` for it.)
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """What a cluster run returns: every replica's trace, one merged trace, and the routing table.
 
-- ``traces[i]``: replica ``i``'s own ``Trace`` (its requests and steps, as one engine records them).
-- ``merged``: one ``Trace`` of every request of the workload, whichever replica served it (and
-  those the cluster itself rejected because no replica was alive). It has no steps (steps belong
-  to one device), so ``batchlab.analysis.metrics`` gives the client's view of the whole
-  service from it: ``summary_row(result.merged)``, ``per_request_metrics(result.merged)``.
-- ``routing``: one row per routed request: ``replica``, ``decision`` (the rule that chose it),
-  ``routed_at``, ``session``, and three prefix-hit counts in prompt tokens:
-  ``predicted_hit_tokens`` (what the router believed that replica had cached; missing for
-  routers that do not look at prefixes), ``cached_at_route_tokens`` (what the replica's cache
-  actually held for the prompt at that moment) and ``admitted_hit_tokens`` (what its admission
-  actually reused, later, after queueing; missing if it never was admitted).
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """What a router is: it picks a replica for each request from what a real router can know.
 
-A real router sits in front of the replicas and sees only:
-
-- **its own bookkeeping**: how many requests it has sent to each replica that have not answered
-  yet (``in_flight``; vllm-router's ``worker.load()``), and whatever it remembers of what it sent
-  where (an approximate prefix tree, a hash ring, a round-robin counter);
-- **what replicas report**: metrics scraped now and then (queue depth, KV-cache usage; llm-d's
-  scheduler refreshes them every 50 ms by default) and, for routers that subscribe to them, KV
-  events (which prompt blocks a replica stores), as NVIDIA Dynamo's KV router and
-  vllm-router's ``kv_aware`` policy use.
-
-``ReplicaReports`` is that second channel, handed to ``Router.choose`` by the cluster driver.
-The simulation itself knows more (each replica's true cache), and records it beside each
-decision, so a run can compare the router's predicted prefix hit with the actual one.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """The real router against the simulation: the same workload over ``vllm-router`` on loopback and
 through ``batchlab.cluster``'s in-process twin, and the router's own added latency.
 
-``in_process_twin(config)`` builds the ``Cluster`` a ``LoopbackConfig`` stands for: the same
-number of replicas, the same cost model, KV blocks, prefix caching and batching knobs, and
-batchlab's own version of the router's policy (same name, same published rule and defaults).
-``serve_through_router`` runs a session workload through the router on its arrival times and
-reads TTFT at the client (every request's, and p50 / p90) and prefix hits from the replicas'
-``/metrics``;
-``serve_in_process`` runs it through the twin on the virtual clock. ``agreement`` puts the two
-side by side. ``router_added_latency`` sends requests one at a time (low load), alternating
-straight to a replica and through the router, and reports the difference of TTFT medians.
-
-The two runs differ by what the simulation leaves out: HTTP, the router's own queueing and
-hashing, the replicas' Python time beside the predicted step time (which the wall clock does not
-hide when a step's predicted time is shorter than its CPU work), and the router seeing prompt
-*text* (vllm-router's tree is over characters; batchlab's twin over token blocks).
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Weighted scoring as llm-d's inference scheduler does it: prefix, queue and KV-usage scorers.
 
-llm-d's endpoint picker (built on the Gateway API Inference Extension, GIE) filters the
-candidate replicas, scores each with weighted scorers, and the ``max-score-picker`` takes the
-highest total. Its default scheduling profile (llm-d's ``default-plugins.yaml``) weights:
-
-- ``prefix-cache-scorer`` × 3: the share of the prompt's blocks, counted from the start, that
-  the router's own LRU index says it sent to that replica (``prefix_index``; GIE's defaults:
-  blocks of 64 characters, at most 256 blocks matched, 31,250 entries per server; batchlab's
-  blocks are ``hash_block_tokens`` tokens, 16 by default: about 64 characters of text);
-- ``queue-scorer`` × 2: ``(max_q - q) / (max_q - min_q)`` over the replicas' waiting-queue
-  lengths ``q`` (1 for all when every queue is equally long);
-- ``kv-cache-utilization-scorer`` × 2: ``1 - KV cache usage``.
-
-Queue lengths and KV usage are the replicas' reported metrics, which the picker scrapes every
-50 ms by default (GIE's ``--refresh-metrics-interval``), so they are up to 50 ms old. Ties in
-the total go to a random one of the tied. llm-d's published study ("Intelligent Inference
-Scheduling with llm-d", 2025) compared prefix-only scoring with prefix + load scoring: with
-heavy prefix sharing prefix-only overloaded the replicas holding hot prefixes (about 55% of
-requests succeeded, TTFT above 140 s at high load) while prefix + load kept 100% and an ITL of
-about 30 ms; with little sharing the two were indistinguishable. ``prefix_weight=1,
-queue_weight=0, kv_weight=0`` is prefix-only scoring.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """Prefill stalls: what a newcomer's long prompt does to the requests already decoding.
 
-Under continuous batching a new request joins at the next step, and that step computes its
-prompt next to everybody else's one decode token. A step's time grows with the tokens it
-computes, so while a 400-token prompt is computed, every running request waits for that whole
-step before it gets its next token: its inter-token gap jumps. Chunked prefill caps the tokens
-of one step (``ContinuousBatcher(max_num_batched_tokens=...)``, vLLM's
-``max_num_batched_tokens``), so the prompt is spread over several smaller steps: the running
-requests' gaps stay small, and the newcomer's first token comes later.
-
-This module holds the experiment that shows it (notebook 06):
-
-- ``StallScenario``: a few decode-heavy requests and one short one start together on a full
-  server; a long prompt waits for a slot and joins the step after the short one finishes.
-- ``long_prompt_len_for(cost_model, num_running)``: a prompt long enough to stall this device.
-- ``token_gaps(trace)`` (from ``batchlab.analysis.diagnosis``): every gap between a request's tokens.
-- ``stall_summary(trace)``: the numbers of the lesson: the newcomer's TTFT and prefill time, the
-  running requests' median gap, their largest gap while the prompt was computed, the gap of the
-  step that admitted it.
-- ``budget_sweep(backend, requests, budgets, max_num_seqs)``: the same workload under several
-  token budgets, one row per budget (the TTFT-versus-ITL trade).
-- ``plot_token_gaps(trace)``: the running requests' gaps over time, with the prompt's prefill
-  window shaded.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

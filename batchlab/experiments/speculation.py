@@ -1,22 +1,6 @@
 """Speculative decoding and the batch: when checking drafts pays, measured and predicted.
 
-A step that checks ``k`` drafts per request computes ``k + 1`` positions of it. On a GPU a small
-batch's decode step is a read of the weights and costs about the same for 1 or ``k + 1``
-positions, so every accepted draft is a token for free; as the batch grows the step turns
-compute-bound, the drafts' positions cost real time, and rejected ones are pure waste. On this
-CPU a step's cost grows with its tokens from the start (notebook 01), so the turn comes sooner.
-
-- ``serve_batches(make_backend, make_requests, batch_sizes, specs)``: the same requests served
-  at each batch size (``ContinuousBatcher(max_num_seqs=B)``, ``B`` requests at once, at least
-  ``min_requests``), once per speculative config (None: without; ``rounds`` alternations, each
-  config's fastest run kept); one row per (batch, config):
-  output tokens/s, its ratio to no speculation, TPOT, the drafts' acceptance, and tokens a check.
-  With the real model it measures (wall time); with a ``SimBackend`` it predicts.
-- ``serve_rates(make_backend, make_requests, rates, specs)``: the same by request rate, as a
-  server meets it (arrivals at ``rate`` requests/s, ``ContinuousBatcher(max_num_seqs)``): one row
-  per (rate, config): median TPOT and TTFT, the mean batch, and the TPOT speedup (without / with).
-- ``crossover(table, spec)``: the smallest batch size at which a config no longer pays.
-- ``fit_acceptance(traces)``: an ``AcceptanceModel`` from measured runs, for the simulator.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Calibrating the course's cost model from outside: any OpenAI-compatible server, timed by its client.
 
-``experiments.calibration`` fits the cost model to steps it times inside the engine. A server
-seen from outside shows no steps, only when each token arrives. Two kinds of controlled runs
-still give step times:
-
-- **lone prompts** (one request at a time, ``max_tokens=1``): the time to the first token is one
-  prefill step of the whole prompt (``num_seqs=1``, ``num_tokens=n``, ``n(n+1)/2`` attention
-  pairs), plus the HTTP round trip and the server's own work before and after the step;
-- **k concurrent long decodes** (k requests sent together, same prompt length): once every
-  prompt is in, each step decodes all k, so the median gap between a request's tokens is one
-  decode step of k sequences at the context they have reached (``num_seqs = num_tokens = k``,
-  ``k * context`` attention pairs).
-
-Each measurement becomes one row of the table ``CostModel.fit`` reads (median of its repeats),
-and the four coefficients are fitted to them. The whole set is measured ``rounds`` times, one
-round after another, and each row keeps its fastest round: another process on a shared CPU only
-ever slows a measurement, so a burst of it spoils one round's row, not the fit. The fixed cost
-then holds the server's per-step overhead and, for prefill rows, the round trip: what a reader of
-the server feels, not the bare step. Every prompt is a different stretch of the corpus, picked
-afresh on every call (a nonce in its request id), so a prefix cache finds nothing to reuse, even
-from an earlier calibration.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """The prompts of ``vllm bench serve``'s datasets, built as vLLM 0.32 builds them (``--dataset-name``).
 
-- ``random``: N prompts of random tokens. Lengths are drawn uniformly from
-  [len * (1 - r), len * (1 + r)] (``--random-range-ratio`` r, one number or
-  ``{"input": r1, "output": r2}``; the input length less the tokenizer's special tokens), after
-  ``--random-prefix-len`` tokens shared by every prompt; prompt i is the allowed (non-special)
-  tokens from a random offset on: ``(offset + i + arange(len)) % allowed``. Sent as token ids,
-  so each prompt has exactly its length (vLLM decodes and re-encodes the text to get close).
-- ``sharegpt``: a ShareGPT-style JSON file (``--dataset-path``): a list of
-  ``{"conversations": [{"from": ..., "value": ...}, ...]}``; each conversation's first turn is the
-  prompt and the second's length in tokens the output length (``--sharegpt-output-len`` fixes
-  it); conversations are shuffled with the seed (``--disable-shuffle`` keeps the file's order),
-  pairs with a prompt or output under 4 tokens, a prompt over 1024 or a total over 2048 are left
-  out (vLLM's ``is_valid_sequence``), and the rest drawn again up to N (``--no-oversample``: not).
-- ``prefix_repetition``: ``--prefix-repetition-num-prefixes`` random prefixes of
-  ``--prefix-repetition-prefix-len`` tokens, each followed by N // num_prefixes random suffixes
-  of ``--prefix-repetition-suffix-len`` tokens (so N is rounded down to a multiple), shuffled:
-  what a prefix cache is measured with.
-
-Each dataset gives ``LoadRequest`` s with token ids (text for ``sharegpt``); ``as_text`` turns
-ids into text for the chat endpoint.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

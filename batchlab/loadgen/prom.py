@@ -1,16 +1,6 @@
 """Reading a server's ``/metrics`` (batchlab's or vLLM's): Prometheus text → a pandas DataFrame.
 
-    before = scrape(server.url)
-    ...                                             # a load
-    after = scrape(server.url)
-    counter_delta(before, after, "vllm:generation_tokens")           # tokens made during the load
-    buckets = histogram_buckets(after, "vllm:time_to_first_token_seconds", since=before)
-    histogram_quantile(0.99, buckets)               # what a Grafana panel shows as TTFT p99
-
-A histogram stores counts per bucket, not the values: ``histogram_quantile`` finds the bucket the
-q-th observation falls in and interpolates linearly inside it, as Prometheus' own
-``histogram_quantile`` does. It can only be as fine as the buckets: the true quantile is
-somewhere in that bucket.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

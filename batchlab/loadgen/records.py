@@ -1,23 +1,6 @@
 """What the load client records per request, and the ``Trace`` built from it.
 
-A ``ClientRecord`` is one request as the client saw it: when it was scheduled and sent, the HTTP
-status, every streamed chunk's arrival time and how many tokens it carried, how it ended, and the
-server's own timings if the server sends them (batchlab's ``"batchlab"`` extension field).
-
-``client_trace(records)`` turns them into the same ``Trace`` the engine produces, on the client's
-clock (seconds since the load began), so ``batchlab.analysis.metrics`` and ``batchlab.analysis.plots`` work
-unchanged on client-side data:
-
-- ``arrival_time`` = the send time (the client's view of arrival);
-- ``token_times`` = one entry per token, each at the arrival of the chunk that carried it (a chunk
-  of k tokens gives k equal times, so ITL counts tokens, with 0-second gaps inside a chunk);
-- ``release_time`` = when the response ended (the last byte);
-- ``status``: FINISHED (HTTP 200 and finish_reason ``stop`` or ``length``), REJECTED (a 4xx or
-  429: turned away, ``finish_reason`` REJECTED with ``finish_detail`` "HTTP 429 ..."), ABORTED (anything else: a
-  transport error, a 5xx, a stream ended by the server with ``abort``).
-
-``server_trace(records)`` builds the engine's own trace of the same requests from the server's
-timings, moved onto the client's clock, so the two can be compared request by request.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Which dtype ``load_model(dtype="auto")`` picks on a CPU: fp32, unless a measured probe says bf16.
 
-bf16 halves the bytes every step reads, but a CPU computes it fast only with bf16 matrix units
-(``amx_bf16`` or ``avx512_bf16`` in /proc/cpuinfo). Without them torch emulates it, many times
-slower than fp32 (on the course's AVX2 VM a 576 x 1536 matmul of one row took 2.6 ms in bf16
-against 0.28 ms in fp32). With them, which dtype is faster depends on the CPU's kernels and on the
-batch: prefill and large batches gain most, a batch-1 decode least. So the rule is:
-
-1. no bf16 flags → fp32, nothing measured;
-2. bf16 flags → time the products of one step of the course's model (one layer's projections
-   times its 30 layers, plus the LM head), in both dtypes, at one row (a batch-1 decode) and at
-   256 rows (a prompt), by the very routes the step takes (``batchlab.model.cpu_products``:
-   packed weights, each product warmed up first, since oneDNN creates and packs its kernel on a
-   product's first call); bf16 only if it is faster at BOTH sizes.
-   The verdict is saved per CPU model, torch version, thread count, oneDNN ISA cap and probe
-   version in the model cache, so it is measured once per machine, not at every load.
-
-``benchmarks/bench_dtypes.py`` times whole steps of the real model in both dtypes: the check of the
-verdict on a machine.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """How many threads torch should use on a CPU: the cores nobody else is using.
 
-torch splits every product over its threads, and each thread waits at the end for the others
-(OpenMP's barrier, spinning a while before it sleeps). When another process keeps one of the
-cores busy (a browser on a laptop, another job on a shared VM), the thread that shares that core
-runs at a fraction of its speed and the other spins waiting for it, at every one of a step's
-hundreds of products. On the course's 2-core VM with one core kept busy by a CPU hog, an engine
-run took 2.6 s with two threads, 0.93 s with one (1.0 s with two and ``OMP_WAIT_POLICY=PASSIVE``,
-which costs 45% on a quiet machine); quiet, two threads took 0.63 s.
-
-So the default is one thread per core that was free when the model was loaded: the cores' busy
-time over a short look at ``/proc/stat`` (while this thread sleeps), rounded to whole cores, is
-left to whoever is using them.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

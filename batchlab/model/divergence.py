@@ -1,26 +1,6 @@
 """Does batching change my answer? Greedy answers served alone and together, compared token by token.
 
-A batched step computes every sequence's logits from that sequence's own tokens, so in exact
-arithmetic the batch cannot change anyone's answer. Floating-point sums are not exact: their
-result depends on the order in which the terms are added, and a matmul or attention kernel may
-pick another blocking (so another order) when the step has another number of rows. In fp32 (24
-bits of mantissa) the logits then differ by about 1e-4 on the course's CPU, far below the gap
-between the two best tokens; in bf16 (8 bits) each layer's rounding turns such differences into
-steps of 1/128 of the value, the logits move by up to about a logit, and greedy decoding picks
-another token wherever the two best ones were nearly tied. After the first different token the two answers
-continue from different prefixes and usually go separate ways.
-
-What may be asserted therefore depends on the dtype: in fp32, answers identical however requests
-are batched; in bf16 or fp16, an answer may part from the same request served alone, but only
-where the lone run's two best tokens were nearly tied (within ``NEAR_TIE`` logits). That holds on
-any CPU or GPU, whichever kernels it runs: oneDNN's AMX kernels, for example, tile rows together,
-so there the batch itself moves a bf16 result, not only a recompute or a cache's layout.
-``parted_from_alone`` measures it for any run's answers.
-
-``compare_alone_and_together`` runs the same prompts twice with the same weights: each alone
-(batch of one, prefill then decode) and all together in one batch (every prompt's prefill in
-one step, then one decode step for all), keeping every step's logits, and reports per prompt
-where the answers first differ and how close to a tie the lone run was there.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

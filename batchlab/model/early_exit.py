@@ -1,20 +1,6 @@
 """A self-draft: the model's own first layers, then its final norm and LM head (an early exit).
 
-Layer ``i``'s keys and values depend only on the layers below it, so the first ``L`` layers of
-the cache already hold exactly what a shortened model would have computed for the known text:
-the draft needs no cache of its own. Drafting ``k`` tokens for a batch of sequences takes ``k``
-passes, each one token per sequence through ``L`` layers (``forward_step(..., exit_layer=L)``):
-the first pass feeds each sequence's newest token, the next ones the token the pass before chose
-(greedily: the draft is one token for sure, as prompt lookup's; ``model.verify`` then accepts it
-with the model's own probability). The passes write those layers' keys and values at the
-positions the next step checks; that step computes them again with every layer, so nothing a
-draft wrote is ever read by the full model.
-
-Whether it pays depends on training. A model trained with early-exit losses (LayerSkip, Elhoushi
-et al. 2024) predicts well from its middle layers; one that was not (SmolLM2) agrees with itself
-rarely until its last few layers, where a draft costs almost a full step.
-
-Shapes: S sequences drafting in a pass, V vocabulary.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

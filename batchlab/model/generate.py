@@ -1,16 +1,6 @@
 """Greedy generation for one prompt with the batched step: the smallest possible "server".
 
-Notebook 00 writes this loop out by hand; notebook 01 serves requests with it one at a time.
-It is the whole life of a request in two phases:
-
-1. **Prefill**: one step computes every prompt token at once (their keys and values go into the
-   KV cache) and returns the logits after the last one, which give the first new token.
-2. **Decode**: each later step computes exactly one token, the newest, at the next position, and
-   returns the logits for the token after it. Generation stops after ``max_new_tokens`` tokens or
-   right after a stop token.
-
-Greedy means the next token is always the most likely one (argmax), so the output is fully
-determined by the prompt.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """A compact Llama forward pass that runs one *mixed* batched step.
 
-One step serves many sequences at once, each at its own position. Each sequence brings either a
-chunk of its prompt (prefill: any number of tokens) or its one newest token (decode). All the
-step's tokens are packed into one (T, D) matrix, so every weight matmul runs ONCE over all of
-them and no padding token is ever computed. Only attention is per-sequence: each token attends
-to its own sequence's cached keys and values.
-
-Architecture (SmolLM2 is a Llama): token embedding → num_layers × [RMSNorm → grouped-query
-attention with rotary position embeddings → residual → RMSNorm → SwiGLU MLP → residual] →
-RMSNorm → LM head (tied to the embedding).
-
-Shapes used below:  T tokens in the step, D hidden size, H query heads, KV key/value heads,
-hd head size, S rows that want logits (one per sequence that samples, k + 1 for a draft of k), V
-vocabulary.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """Choosing the next token from logits, with vLLM's sampling parameters and in vLLM's order.
 
-For each request that samples (one row of logits, ``(V,)``):
-
-1. ``logprobs``, when asked, come from the raw logits (vLLM's default ``raw_logprobs``).
-2. ``logit_bias`` is added; ``min_tokens``: the request's stop tokens get -inf until it has
-   ``min_tokens`` tokens.
-3. Penalties: ``repetition_penalty`` over prompt and output tokens, then ``frequency_penalty``
-   (per earlier occurrence in the output) and ``presence_penalty`` (once if it occurred).
-4. Greedy (``temperature == 0``): the argmax of those logits. Otherwise: divide by the
-   temperature, drop tokens under ``min_p`` x the top probability, keep the ``top_k`` most
-   likely, then the ``top_p`` nucleus, and draw.
-
-(vLLM 0.32: ``vllm/v1/sample/sampler.py``, ``ops/penalties.py``, ``logits_processor/builtin.py``.)
-A request with none of 2-4's extras that is greedy takes the fast path: one batched argmax.
-
-Each sampled request draws from its own ``torch.Generator`` seeded from its ``SamplingParams``,
-so the tokens it gets do not depend on which other requests happened to share its steps (a
-shared generator would hand out random numbers in batch order, and batching would change the
-text).
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

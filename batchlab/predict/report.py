@@ -1,17 +1,6 @@
 """A prediction's results: latency percentiles, throughput, KV use, preemptions, and a verdict.
 
-``Prediction`` holds the merged trace of every replica and what it was predicted for.
-``bench_result()`` gives ``vllm bench serve``'s result keys and units (milliseconds, requests
-and tokens per second: ``median_ttft_ms``, ``p99_ttft_ms``, ``median_tpot_ms``,
-``median_itl_ms``, ``median_e2el_ms``, ``request_throughput``, ...), so one reader reads both.
-
-The verdict: a deployment **keeps up** when the time requests wait in the queue does not grow
-over the run. It is **saturated** when it does: the least-squares slope of queue time against
-arrival time is above ``SATURATION_SLOPE`` (each second of arrivals adds that many seconds of
-waiting: the server serves under about ``1 / (1 + slope)`` of the offered rate) and the last
-fifth of the arrivals waited over ``SATURATION_WAIT_S`` at the median. Traffic that arrives all
-at once has no rate to keep up with, and gets no verdict. Preemptions say the KV cache, not the
-compute, ran out first.
+The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
 
 from __future__ import annotations

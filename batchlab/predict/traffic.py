@@ -1,21 +1,7 @@
 """The traffic a deployment is predicted for: generated like ``vllm bench serve``'s random dataset,
 or replayed from the user's own logged requests.
 
-``TrafficSpec`` generates ``num_prompts`` requests: arrivals at ``request_rate`` (Poisson, or gamma
-with vLLM's ``burstiness``; ``"constant"`` spaces them evenly), input and output lengths uniform
-in ``length * [1 - range_ratio, 1 + range_ratio]`` (vLLM's ``--random-range-ratio``), and a shared
-prefix: each request belongs to one of ``num_prefix_groups`` groups (round robin) and starts
-with its group's ``prefix_len`` tokens (a system prompt), before its own ``input_len`` tokens.
-
-``read_trace(path)`` reads a file of requests: CSV with a header, or JSON Lines, with the fields
-``arrival_s``, ``input_tokens``, ``output_tokens`` and optionally ``prefix_group`` and
-``prefix_len`` (requests of one group share their first ``prefix_len`` prompt tokens). A bad row
-is refused with its row number and field.
-
-Either gives ``Traffic``: arrays of arrival times, prompt lengths, output lengths, prefix groups and
-prefix lengths; ``requests()`` builds the engine's requests. The token ids mean nothing: a
-group's prefix is the same ids in every request of the group, every other token is unique, so
-prefix caching finds exactly the shared prefixes.
+The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
 
 from __future__ import annotations

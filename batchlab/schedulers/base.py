@@ -1,20 +1,6 @@
 """The contract every batching policy follows.
 
-A scheduler is a pure policy: it holds the waiting and running queues and decides what the next
-step computes. It never touches tensors or the clock's source; it is told the time.
-
-The engine drives it like this (``Engine.step``)::
-
-    scheduler.add_request(req)           # for each request that has arrived by `now`
-    plan = scheduler.schedule(now)       # what to compute next (may be empty)
-    result = backend.run(plan, ...)      # the engine runs it and updates the requests
-    released = scheduler.remove_ended()  # drop ended work, free its KV, hand back responses
-
-A scheduler may set ``req.status`` to RUNNING when it admits a request (``kv.admit``), and when
-the KV space cannot grow it may preempt one: status back to WAITING and ``num_computed_tokens``
-to 0 (or, on admission, to its cached prefix). Everything else on a request is written by the
-engine. It talks to the KV space only through the contract in ``batchlab.kv_space``, the same
-calls whatever the cache.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """``python -m batchlab.serve``: serve the course's model over an OpenAI-compatible HTTP API.
 
-    python -m batchlab.serve                                  # continuous batching on 127.0.0.1:8000
-    python -m batchlab.serve --policy static --batch-size 8   # feel static batching over HTTP
-    python -m batchlab.serve --policy dynamic --max-batch-size 8 --batch-timeout 0.1 --release request
-
-    python -m batchlab.serve --paged --enable-prefix-caching --block-size 16   # vLLM-style KV blocks
-    python -m batchlab.serve --simulate H100 --paged --enable-prefix-caching   # no model: steps take a
-                                     # Llama-3-8B-on-H100 step's predicted time; answers are placeholders
-    python -m batchlab.serve --paged --kv-transfer-config '{"kv_connector": "HTTPKVConnector", "kv_role": "kv_both"}'
-                                     # a prefill or decode worker behind vllm-router --vllm-pd-disaggregation
-
-SIGTERM or SIGINT (Ctrl-C): admission stops, requests in flight end with finish_reason "abort"
-and the reason "server shutting down" in the timings field, then the process exits.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

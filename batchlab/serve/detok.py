@@ -1,16 +1,6 @@
 """Token ids → text as they are generated, with stop strings: the server's detokenizer.
 
-Decoding the whole output again at every token costs O(n) per token, O(n²) per response. Here
-each token is decoded once, incrementally, by the ``tokenizers`` library's ``DecodeStream``
-(it holds back a token that ends inside a multi-byte character until the character is whole).
-
-Stop strings. The text handed out must never contain a stop string, not even its first
-characters when the rest arrives later. So the last ``len(longest stop) - 1`` characters are held
-back until the next token shows they cannot begin a stop string; a match can then only start
-in the held-back text, which is all that is searched (constant work per token). On a match the
-text is cut before it (or after it, with ``include_stop``) and ``stopped`` is set. With
-``min_tokens``, stop strings count only once the output has more tokens than that, and a match
-must end in the text of a later token (vLLM's rule).
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """The server process's memory: bounded caches, freed memory handed back, and reading it.
 
-Why a server needs this. Each engine step multiplies a matrix of as many rows as the step has
-tokens, and under live traffic that number changes from step to step. On a CPU the course's
-projections run through oneDNN (pre-packed weights), and PyTorch's oneDNN layer (ideep) and
-oneDNN itself cache per-shape state, up to 1,024 entries each, some of them megabytes: a server
-that meets new step sizes for hours grows by gigabytes before those caches are full. On top,
-glibc keeps the blocks freed by tensors of sizes it has seen. Measured on this course's VM:
-
-- 600 projections of distinct row counts, in a bare process: resident memory +1.95 GB; with
-  ``malloc_trim(0)`` every 100: +0.40 GB; with both caches bounded to 16 entries as well: +0.03 GB.
-- ``scripts/soak_server.py`` (20,000 short mixed requests, 2,000 of them warm-up) with the trim
-  alone: +212 MB after warm-up, still growing slowly; with the caches bounded to 128 entries as
-  well (6,000 requests after warm-up): +7.8 MB, at no loss of throughput.
-
-So ``python -m batchlab.serve`` bounds both caches (``bound_shape_caches``, before the model's
-first step; a value already in the environment wins) and trims every ``TRIM_INTERVAL_S``
-seconds (``release_free_memory``, off the event loop: ctypes releases the GIL).
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

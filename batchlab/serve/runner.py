@@ -1,21 +1,6 @@
 """The engine thread behind the server: one online engine, and a handle per HTTP request.
 
-``EngineRunner`` owns the real model, the KV cache, the scheduler (any of the three policies) and
-an ``Engine`` on the wall clock running ``run_online`` in a thread of its own. HTTP handlers run on
-the asyncio event loop; they never touch the engine directly:
-
-    handler ── submit(gen) ──> EngineInbox.add ──> engine thread (top of its next loop pass)
-    handler <── asyncio.Queue <── call_soon_threadsafe <── listener.on_step / on_end
-
-Admission control happens here, before the inbox: a request is refused with 429 when
-``max_waiting`` requests are already waiting for admission (arrived, not yet running), and with
-503 once the server is shutting down. Refused requests never reach the engine; every accepted
-request ends with an ``EndEvent`` (finished, or aborted with the reason).
-
-The bridge feeds ``/metrics`` (``metrics.ServerMetrics``) from each step's output and each end, and a
-``TraceWindow`` keeps the engine's trace to the last ``trace_window`` ended requests, so the
-server's memory stays bounded however long it runs. What the runner reads from the engine's
-insides goes through ``engine_view``.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

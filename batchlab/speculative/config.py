@@ -1,27 +1,6 @@
 """``SpeculativeConfig``: vLLM's ``--speculative-config``, by its names, defaults and rules.
 
-``method``: ``"ngram"`` (prompt lookup, ``ngram.py``), ``"early_exit"`` (a self-draft: the
-model's own first ``early_exit_layer`` layers, then its final norm and LM head, drafting greedily;
-``batchlab.model.early_exit``) or ``"draft_model"`` (vLLM's: a smaller model, ``model``, drafts;
-priced by the simulator only, ``VllmStepModel.draft_model``: the course's CPU engine serves one
-model). ``early_exit`` is batchlab's, not vLLM's: vLLM 0.32's methods (``SpeculativeMethod`` in
-its ``config/speculative.py``) have none like it. ``model`` given without ``method`` means
-``draft_model``, as in vLLM. ``num_speculative_tokens``: ``k``, the most tokens drafted for a
-request per step; a step then verifies up to ``k + 1`` positions of it. ``prompt_lookup_min`` /
-``prompt_lookup_max`` (``ngram`` only): the n-gram lengths searched (vLLM 0.32: both 5 when
-neither is given; one given, the other takes its value). ``early_exit_layer`` (``early_exit``
-only, required): how many layers the draft runs, 1 to the model's layers - 1.
-
-``num_speculative_tokens_per_batch_size``: the policy that shortens ``k`` or turns drafting off
-in a large batch (vLLM 0.32's dynamic speculative decoding, ``v1/spec_decode/dynamic/utils.py``):
-inclusive batch-size ranges ``(first, last, k)``, sorted, not overlapping, the first starting at 1;
-a batch size between two ranges takes the earlier range's ``k`` and one past the last range the
-last ``k``; each ``k`` at most ``num_speculative_tokens``; 0 drafts nothing. The batch size is the
-number of requests in the step that drafts (vLLM: the requests scheduled in it). Why a batch
-should turn it off: verifying ``k`` drafts costs a step about ``k`` more tokens of work per
-request; on a GPU a small batch's step hardly notices (it reads the weights either way), a large
-one's does, and once that extra work costs more than the accepted tokens save, speculation
-slows everyone down (SmartSpec, Liu et al. 2024, chooses ``k`` by the same trade).
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """What an all-reduce among tensor-parallel GPUs costs, fitted to measured NCCL times.
 
-With a layer split over ``n`` GPUs, each GPU's partial output is summed over all of them twice
-per layer (an all-reduce). NCCL's ring all-reduce moves ``2 (n - 1) / n`` of the buffer over each
-GPU's links, so one of ``size`` bytes takes about::
-
-    t = latency + size * 2 * (n - 1) / n / bus_bandwidth
-
-``latency`` (launch and synchronisation of ``n`` GPUs) and ``bus_bandwidth`` (what the links
-reach, NCCL's "bus bandwidth") are fitted per node type and GPU count, in relative error, to
-Vidur's measured times (``data/gpu_network/``, MIT) by ``fit_all_reduce``;
-``scripts/fit_all_reduce.py`` stores them in ``collectives.json`` with each fit's median and worst
-error. vLLM does not use NCCL for small messages: its own one-kernel all-reduce over NVLink
-(under 8 MiB) skips NCCL's rounds; where its times were published (H100s), ``collectives.json``
-holds them (``custom``) and a message under that size is priced by them, linearly between the
-measured sizes. ``all_reduce_model(device, n)`` reads the stored model for a GPU preset
-(``NODE_OF`` says which measured node stands for which device).
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

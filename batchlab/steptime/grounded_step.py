@@ -1,24 +1,6 @@
 """A whole step's time from measured kernels (the grounded GPU presets), on one GPU or split over several.
 
-For a step of ``num_seqs`` sequences, ``num_tokens`` tokens and ``attention_pairs`` query-key
-pairs, on each of ``tensor_parallel`` GPUs that split every layer (Megatron's way)::
-
-    t = num_layers * (projections(T) + small_ops(T) + attention     # every decoder layer, 1/tp of it
-                      + 2 * all_reduce(T * hidden))                 # after attention's o and the MLP's down
-      + lm_head(num_seqs)                                           # logits at each sequence's last token
-      + embedding(T) + final_norm(T) (+ all_reduce(T * hidden))     # the embedding is split by vocabulary
-
-Projections and small operators are ``KernelModel``'s, fitted to measured kernel times.
-Attention is not in those measurements: each layer's attention is one kernel moving its share
-of the KV cache the step reads (``keys_read`` keys and values, as the roofline counts them) and
-doing its share of the q·k and p·v FLOPs, at the bandwidth and compute fractions (and the fixed
-cost) the matrix multiplies were measured to reach. That is an assumption: a fused attention
-kernel streaming the KV cache is taken to reach what a weight-streaming matrix multiply reaches.
-With tensor parallelism each GPU holds ``1/tp`` of the heads, so of the KV cache and of the
-attention FLOPs. The LM head runs for one row per sequence, as vLLM computes logits only where
-it samples, each GPU over ``1/tp`` of the vocabulary. The all-reduces are priced by
-``all_reduce`` (``collectives.AllReduceModel``: fitted to measured NCCL times); ``tensor_parallel
-> 1`` needs one. The per-step overhead is added by ``RooflineCostModel``.
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

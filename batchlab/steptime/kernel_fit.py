@@ -1,22 +1,6 @@
 """Fit a device's ``KernelEfficiency`` to measured per-layer kernel times, in three stages.
 
-The kernels run on the device's datasheet roofs and its SM count (``num_sms``: tiles run in
-waves of one per SM; see ``batchlab.steptime.kernels``).
-
-1. **Small operators** (norms, rope, activation, residual add): linear least squares, in relative
-   error, of ``5 * latency + bytes / (fraction * bandwidth)`` over every row.
-2. **Achieved bandwidth and the fixed cost per matrix multiply**: the same over the memory-bound
-   rows (at most ``MEMORY_BOUND_TOKENS`` tokens, where the FLOPs take under 5% of the weight read
-   even at the datasheet's peak): ``4 * latency + bytes / (fraction * bandwidth)``. These rows
-   span tensor-parallel degrees 1-8, so the weights per kernel vary eightfold and separate the
-   fixed cost from the bandwidth.
-3. **Achieved compute, the transition's exponent p and the output tile**: the least squared log
-   error of the whole layer (projections and small operators) over every row, on a grid refined
-   around its best point, for each tile of ``TILE_CANDIDATES`` (64 or 128 tokens by 128 output
-   features); the tile with the least error is kept. With ``transition_p`` given (a hard ``max``
-   is a large p), only the compute fraction; with ``tile`` given, only that tile.
-
-``fit_device`` returns the efficiency and, per file, the median and worst error of the layer.
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Measured per-layer kernel times (Vidur's profile format) against a device's kernel model.
 
-A profile file (``data/gpu_kernels/*.csv``, from Vidur's ``data/profiling/compute/<gpu>/<model>/
-mlp.csv``) has one row per token count and tensor-parallel degree: the model's shape (``n_head``,
-``n_kv_head``, ``n_embd``, ``n_expanded_embd``, ``vocab_size``, ``use_gated_mlp``),
-``tensor_parallel``, ``num_tokens``, and the median milliseconds of each operator of ONE layer on
-one GPU. The layer's measured time is the four projections plus the five small operators
-(``LAYER_COLUMNS``; the embedding, once per step, is left out), as Vidur sums a block.
-
-``read_kernel_profile`` reads and checks a file, ``layer_shape_of`` builds the layer from its
-shape columns, ``compare_profile`` puts each row's measured time beside ``KernelModel``'s, and
-``error_summary`` gives the median and worst relative error. ``guess_device`` reads the device
-from a file name (``a100_...csv``). ``KERNEL_PROFILES_DIR`` is the course's ``data/gpu_kernels/``.
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """Measured vLLM kernels: AIConfigurator's performance database, read from the installed package.
 
-NVIDIA's AIConfigurator (Apache-2.0) times vLLM's own kernels on each GPU and vLLM version it
-supports, and ships the tables as parquet in the package ``aiconfigurator-core``
-(``aiconfigurator_core/systems/data/<system>/<op>/vllm/<version>/``). They are read from there,
-never copied. ``KernelTables.load(gpu, vllm_version)`` gives:
-
-- ``gemm_seconds(m, n, k)``: a bf16 ``torch.nn.functional.linear`` of ``m`` tokens, interpolated in
-  log space between the measured (m, n, k) grid, scaled in proportion past its edges;
-- ``attention``: FlashAttention's prefill (``context``: batch x prompt) and decode
-  (``generation``: batch x context) times for the heads one GPU holds (``AttentionFit``);
-- ``all_reduce_seconds(bytes, gpus, graph)``: vLLM's custom all-reduce inside a CUDA graph or eager;
-- ``moe_seconds(tokens, ...)``: vLLM's fused MoE layer (Triton experts, bf16, tokens spread evenly).
-
-``distance`` tells how far a query sits from the nearest measured shape (1.0: measured).
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """A whole step's kernels from measured vLLM kernels (``measured_kernels.KernelTables``), on one GPU
 or split over a tensor-parallel group.
 
-For a step of ``num_seqs`` sequences and ``num_tokens`` tokens on each of ``tensor_parallel`` GPUs::
-
-    t = num_layers * (gemm(qkv) + gemm(o) + mlp + small_ops        # 1/tp of every layer
-                      + attention(seqs, tokens, pairs)             # the heads this GPU holds
-                      + 2 * all_reduce(tokens * hidden))           # after o and after the MLP
-      + gemm(lm_head, one row per sequence) + embedding + final norm (+ all_reduce)
-
-``mlp`` is the gate/up and down GEMMs of a dense model, or vLLM's fused MoE layer (experts split
-by TP, or whole experts per GPU with expert parallelism). GEMMs, attention, all-reduces and the
-MoE layer are measured kernels; the small element-wise operators (norms, rope, activation,
-residual) keep the GPU preset's fitted model (``kernels.KernelModel``), as the database has none.
-A step of at most ``largest_graph`` tokens runs in a CUDA graph (vLLM's custom all-reduce in graph
-mode); a larger one, or any under ``--enforce-eager`` (``largest_graph=0``), runs eager.
-KV heads are replicated when the GPUs outnumber them, as vLLM does.
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """One vLLM V1 engine step on a tensor-parallel group of GPUs: the kernels, and the engine around them.
 
-``VllmStepModel.predict_features(num_seqs, num_tokens, attention_pairs)`` (a ``StepTimeModel``, so
-``SimBackend`` takes it) is::
-
-    gpu  = MeasuredStep(tokens padded to a CUDA-graph size)     # measured vLLM kernels (GroundedStep,
-                                                                # fitted 2024 profiles, on other GPUs)
-    cpu  = fixed + per_seq * num_seqs                           # scheduling and input preparation
-    step = max(gpu, cpu)  with async scheduling,  gpu + cpu  without
-
-Padding: a step of at most the largest captured size runs the next captured size up (a decode
-step of 37 sequences costs what 40 do); larger steps run at their own size. Sequences of a
-pure decode step are padded the same way (the LM head runs for the padded rows). Each constant's
-source is in ``vllm_v1.json``.
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """When requests arrive: arrival processes (all start with the first request at ``t = 0``).
 
-- ``"at_once"``: every request at ``t = 0``, like an offline batch job (a saved data set).
-- ``"fixed"``: one request every ``1 / rate`` seconds, perfectly regular.
-- ``"poisson"``: independent clients. The gaps between arrivals are exponential with mean
-  ``1 / rate``; many short gaps, a few long ones. Their *coefficient of variation* (standard
-  deviation / mean, CV) is 1.
-- ``"gamma"``: gaps drawn from a gamma distribution with shape ``burstiness`` and the same mean
-  ``1 / rate`` (as vLLM's ``benchmark_serving`` does). The CV of the gaps is
-  ``1 / sqrt(burstiness)``: ``burstiness = 1`` *is* Poisson, ``burstiness < 1`` gives clumps
-  of near-simultaneous arrivals separated by long silences (bursty traffic), and
-  ``burstiness > 1`` is more regular, approaching ``"fixed"`` as it grows. The average rate is
-  the same in every case; only the clumping changes, and clumping is what hurts tail latency.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Scripted workloads: requests at exactly the times and with exactly the lengths a scene needs.
 
-``make_workload`` draws arrivals and lengths from distributions, which is what a benchmark wants.
-A worked example wants a scene instead: "eight requests, one second apart", "five short answers
-and one long one, all at once". ``scripted_workload`` builds exactly that::
-
-    reqs = scripted_workload([0, 1, 2, 3, 4, 5, 6, 7], max_new_tokens=8, tokenizer=lm.tokenizer)
-    reqs = scripted_workload([0] * 6, max_new_tokens=[4, 4, 4, 4, 4, 48], tokenizer=lm.tokenizer)
-
-Prompts follow the same rule as ``make_workload``: with a tokenizer, each prompt is a window of
-``data/corpus.txt`` chosen by the request id alone (``workloads.prompt_seed``), so a request
-``r003`` of 16 prompt tokens gets the same text here as there. Without a tokenizer the requests
-are simulated (``prompt_ids=None``) and can only run on the simulator.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations
