@@ -1,12 +1,6 @@
 """Argument checks shared by every module, so a bad value always gets the same kind of message.
 
-Each check raises ``ValueError`` naming the argument, the value given and what is allowed, e.g.
-``max_num_seqs=0; must be an int >= 1``; ``hint`` adds why, in the caller's words. A value of
-the wrong type is a bad value too (``trace=3; must be a batchlab Trace``), so it is also a
-``ValueError``. Booleans are never accepted as numbers (``True`` is an ``int`` in Python, but
-``batch_size=True`` is a mistake).
-
-This module imports nothing from batchlab: every other module may use it.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """What the engine checks, so that a broken policy or backend fails loudly instead of losing work.
 
-- ``check_parts``: the scheduler and backend are batchlab's, and fit together.
-- ``fresh_workload``: a workload is a list of requests, sorted by arrival, with unique ids; the
-  engine serves fresh copies of them.
-- ``check_chunk``: each chunk of a plan continues its request's cache exactly, stays within its
-  known tokens, and samples exactly when it reaches the last known token.
-- ``check_emitted``: a checked speculative draft emitted its accepted prefix and one more token.
-- ``check_ended``: at the end of a run every request finished with exactly its tokens and was
-  released once, or was rejected (no tokens) or aborted (at most its tokens), with a reason.
-- ``ServingEngine``: what the drivers around the step (the loop, the fast path, the offline and
-  online drivers) may ask of an engine; ``batchlab.engine.Engine`` is the one that keeps it.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """What an engine tells whoever listens: one output per step, and every request as it ends.
 
-``StepOutput`` is shaped like vLLM's ``EngineCoreOutputs``: the step, one ``RequestOutput`` per
-request that got tokens (or was first scheduled with part of its prompt already cached), and the
-preemptions its planning made. A server streams and counts its metrics from these alone
-(``serve/bridge.py``); the offline driver's progress bar counts ends.
-The methods run on the engine's thread, between steps: they must be quick (hand the data to
-another thread, e.g. with ``loop.call_soon_threadsafe``) and must not raise.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Requests: what a client submits, and the state a request carries through a server.
 
-A request is "how many of its tokens are computed" against "how many it needs" (vLLM v1's view).
-Its full token sequence is ``prompt_ids + output_ids``; ``num_computed_tokens`` counts the leading
-tokens whose keys and values are already in the KV cache. A prompt chunk computes several of them
-at once, a decode step computes exactly one, and the step that computes the last known token
-produces the next token.
-
-Simulated requests (for the simulator at full scale) carry only ``prompt_len``; their
-``prompt_ids`` is ``None`` and their output tokens are placeholders (-1).
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

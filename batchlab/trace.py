@@ -1,12 +1,6 @@
 """What an engine run leaves behind: every request's life and every step, as tables.
 
-The engine fills a ``Trace``; metrics and plots only read it. Times are seconds on the run's
-clock (virtual, simulated or wall), with the workload's arrival times on the same axis.
-
-Token visibility: a streaming server hands each token to the client when it is computed; a
-non-streaming request-level batcher hands the whole response back when its batch ends. So each
-request has ``token_times`` (when computed) and ``release_time`` (when the complete response was
-handed back), and ``visible_token_times`` gives what the client saw.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """One-line verdicts for a notebook's claims: a measured quantity against the bound its prose states.
 
-A notebook states a claim, measures it and asserts it. Written as bare ``assert`` lines, a cell of
-checks hides the story and says nothing when it passes. ``expect`` checks one claim and prints one
-line saying what was measured and what the claim needs, so a reader sees the margin::
-
-    expect("TTFT p99 grows more than ITL p50", ttft_growth, above=itl_growth)
-    # ok: TTFT p99 grows more than ITL p50: 8.31 (needs > 1.12)
-
-When the claim fails it raises ``AssertionError`` with the same line (and "FAILED"), so nbval and
-a reader both see which claim broke and by how much. ``value`` may be one number or several (a
-list, an array, a pandas Series): every one must meet the bound, and the line shows the range.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Figures that read a ``Trace`` (or tables made from traces) and draw one idea each.
 
-Every function takes an optional ``ax`` (a new figure is made when it is ``None``), labels its axes
-with units, takes a ``title``, and returns the ``Axes`` it drew on. Phases have one color
-everywhere (``PHASE_COLORS``), so a request's prefill looks the same in every figure.
-
-They stay fast for thousands of requests by drawing one collection per phase (a
-``PolyCollection`` of rectangles, a ``LineCollection`` of boundaries) instead of one artist per
-token or per request.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

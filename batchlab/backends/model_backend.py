@@ -1,11 +1,6 @@
 """The real-model backend: runs each step plan on SmolLM2 with the batched Llama step.
 
-``ModelBackend.run`` turns the plan's chunks into one mixed forward pass (``llama.forward_step``),
-samples the next token of every request that needs one, and reports the step's measured
-duration. Its ``kv`` is the real cache: a slot cache (``KVCache``) or, with ``paged=True``, a
-``PagedKVCache``. Schedulers admit and grow requests in it through the ``KVSpace`` contract; the
-backend asks it for each request's part of the step (``kv.seq_chunk``: its slot, or its block
-table) and never needs to know which kind it is.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Where disaggregation pays: the same GPUs as colocated replicas or as prefill and decode pools.
 
-For ``num_gpus`` GPUs, each layout serves the same requests at each swept rate: ``"colocated"``
-(``num_gpus`` replicas behind one router) or ``"PpDd"`` (P prefill and D decode workers, P + D =
-``num_gpus``, ``disaggregated``). A request is good when it meets the SLO (its TTFT and TPOT
-bounds). A layout's goodput is DistServe's: the highest rate at which at least ``target`` of the
-requests are good (``analysis.metrics.max_rate_meeting_slo``; Zhong et al., OSDI 2024), and per
-GPU, that over ``num_gpus``. Requests come from ``make_workload`` with the rate as the only
-change, so every layout and rate serves the very same prompts and lengths.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """What the replicas report to the router (``router.ReplicaReports``), read from the simulation.
 
-- **Scraped metrics** (queue depth, requests running and waiting, KV usage) are read from every
-  replica at each scrape, every ``Router.metrics_interval_s`` of simulated time, and held until
-  the next one, as a metrics scraper (or vllm-router polling ``/get_load``) does. The driver brings every replica up to the scrape's time first.
-- **KV events** (which prompt blocks a replica stores) are read at the moment of routing from
-  the replica's block hashes (``BlockPool.hash_to_block``): the router's index of events is
-  taken to be up to date, as Dynamo's and vllm-router's are meant to be.
-
-Both read each replica as it stands after the step it is in the middle of (steps are atomic in
-the simulation), so a report can be up to one step ahead of the instant it describes.
+The rules and their reasons: ``docs/replicas-and-router.md``.
 """
 
 from __future__ import annotations

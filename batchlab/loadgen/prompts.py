@@ -1,13 +1,6 @@
 """Where a load's prompts come from: a JSONL file of your own, or the course's corpus as text.
 
-A prompts file has one JSON object per line, either a completion prompt or a chat::
-
-    {"prompt": "Summarize the plot of Hamlet.", "max_tokens": 64}
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]}
-
-``max_tokens`` is optional (the load's ``output_len`` otherwise); blank lines are skipped. A
-tokenizer, when given, counts each prompt's tokens (chat prompts through its chat template), so
-throughput in tokens is right even for a server that reports no usage.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

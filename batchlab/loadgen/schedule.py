@@ -1,15 +1,6 @@
 """When each request is sent, as ``vllm bench serve`` plans it (vLLM 0.32's ``get_request``).
 
-- ``request_rate`` = inf: every request at t = 0.
-- Otherwise the gaps are gamma draws of shape ``burstiness`` and mean ``1 / rate`` (burstiness 1
-  is a Poisson process, < 1 burstier, inf a fixed rate), summed from the first gap (so the first
-  request waits one gap too), and then **rescaled so that the last send lands at exactly
-  N / rate**: the sum of N random gaps misses N / rate by a few percent, and vLLM closes that gap
-  so that throughput does not depend on the seed. With 16 requests at rate 2, the last is sent
-  at 8.0 s whatever the draw.
-- A ramp-up (``linear`` or ``exponential`` from ``ramp_up_start_rps`` to ``ramp_up_end_rps``):
-  request i's gap is drawn at the rate reached at progress i / (N - 1); no rescaling (the rate
-  changes along the way, so there is no single N / rate to land on).
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

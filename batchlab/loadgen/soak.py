@@ -1,11 +1,6 @@
 """A soak load: many short, mixed requests against a running server, every answer checked.
 
-``soak(url, n)`` sends ``n`` requests from ``concurrency`` workers over loopback, drawn at random:
-streamed completions (the most), whole completions, streamed chats, clients that disconnect
-after the first chunk, and bad requests (which must get a 400). Every request that the server
-accepted must be answered to the end (``[DONE]`` after a finish reason, or a whole body),
-except the deliberate disconnects; anything else is a failure, listed with its reason.
-``scripts/soak_server.py`` runs it against a server subprocess and watches the server's memory.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

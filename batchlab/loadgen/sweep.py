@@ -1,12 +1,6 @@
 """Goodput over HTTP: SLOs in vLLM's command-line form, and a load sweep over request rates.
 
-- ``parse_goodput(["ttft:500", "tpot:50"])``: vLLM's ``--goodput`` form (milliseconds; keys
-  ``ttft``, ``tpot``, ``e2el``) → an ``SLO`` in seconds. A run's goodput in vLLM's meaning is
-  then ``LoadResult.goodput(slo)``: finished requests meeting every bound, per second.
-- ``rate_sweep(url, make_requests, rates, slo)``: one open-loop load per rate against a live
-  server, one row per rate, and at the end DistServe's goodput: the highest rate at which at
-  least ``target`` of the requests met the SLO (``batchlab.analysis.metrics.max_rate_meeting_slo``
-  on the sweep, with ``slo_attainment`` per row).
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Which kernels this CPU runs the step's products with: what a benchmark prints before its figures.
 
-The same step can be several times faster on one CPU than on another of the same size, because
-oneDNN (torch's CPU matmul library) picks its kernels from the instruction sets the CPU has:
-AVX2, AVX-512, AVX-512 bf16 (``avx512_bf16``), or AMX tiles (``amx_bf16``), capped by
-``ONEDNN_MAX_CPU_ISA`` when set. ``kernel_report`` says which, in three ways: the flags the CPU
-reports, the instruction set oneDNN says it dispatches to, and the kernel it actually ran for one
-packed product in fp32 and one in bf16 (the step's route, ``cpu_products.packed_product``), read
-from oneDNN's own verbose log in a fresh Python process (the log is printed from C++, so it
-cannot be captured in this one).
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

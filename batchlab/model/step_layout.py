@@ -1,15 +1,6 @@
 """What one step's index tensors and attention share, whatever the KV cache keeps its past in.
 
-A step packs every sequence's chunk into one (T, D) matrix. ``StepLayout`` checks the chunks and
-computes, once for all layers, each token's id and position, which rows want logits, and which
-chunks are single tokens (decodes, attended together in one call) or longer (prompt chunks,
-attended one by one). A cache adds where its rows live: the slot cache (``kv_cache.py``) by
-slot, the paged cache (``paged_kv_cache.py``) by block table. Both attend with the two functions
-below, and differ only in how a sequence's past keys and values are read: a view of its slot, or
-a gather through its block table.
-
-Shapes: T tokens in the step, H query heads, KV key/value heads, hd head size, S single-token
-chunks (or one group of them, ``context_groups``), ctx the longest past among them.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """``python -m batchlab.predict``: predict a vLLM deployment's latencies and throughput.
 
-    python -m batchlab.predict --model Llama-3-8B --gpu H100 --request-rate 10 \\
-        --input-len 600 --output-len 250 --prefix-len 100 --num-prompts 5000
-    python -m batchlab.predict --model path/to/config.json --gpu H100 --tensor-parallel-size 2 \\
-        --data-parallel-size 2 --trace my_requests.csv --out result.json
-
-Prints the deployment (memory per GPU, KV blocks), the percentiles of TTFT, TPOT, ITL and E2E
-latency, throughput, KV use, preemptions and the saturation verdict; ``--out`` writes
-``vllm bench serve``'s result keys. Bad input ends with one line naming the value and what is
-allowed, and exit status 2.
+The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Choosing a deployment: sweep the offered rate over candidates, find each one's highest rate
 under a latency SLO, and price its tokens.
 
-``sweep_rates(candidates, traffic_at, rates)`` predicts every candidate (name -> ``Deployment``)
-at every rate (``traffic_at(rate)`` gives the ``TrafficSpec``) and returns one row per pair:
-TTFT and TPOT percentiles in ms, throughput, the verdict. ``best_rate(table, slo)`` is each
-candidate's highest swept rate whose every SLO percentile holds (and that keeps up);
-``capacity(deployment, traffic_at, slo)`` finds one deployment's highest rate under the SLO by
-bisection instead (to a stated tolerance, not a grid step). ``cost_per_million_tokens`` turns a
-GPU-hour price and a throughput into dollars per million output tokens.
+The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
 
 from __future__ import annotations

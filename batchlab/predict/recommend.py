@@ -1,14 +1,6 @@
 """``--recommend``: the cheapest vLLM deployments that meet a latency SLO at a rate, searched.
 
-For each GPU given, each TP degree that splits the model and fits its weights, and each pair of
-vLLM's batch knobs in ``KNOBS`` (``--max-num-seqs`` x ``--max-num-batched-tokens``), the fewest
-replicas whose SLO holds is found by bisection on one replica serving every ``r``-th request (a
-router that splits the load evenly). The cheapest of those configurations are then predicted
-whole, every replica behind the router, and the ones that still meet the SLO are ranked by
-GPU-hours per million output tokens, or by dollars when every GPU has a price per GPU-hour;
-each (GPU, TP, replicas) once, with its cheapest knobs. With ``pd_link``, prefill/decode splits
-join the search (``predict_disaggregated``, the KV over that link) for each GPU and TP degree
-that served the traffic colocated: the fewest GPUs whose split meets the SLO, from two GPUs up.
+The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
 
 from __future__ import annotations

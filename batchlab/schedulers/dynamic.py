@@ -1,11 +1,6 @@
 """Dynamic batching: a batch leaves when it is full or when its oldest request has waited long enough.
 
-This is the batching of general model servers such as NVIDIA Triton's dynamic batcher: instead
-of waiting for a full batch (static batching), the server waits at most ``timeout`` seconds for
-more requests to join the first one. Under light traffic requests leave almost alone and early;
-under heavy traffic batches fill before the timer ends. Once a batch runs, it still runs until its
-slowest member finishes; the shared request-level rules (admission, the first step, held slots,
-release) are in ``request_level.py``.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

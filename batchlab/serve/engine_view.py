@@ -1,13 +1,6 @@
 """Everything the server reads from the engine's insides, in one place.
 
-The HTTP side never touches the scheduler, the KV cache or the engine's run directly; it goes
-through the functions here, so a change inside the engine is answered by a change in this file:
-
-- ``end_state(req)``: how a request ended (the API's finish reason and the engine's words);
-- ``read_engine_stats(scheduler, kv)``: the queue and KV-cache numbers ``/metrics`` shows;
-- ``run_online_bounded(engine, inbox, listener, window)``: ``Engine.run_online`` whose run
-  forgets its oldest ended requests (``TraceWindow``), so a server that runs for weeks does not
-  keep every request it ever served.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """``GET /metrics``: the server's numbers in Prometheus' text format, with vLLM's names.
 
-Names, meanings, types, labels (``model_name``, ``engine``), help texts and histogram buckets
-follow vLLM 0.32's ``PrometheusStatLogger`` in ``vllm/v1/metrics/loggers.py``, with the bucket
-bounds of ``vllm/v1/metrics/buckets.py``, so a dashboard or a scraper written for vLLM reads
-batchlab's server unchanged (``batchlab.loadgen.prom`` reads either into a DataFrame;
-``tests/test_vllm_dashboards.py`` checks every series vLLM 0.32's own Grafana and Perses
-dashboards query).
-
-When each number moves, and which are always the same for batchlab: docs/serving-over-http.md,
-"When each /metrics number moves". Counters are cumulative over the server's life, whatever the
-trace window forgets.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

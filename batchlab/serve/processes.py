@@ -1,15 +1,7 @@
 """The server as a process: start it (a subprocess, or a thread of this one), wait until it
 answers, stop it with a reason for the requests in flight.
 
-``start_server`` runs ``python -m batchlab.serve`` in a subprocess (its own Python, its own engine
-thread) and waits until ``/health`` answers; ``stop()`` sends SIGTERM, which ends requests in
-flight with a reason. ``ServerThread`` runs one in this process instead (the tests use it, to
-share a loaded model). ``serve`` is what the subprocess runs. vLLM's server and the replicas behind
-the real router are started with the same pieces (``ServerProcess``, ``wait_healthy``).
-
-A server started here never outlives the Python that started it: the ones not stopped are
-stopped when it exits (a script's end, a notebook kernel shut down or restarted), and a batchlab
-server whose parent dies without exiting (a kernel killed) stops itself within a second.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 

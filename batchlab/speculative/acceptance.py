@@ -1,15 +1,6 @@
 """How many drafted tokens a check accepts, for the simulator (which has no tokens to compare).
 
-The standard model of speculative decoding (Leviathan et al. 2023, section 3.1): each drafted
-token is accepted with the same probability ``alpha``, independently, until the first rejection,
-so a check of ``k`` drafts accepts ``a`` tokens with probability ``alpha^a (1 - alpha)`` (and
-``alpha^k`` for all ``k``), and emits ``a + 1``: on average ``(1 - alpha^(k+1)) / (1 - alpha)``
-tokens. Requests differ (a code edit copies more than a chat answer), so each request draws its
-own ``alpha`` from a Beta distribution of mean ``rate`` and concentration ``concentration``
-(large: every request near ``rate``). Prompt lookup proposes nothing when it finds no match: a
-decode carries a draft with probability ``draft_rate``.
-
-``AcceptanceModel.fit`` reads these from a measured run's ``spec_checks``.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Prompt lookup: draft the next tokens by finding the text's own last words earlier in it.
 
-Copy-heavy requests (an edit of a given code file, a summary that quotes) repeat runs of their
-context. If the last ``n`` tokens occurred before, the tokens that followed them then are a good
-guess for what follows now. The rule, as vLLM's ``ngram`` proposer
-(``vllm/v1/spec_decode/ngram_proposer.py``): take the longest ``n`` in
-``[prompt_lookup_min, prompt_lookup_max]`` whose last-``n``-token suffix occurs earlier in the
-context (an occurrence may overlap the suffix, not be it), the earliest such occurrence, and
-propose up to ``k`` tokens that followed it (fewer when the context ends first). No match, no
-draft. It costs a search over the context, no model call.
+The rules and their reasons: ``docs/the-core.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """GPU presets: each device's datasheet roofline and what its kernels were measured to reach.
 
-``batchlab/steptime/device_presets.json`` holds, per device, the datasheet's memory bandwidth,
-dense peak in one dtype, memory and number of SMs (each cited; the SMs set how many tiles of a
-matrix multiply run in one wave), and ``kernels``: the ``KernelEfficiency`` fitted
-by ``scripts/fit_gpu_presets.py`` to measured kernel times (``data/gpu_kernels/``), or, for a
-device without measurements, ``"like": "<device>"`` and a ``source`` stating the assumption that
-its kernels reach the same fractions of its own datasheet. One ``step_overhead`` (the engine's
-CPU work per step, with its source) applies to every device. ``load_device_presets`` reads the
-file into ``DevicePreset``s; ``device_preset(name)`` gives one.
+The rules and their reasons: ``docs/step-time-models.md``.
 """
 
 from __future__ import annotations

