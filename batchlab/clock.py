@@ -45,7 +45,8 @@ class Clock(ABC):
 
 def _checked_duration(result: StepResult) -> float:
     """The step's duration as reported by the backend, checked: finite seconds >= 0."""
-    check_number("StepResult.duration", result.duration, hint="seconds the backend reports for a step")
+    check_number("StepResult.duration", result.duration,
+                 hint="seconds the backend reports for a step")
     return float(result.duration)
 
 

@@ -36,7 +36,8 @@ class ServingEngine(Protocol):
     def start(self, listener: EngineListener | None = None) -> float: ...
     def add_request(self, req: Request, now: float) -> None: ...
     def step(self, now: float) -> StepRecord | Idle: ...
-    def end_request(self, req: Request, reason: FinishReason, t: float, detail: str | None = None) -> None: ...
+    def end_request(self, req: Request, reason: FinishReason, t: float,
+                    detail: str | None = None) -> None: ...
     def abort(self, request_id: str, detail: str, now: float) -> bool: ...
     def release_ended(self, t: float) -> None: ...
     def finish(self, **meta) -> Trace: ...
@@ -83,10 +84,12 @@ def check_chunk(c: ScheduledChunk, req: Request | None) -> Request:
     rid = c.request_id
     if req is None:
         raise EngineError(f"the plan has a chunk for {rid!r}, which is not in this workload")
-    if req.status is not RequestStatus.RUNNING:      # (an identity check: this runs for every chunk)
+    # (an identity check: this runs for every chunk)
+    if req.status is not RequestStatus.RUNNING:
         raise EngineError(f"the plan computes tokens for {rid!r}, which is not running ({req.status.value}); "
                           "a scheduler plans only requests it has admitted and that have not ended")
-    first, computed = c.start, c.start + c.num_tokens - len(c.draft)     # (drafted tokens are not known yet)
+    # (drafted tokens are not known yet)
+    first, computed = c.start, c.start + c.num_tokens - len(c.draft)
     if first != req.num_computed_tokens:
         raise EngineError(f"the plan computes tokens of {rid!r} from {first}, but {req.num_computed_tokens} "
                           "are computed (a chunk must continue exactly where the cache ends, and a "
@@ -113,7 +116,8 @@ def check_emitted(req: Request, draft: tuple[int, ...], emitted: list[int] | Non
     return emitted
 
 
-def check_ended(workload: Sequence[Request], release_times: Mapping[str, float | None], scheduler) -> None:
+def check_ended(workload: Sequence[Request], release_times: Mapping[str, float | None],
+                scheduler) -> None:
     """Every request FINISHED with exactly its tokens and released once, REJECTED with none, or
     ABORTED with at most its tokens; rejected and aborted ones say why."""
     for req in workload:

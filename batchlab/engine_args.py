@@ -20,7 +20,8 @@ from batchlab.shapes import DTYPE_BYTES, ModelShape
 LARGE_DEVICE_GIB = 70          # vLLM's larger defaults: at least 70 GiB and not an A100
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 GPU_DTYPES = ("float16", "bfloat16")
-OFF_BY_DEFAULT = ("enforce_eager", "enable_expert_parallel", "disable_log_stats")   # vLLM takes no --no- form
+# vLLM takes no --no- form
+OFF_BY_DEFAULT = ("enforce_eager", "enable_expert_parallel", "disable_log_stats")
 HELP = {
     "max_num_seqs": "the most sequences running at once",
     "max_num_batched_tokens": "the most tokens one step computes (prompt chunks and decodes)",
@@ -57,7 +58,8 @@ class EngineArgs:
     disable_log_stats: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "long_prefill_token_threshold"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                     "long_prefill_token_threshold"):
             check_int(name, getattr(self, name), allow_none=True, hint=flag(name))
         for f in dataclasses.fields(self):
             if f.type == "bool | None" and getattr(self, f.name) is not None:
@@ -65,14 +67,17 @@ class EngineArgs:
         if self.block_size is not None:
             check_block_size(self.block_size)
         if self.gpu_memory_utilization is not None:
-            check_fraction("gpu_memory_utilization", self.gpu_memory_utilization, hint=flag("gpu_memory_utilization"))
+            check_fraction("gpu_memory_utilization", self.gpu_memory_utilization,
+                           hint=flag("gpu_memory_utilization"))
         check_choice("dtype", self.dtype, DTYPES, hint="--dtype")
         if self.long_prefill_token_threshold is not None and self.enable_chunked_prefill is False:
-            fail("long_prefill_token_threshold", self.long_prefill_token_threshold, "None without chunked prefill",
+            fail("long_prefill_token_threshold", self.long_prefill_token_threshold,
+                 "None without chunked prefill",
                  "capping a prompt's tokens per step means splitting the prompt")
         seqs, budget = self.max_num_seqs, self.max_num_batched_tokens
         if seqs is not None and budget is not None and budget < seqs:
-            fail("max_num_batched_tokens", budget, f">= max_num_seqs={seqs}", "vLLM refuses a budget smaller "
+            fail("max_num_batched_tokens", budget, f">= max_num_seqs={seqs}",
+                 "vLLM refuses a budget smaller "
                  "than its batch")
 
     def cli_args(self) -> list[str]:
@@ -89,7 +94,8 @@ class EngineArgs:
         return out
 
     @staticmethod
-    def add_cli_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, names: tuple[str, ...] | None = None,
+    def add_cli_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                      names: tuple[str, ...] | None = None,
                       defaults: "EngineArgs | None" = None) -> None:
         """vLLM's flags for these fields (``names``: only those), each defaulting to ``None``; the
         help names what ``None`` stands for (``defaults``' value, else vLLM's default)."""
@@ -99,7 +105,8 @@ class EngineArgs:
             shown = getattr(defaults, f.name) if defaults is not None else None
             text = HELP[f.name] + (f" (default: {shown})" if shown is not None else " (default: vLLM's)")
             if f.name in OFF_BY_DEFAULT:
-                parser.add_argument(flag(f.name), action="store_true", default=None, help=HELP[f.name])
+                parser.add_argument(flag(f.name), action="store_true", default=None,
+                                    help=HELP[f.name])
             elif f.type == "bool | None":
                 parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, help=text)
             elif f.name == "dtype":
@@ -109,12 +116,14 @@ class EngineArgs:
                 parser.add_argument(flag(f.name), type=kind, help=text)
 
     @classmethod
-    def from_cli(cls, namespace: argparse.Namespace, names: tuple[str, ...] | None = None) -> "EngineArgs":
+    def from_cli(cls, namespace: argparse.Namespace,
+                 names: tuple[str, ...] | None = None) -> "EngineArgs":
         """The flags ``add_cli_flags(parser, names)`` added, as ``parser`` read them into ``namespace``."""
         return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)
                       if names is None or f.name in names})
 
-    def resolved(self, device_name: str, device_memory_gib: float, model: ModelShape) -> "EngineArgs":
+    def resolved(self, device_name: str, device_memory_gib: float,
+                 model: ModelShape) -> "EngineArgs":
         """These flags with vLLM V1's defaults for a GPU and ``model`` filled in, and checked
         together (vLLM refuses a token budget under the context without chunked prefill)."""
         large = device_memory_gib >= LARGE_DEVICE_GIB and "a100" not in device_name.lower()
@@ -127,20 +136,25 @@ class EngineArgs:
                  f"{model.name}'s max_position_embeddings; vLLM refuses a longer context")
         chunked = self.enable_chunked_prefill is not False
         budget = self.max_num_batched_tokens or ((8192 if large else 2048) if chunked else max(max_len, 2048))
-        seqs = self.max_num_seqs or min(1024 if large else 256, budget)   # vLLM caps its default by the budget
+        # vLLM caps its default by the budget
+        seqs = self.max_num_seqs or min(1024 if large else 256, budget)
         if not chunked and budget < max_len:
             fail("max_num_batched_tokens", budget, f">= max_model_len={max_len}",
                  "without chunked prefill a whole prompt runs in one step")
         dtype = model.dtype if self.dtype == "auto" else self.dtype
         if self.dtype == "float32":
-            fail("dtype", self.dtype, f"one of {('auto', *GPU_DTYPES)}", "the GPU kernels are measured in 16 bits")
+            fail("dtype", self.dtype, f"one of {('auto', *GPU_DTYPES)}",
+                 "the GPU kernels are measured in 16 bits")
         if dtype not in GPU_DTYPES:
             dtype = "bfloat16"   # a float32 checkpoint is served in bf16 by vLLM's "auto" on a GPU
         return dataclasses.replace(
-            self, max_num_seqs=seqs, max_num_batched_tokens=budget, max_model_len=max_len, dtype=dtype,
-            enable_chunked_prefill=chunked, enable_prefix_caching=self.enable_prefix_caching is not False,
-            block_size=self.block_size or 16, gpu_memory_utilization=self.gpu_memory_utilization or 0.9,
-            async_scheduling=self.async_scheduling is not False, enforce_eager=bool(self.enforce_eager),
+            self, max_num_seqs=seqs, max_num_batched_tokens=budget, max_model_len=max_len,
+            dtype=dtype, enable_chunked_prefill=chunked,
+            enable_prefix_caching=self.enable_prefix_caching is not False,
+            block_size=self.block_size or 16,
+            gpu_memory_utilization=self.gpu_memory_utilization or 0.9,
+            async_scheduling=self.async_scheduling is not False,
+            enforce_eager=bool(self.enforce_eager),
             enable_expert_parallel=bool(self.enable_expert_parallel))
 
     def with_defaults(self, defaults: "EngineArgs") -> "EngineArgs":

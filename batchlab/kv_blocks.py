@@ -31,7 +31,8 @@ def chain_hash(parent: int | None, block_tokens: Sequence[int]) -> int:
     return hash((parent, tuple(block_tokens)))
 
 
-def steps_before_blocks_run_out(held_tokens: Sequence[int], block_size: int, free_blocks: int) -> int:
+def steps_before_blocks_run_out(held_tokens: Sequence[int], block_size: int,
+                                free_blocks: int) -> int:
     """Decode steps (one token per sequence each) the sequences can take before a new block is
     needed and none is free. A sequence holding ``h`` tokens takes a block in every step that
     writes a position ``h + i - 1`` at the start of a block: first at step ``(-h) % block_size + 1``,
@@ -115,7 +116,8 @@ class BlockPool:
         if len(hits) < num_blocks:
             hash_to_block, block_tokens = self.hash_to_block, self.block_tokens
             hashes, tokens = self.block_chain(prompt_ids, len(hits) + 1)
-            if hash_to_block.get(hashes[len(hits)]) is not None:   # (the common miss, without hashing on)
+            # (the common miss, without hashing on)
+            if hash_to_block.get(hashes[len(hits)]) is not None:
                 hashes, tokens = self.block_chain(prompt_ids, num_blocks)
                 hits = hits[:]
                 for b in range(len(hits), num_blocks):
@@ -126,7 +128,8 @@ class BlockPool:
             memo[:] = [self.num_evictions, hits]
         return hits[:num_blocks]
 
-    def block_chain(self, prompt_ids: Sequence[int], num_blocks: int) -> tuple[list[int], list[tuple[int, ...]]]:
+    def block_chain(self, prompt_ids: Sequence[int],
+                    num_blocks: int) -> tuple[list[int], list[tuple[int, ...]]]:
         """The chained hashes and the token ids of (at least) the first ``num_blocks`` full blocks
         of ``prompt_ids``, computed once per prompt."""
         _, hashes, tokens, _ = self._chain(prompt_ids)
@@ -137,7 +140,8 @@ class BlockPool:
             tokens.append(block_tokens)
         return hashes, tokens
 
-    def _chain(self, prompt_ids: Sequence[int]) -> tuple[Sequence[int], list[int], list[tuple[int, ...]], list]:
+    def _chain(self, prompt_ids: Sequence[int]) -> tuple[Sequence[int], list[int],
+                                                         list[tuple[int, ...]], list]:
         """The prompt's memo entry: (the prompt, its block hashes and token ids so far, and
         [evictions when last looked up, the hits found then])."""
         entry = self._chains.get(id(prompt_ids))
@@ -229,11 +233,13 @@ class BlockManager(BlockPool):
         self.tables: dict[str, list[int]] = {}
         self.num_tokens_of: dict[str, int] = {}       # token positions each sequence has room for
         # How far each sequence can grow with nothing to do (no block to take or prompt block to hash)
-        self._room: dict[str, int] = {}               # (``grow``'s quick check: most growth is that)
+        # (``grow``'s quick check: most growth is that)
+        self._room: dict[str, int] = {}
         # Prefix caching: each sequence's prompt ids, and how many of its full blocks are hashed.
         self._prompt_of: dict[str, Sequence[int]] = {}
         self._hashed: dict[str, int] = {}
-        self.num_hit_tokens = 0                       # prompt tokens served from cache, over the run
+        # prompt tokens served from cache, over the run
+        self.num_hit_tokens = 0
 
     @classmethod
     def from_tokens(cls, capacity_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE,
@@ -341,7 +347,8 @@ class BlockManager(BlockPool):
         if self.max_seq_len is not None and held > self.max_seq_len:
             return False
         table = self.tables[request_id]
-        new_blocks = -(-held // self.block_size) - len(table)            # blocks_for(held) - held blocks
+        # blocks_for(held) - held blocks
+        new_blocks = -(-held // self.block_size) - len(table)
         if new_blocks > 0 and not self._take_blocks(table, new_blocks):
             return False
         self.num_tokens_of[request_id] = held
@@ -366,7 +373,8 @@ class BlockManager(BlockPool):
             for b in range(start, done):
                 self._cache(table[b], hashes[b], tokens[b])
             self._hashed[request_id] = done
-        if done >= len(prompt) // self.block_size:   # every full prompt block is hashed: no more to do
+        # every full prompt block is hashed: no more to do
+        if done >= len(prompt) // self.block_size:
             del self._prompt_of[request_id]
 
     def rollback(self, request_id: str, num_tokens: int) -> None:

@@ -22,7 +22,8 @@ class KVSpace(Protocol):
     max_seq_len: int | None          # the longest sequence allowed (None: the whole cache)
     block_size: int | None           # tokens per block of a paged space (None: a reserving one)
     num_hit_tokens: int              # prompt tokens served from a prefix cache, over the run
-    stores_values: bool              # True: a model's cache (keys, values; write_tokens); False: counts
+    # True: a model's cache (keys, values; write_tokens); False: counts
+    stores_values: bool
 
     @property
     def capacity_tokens(self) -> int: ...
@@ -36,7 +37,8 @@ class KVSpace(Protocol):
     def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
         """Leading prompt tokens whose KV is already cached (at most ``max_tokens``); 0 if none."""
 
-    def can_admit(self, num_tokens: int, max_tokens: int, prompt_ids: Sequence[int] | None = None) -> bool:
+    def can_admit(self, num_tokens: int, max_tokens: int,
+                  prompt_ids: Sequence[int] | None = None) -> bool:
         """Could a new sequence start now, computing ``num_tokens`` (cached prefix included) in
         its first step and growing to at most ``max_tokens``?"""
 
@@ -95,7 +97,8 @@ class ReservingKVSpace:
     def cached_prefix_tokens(self, prompt_ids: Sequence[int] | None, max_tokens: int) -> int:
         return 0
 
-    def can_admit(self, num_tokens: int, max_tokens: int, prompt_ids: Sequence[int] | None = None) -> bool:
+    def can_admit(self, num_tokens: int, max_tokens: int,
+                  prompt_ids: Sequence[int] | None = None) -> bool:
         return self.fits_ever(max_tokens) and self.has_room_for(max_tokens)
 
     def admit(self, request_id: str, num_tokens: int, max_tokens: int,

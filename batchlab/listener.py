@@ -16,7 +16,8 @@ class RequestOutput:
     """What one step did for one request (its tokens are already in ``req.output_ids``)."""
 
     req: Request
-    new_token_ids: list[int]                 # one, or a checked draft's accepted tokens and one more
+    # one, or a checked draft's accepted tokens and one more
+    new_token_ids: list[int]
     finish_reason: FinishReason | None = None   # set on the step whose token ended the request
     num_cached_tokens: int | None = None     # on its first step: prompt tokens it did not compute
     spec: tuple[int, int] | None = None      # (drafted, accepted): the draft this step checked

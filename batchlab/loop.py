@@ -55,7 +55,7 @@ class Workload(Arrivals):
 
 
 class DecodeRunPredictor(Protocol):
-    """The simulator's fast path (``fast_path.DecodeRuns``), as the loop calls it."""
+    """The simulator's fast path (``sim.fast_path.DecodeRuns``), as the loop calls it."""
 
     def advance(self, now: float, stop_at: float) -> float | None: ...
     def after_step(self, out: StepRecord | Idle) -> None: ...

@@ -2,7 +2,7 @@
 
 ``Engine.run(workload)`` calls ``serve_offline``: the serving loop (``loop.run_until``) over the
 workload's arrivals, with a progress bar if asked, and on the simulator (virtual clock) the fast
-path (``fast_path.py``), which may stand in for a run of steps that it can predict whole; the
+path (``sim/fast_path.py``), which may stand in for a run of steps that it can predict whole; the
 trace is the same.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from batchlab.contract import ServingEngine
-from batchlab.fast_path import DecodeRuns
+from batchlab.sim import DecodeRuns
 from batchlab.listener import EngineListener
 from batchlab.loop import Workload, gc_paused, run_until
 from batchlab.requests import Request

@@ -20,14 +20,16 @@ from batchlab.loop import Arrivals, run_until
 from batchlab.requests import Request
 from batchlab.trace import Trace
 
-__all__ = ["EngineInbox", "EngineListener", "InboxArrivals", "InboxCommands", "forget_ended", "serve_online"]
+__all__ = ["EngineInbox", "EngineListener", "InboxArrivals", "InboxCommands", "forget_ended",
+           "serve_online"]
 
 
 @dataclass
 class InboxCommands:
     """What the engine takes out of the inbox in one read (in the order they were given)."""
 
-    adds: list[tuple[Request, float]] = field(default_factory=list)   # (request, perf_counter at add)
+    # (request, perf_counter at add)
+    adds: list[tuple[Request, float]] = field(default_factory=list)
     aborts: list[tuple[str, str]] = field(default_factory=list)       # (request_id, reason)
     stop_reason: str | None = None
 
@@ -113,7 +115,8 @@ class InboxArrivals(Arrivals):
         if commands.stop_reason is not None:
             aborts = aborts + [(rid, commands.stop_reason) for rid, r in requests.items() if not r.is_done]
         if aborts and any([engine.abort(rid, why, now) for rid, why in aborts]):
-            engine.release_ended(now)    # aborted running requests leave the scheduler and free their KV
+            # aborted running requests leave the scheduler and free their KV
+            engine.release_ended(now)
         self.exhausted = self.inbox.stopping
 
     def wait(self, clock: Clock, now: float, target: float) -> float:

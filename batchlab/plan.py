@@ -57,7 +57,7 @@ class DecodeChunks(Sequence):
     Sequence ``j`` decodes position ``starts[j] + offset``. It behaves like the list of
     ``ScheduledChunk`` a scheduler would return (same items, same order; compares equal to it)
     but builds chunk objects only when they are read. The simulator's fast path
-    (``batchlab.fast_path``) records millions of such steps.
+    (``batchlab.sim.fast_path``) records millions of such steps.
     """
 
     __slots__ = ("request_ids", "starts", "offset")

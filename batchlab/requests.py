@@ -17,7 +17,8 @@ class RequestStatus(str, enum.Enum):
     RUNNING = "running"      # admitted: holds KV space, being prefilled or decoded
     FINISHED = "finished"    # produced all its tokens (or a stop token)
     REJECTED = "rejected"    # could never be served; ``finish_reason`` says why
-    ABORTED = "aborted"      # ended early by the server (client gone, stop string, shutdown); ``finish_reason`` says why
+    # ended early by the server (client gone, stop string, shutdown); ``finish_reason`` says why
+    ABORTED = "aborted"
 
 
 class FinishReason(enum.StrEnum):
@@ -29,7 +30,8 @@ class FinishReason(enum.StrEnum):
 
     LENGTH = "length"        # produced max_new_tokens
     STOP = "stop"            # produced a stop token
-    ABORT = "abort"          # ended early (client gone, shutdown): FinishReason.ABORT, status ABORTED
+    # ended early (client gone, shutdown): FinishReason.ABORT, status ABORTED
+    ABORT = "abort"
     REJECTED = "rejected"    # could never be served: status REJECTED
 
     @property
@@ -53,8 +55,9 @@ def parse_finish_reason(text: str | None) -> tuple[FinishReason | None, str | No
                          "(or 'aborted: <why>', 'rejected: <why>')") from None
 
 
-_STATUS_OF = {FinishReason.LENGTH: RequestStatus.FINISHED, FinishReason.STOP: RequestStatus.FINISHED,
-              FinishReason.ABORT: RequestStatus.ABORTED, FinishReason.REJECTED: RequestStatus.REJECTED}
+_STATUS_OF = {FinishReason.LENGTH: RequestStatus.FINISHED,
+              FinishReason.STOP: RequestStatus.FINISHED, FinishReason.ABORT: RequestStatus.ABORTED,
+              FinishReason.REJECTED: RequestStatus.REJECTED}
 
 
 @dataclass(frozen=True)
@@ -288,7 +291,8 @@ class Request:
 
     @property
     def is_done(self) -> bool:
-        return self.status in (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)
+        return self.status in (RequestStatus.FINISHED, RequestStatus.REJECTED,
+                               RequestStatus.ABORTED)
 
     def stops_on(self, token: int) -> bool:
         """Whether sampling ``token`` last ends this request: a stop token, once it has ``min_tokens``."""
@@ -329,8 +333,10 @@ class Request:
         same_prompt = (self.prompt_ids is not None and "prompt_ids" not in inputs and "prompt_len" not in inputs
                        and len(self.prompt_ids) == self.prompt_len)
         same = {"request_id": self.request_id, "max_new_tokens": self.max_new_tokens,
-                "prompt_ids": None if same_prompt else self.prompt_ids,      # (else copied by __post_init__)
-                "arrival_time": self.arrival_time, "sampling": self.sampling, "prompt_len": self.prompt_len,
+                # (else copied by __post_init__)
+                "prompt_ids": None if same_prompt else self.prompt_ids,
+                "arrival_time": self.arrival_time, "sampling": self.sampling,
+                "prompt_len": self.prompt_len,
                 "stop_token_ids": self.stop_token_ids, "kv_export": self.kv_export,
                 "kv_transfer": None if self.kv_transfer is None else self.kv_transfer.fresh()}
         copy = Request(**{**same, **inputs})

@@ -138,10 +138,12 @@ class ModelShape:
         check_int("vocab_size", self.vocab_size, hint=hint)
         check_bool("tie_embeddings", self.tie_embeddings)
         check_choice("dtype", self.dtype, sorted(DTYPE_BYTES), hint=hint)
-        object.__setattr__(self, "_layer", LayerShape(self.hidden_size, self.num_heads, self.num_kv_heads,
+        object.__setattr__(self, "_layer",
+                           LayerShape(self.hidden_size, self.num_heads, self.num_kv_heads,
                                                       self.head_dim, self.intermediate_size))
         if not isinstance(self.source, str) or not self.source:
-            fail("source", self.source, "a non-empty string", f"{hint}: say where its numbers come from")
+            fail("source", self.source, "a non-empty string",
+                 f"{hint}: say where its numbers come from")
 
     @property
     def layer(self) -> LayerShape:
@@ -208,11 +210,13 @@ class ModelShape:
 
     # --- from a model's own configuration -------------------------------------------------------
     @classmethod
-    def from_llama_config(cls, config, name: str, source: str, dtype: str = "float32") -> "ModelShape":
+    def from_llama_config(cls, config, name: str, source: str,
+                          dtype: str = "float32") -> "ModelShape":
         """From ``batchlab.model.llama.LlamaConfig`` (e.g. ``weights.config`` of the loaded model)."""
-        return cls(name, config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
-                   config.head_dim, config.intermediate_size, config.vocab_size, True, source, dtype,
-                   config.max_position)
+        return cls(name, config.num_layers, config.hidden_size, config.num_heads,
+                   config.num_kv_heads,
+                   config.head_dim, config.intermediate_size, config.vocab_size, True, source,
+                   dtype, config.max_position)
 
     @classmethod
     def from_config_json(cls, path: str | Path, name: str | None = None) -> "ModelShape":
@@ -222,7 +226,8 @@ class ModelShape:
             config = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"config={str(path)!r}: not a readable config.json ({e})") from None
-        return cls.from_config(config, name or path.parent.name or path.stem, source=f"config.json at {path}")
+        return cls.from_config(config, name or path.parent.name or path.stem,
+                               source=f"config.json at {path}")
 
     @classmethod
     def from_config(cls, config: dict, name: str, source: str) -> "ModelShape":
@@ -230,20 +235,23 @@ class ModelShape:
         architectures = config.get("architectures") or [config.get("model_type", "unknown")]
         allowed = list(DENSE_DECODERS + MOE_DECODERS)
         if architectures[0] not in allowed:
-            fail("architectures", architectures, f"one of {allowed}", f"{name}: not a Llama-style decoder "
+            fail("architectures", architectures, f"one of {allowed}",
+                 f"{name}: not a Llama-style decoder "
                  "(dense, or Mixtral/Qwen-MoE experts); MLA and other attention variants are not priced")
         moe = moe_from_config(config, name) if architectures[0] in MOE_DECODERS else None
-        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                               "vocab_size") if k not in config]
+        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                               "intermediate_size", "vocab_size") if k not in config]
         if missing:
             raise ValueError(f"{name}: config lacks {missing}; a decoder's config.json names them all")
         heads = config["num_attention_heads"]
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         return cls(name, config["num_hidden_layers"], config["hidden_size"], heads,
                    config.get("num_key_value_heads") or heads,
-                   config.get("head_dim") or config["hidden_size"] // heads, config["intermediate_size"],
+                   config.get("head_dim") or config["hidden_size"] // heads,
+                   config["intermediate_size"],
                    config["vocab_size"], bool(config.get("tie_word_embeddings", False)), source,
-                   dtype if dtype in DTYPE_BYTES else "bfloat16", config.get("max_position_embeddings"), moe)
+                   dtype if dtype in DTYPE_BYTES else "bfloat16",
+                   config.get("max_position_embeddings"), moe)
 
 
 def moe_from_config(config: dict, name: str) -> MoEShape:
@@ -253,7 +261,8 @@ def moe_from_config(config: dict, name: str) -> MoEShape:
         if config.get(key):
             fail(key, config[key], "0 or absent", f"{name}: shared experts are not priced")
     if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1:
-        fail("decoder_sparse_step", config.get("decoder_sparse_step"), "1 (experts on every layer)", name)
+        fail("decoder_sparse_step", config.get("decoder_sparse_step"), "1 (experts on every layer)",
+             name)
     experts = config.get("num_local_experts") or config.get("num_experts")
     per_token = config.get("num_experts_per_tok")
     inter = config.get("moe_intermediate_size") or config.get("intermediate_size")
@@ -266,7 +275,9 @@ def moe_from_config(config: dict, name: str) -> MoEShape:
 def load_model_shapes(path: str | Path = SHAPES_PATH) -> dict[str, ModelShape]:
     """Every shape in ``batchlab/shapes.json`` (or ``path``), by name."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return {name: ModelShape(name=name, **{**fields, "moe": MoEShape(**fields["moe"]) if "moe" in fields else None})
+    return {name: ModelShape(name=name,
+                             **{**fields,
+                                "moe": MoEShape(**fields["moe"]) if "moe" in fields else None})
             for name, fields in data["models"].items()}
 
 
@@ -278,9 +289,10 @@ def model_shape(name: str) -> ModelShape:
     ``config.json``."""
     if isinstance(name, (str, Path)) and str(name).endswith(".json"):
         return ModelShape.from_config_json(name)
-    check_choice("shape", name, sorted(MODEL_SHAPES), hint="a name in batchlab/shapes.json, or a config.json path")
+    check_choice("shape", name, sorted(MODEL_SHAPES),
+                 hint="a name in batchlab/shapes.json, or a config.json path")
     return MODEL_SHAPES[name]
 
 
-__all__ = ["DENSE_DECODERS", "DTYPE_BYTES", "MODEL_SHAPES", "SHAPES_PATH", "SMALL_OPS_PER_LAYER", "LayerShape",
-           "ModelShape", "kv_bytes_per_token", "load_model_shapes", "model_shape"]
+__all__ = ["DENSE_DECODERS", "DTYPE_BYTES", "MODEL_SHAPES", "SHAPES_PATH", "SMALL_OPS_PER_LAYER",
+           "LayerShape", "ModelShape", "kv_bytes_per_token", "load_model_shapes", "model_shape"]

@@ -73,7 +73,8 @@ class RequestRecord:
     streamed: bool                    # True: tokens were visible as computed
     output_ids: list[int] = field(default_factory=list)
     finish_detail: str | None = None  # why it was aborted or rejected, in words
-    spec_checks: list[tuple[int, int]] = field(default_factory=list)   # (drafted, accepted) per check
+    # (drafted, accepted) per check
+    spec_checks: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_output_tokens(self) -> int:
@@ -94,8 +95,10 @@ class RequestRecord:
 def request_records(requests: Sequence[Request], release_times: Mapping[str, float | None],
                     streamed: bool) -> list[RequestRecord]:
     """Each ended request's record; its token lists move into the trace (the run's own copies)."""
-    return [RequestRecord(r.request_id, r.arrival_time, r.prompt_len, r.max_new_tokens, r.status, r.finish_reason,
-                          r.first_scheduled_time, r.token_times, release_times[r.request_id], streamed,
+    return [RequestRecord(r.request_id, r.arrival_time, r.prompt_len, r.max_new_tokens, r.status,
+                          r.finish_reason,
+                          r.first_scheduled_time, r.token_times, release_times[r.request_id],
+                          streamed,
                           r.output_ids, r.finish_detail, [] if r.spec is None else r.spec.checks) for r in requests]
 
 
@@ -142,7 +145,8 @@ class Trace:
             })
         return pd.DataFrame(rows, columns=[
             "request_id", "arrival_time", "prompt_len", "max_new_tokens", "num_output_tokens",
-            "status", "finish_reason", "finish_detail", "streamed", "first_scheduled_time", "first_token_time",
+            "status", "finish_reason", "finish_detail", "streamed", "first_scheduled_time",
+            "first_token_time",
             "finish_time", "release_time"]).astype({"first_scheduled_time": float,
                                                      "first_token_time": float,
                                                      "finish_time": float, "release_time": float})
@@ -152,7 +156,8 @@ class Trace:
         rows = [(r.request_id, i, t, v)
                 for r in self.requests
                 for i, (t, v) in enumerate(zip(r.token_times, r.visible_token_times))]
-        return pd.DataFrame(rows, columns=["request_id", "token_index", "computed_time", "visible_time"])
+        return pd.DataFrame(rows,
+                            columns=["request_id", "token_index", "computed_time", "visible_time"])
 
     def steps_df(self) -> pd.DataFrame:
         """One row per step: start, duration, batch size, tokens, prefill/decode mix."""
@@ -161,7 +166,8 @@ class Trace:
                  "num_prefill_tokens": s.num_prefill_tokens, "num_decode_seqs": s.num_decode_seqs,
                  "held_slots": s.held_slots, "batch_id": s.batch_id}
                 for s in self.steps]
-        return pd.DataFrame(rows, columns=["step", "start", "end", "duration", "num_seqs", "num_tokens",
+        return pd.DataFrame(rows,
+                            columns=["step", "start", "end", "duration", "num_seqs", "num_tokens",
                                            "num_prefill_tokens", "num_decode_seqs", "held_slots",
                                            "batch_id"])
 
@@ -177,7 +183,8 @@ class Trace:
     def preemptions_df(self) -> pd.DataFrame:
         """One row per preemption: who, when, and how many computed tokens it lost."""
         return pd.DataFrame([asdict(p) for p in self.preemptions],
-                            columns=["request_id", "time", "num_computed_tokens", "num_output_tokens"])
+                            columns=["request_id", "time", "num_computed_tokens",
+                                     "num_output_tokens"])
 
     @property
     def duration(self) -> float:

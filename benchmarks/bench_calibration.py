@@ -41,7 +41,8 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis.metrics import summarize
-from batchlab.backends import CostModel, ModelBackend, SimBackend
+from batchlab.backends import CostModel, ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.experiments.calibration import calibration_steps, fit_calibration
 from batchlab.steptime.cost_model import features_df
 from batchlab.engine import Engine

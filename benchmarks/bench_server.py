@@ -49,7 +49,7 @@ from batchlab.engine import Engine
 from batchlab.loadgen import from_workload, run_load
 from batchlab.model import load_model
 from batchlab.schedulers import ContinuousBatcher
-from batchlab.serve import start_server
+from batchlab.launch import start_server
 from batchlab.workloads import make_workload
 
 N, PROMPT_LEN, OUTPUT_LEN = 32, 64, 32

@@ -23,7 +23,7 @@ sequences share a step.
 
 What costs time: every step is a Python object in the trace, and every step in which a request
 joins or leaves asks the scheduler for a full plan (one chunk per running sequence). Steps in
-between are computed by the offline driver's fast path (``batchlab/fast_path.py``), on both caches
+between are computed by the offline driver's fast path (``batchlab/sim/fast_path.py``), on both caches
 (a paged run stops short of each step that needs more blocks than are free). So wall time grows
 with the number of steps (smaller batches: more steps) and with ``max_num_seqs`` times the
 number of requests (each join rebuilds a plan of the whole batch).
@@ -36,7 +36,8 @@ import statistics
 import time
 from pathlib import Path
 
-from batchlab.backends import CostModel, SimBackend
+from batchlab.backends import CostModel
+from batchlab.sim import SimBackend
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.workloads import Range, make_workload

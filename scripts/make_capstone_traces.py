@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.analysis.trace_io import save_trace
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import Request

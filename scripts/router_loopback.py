@@ -17,8 +17,9 @@ import argparse
 import sys
 import time
 
-from batchlab.cluster.loopback import VLLM_ROUTER_POLICIES, LoopbackCluster, LoopbackConfig
-from batchlab.cluster.router_check import agreement, router_added_latency, serve_in_process, serve_through_router
+from batchlab.launch.loopback import VLLM_ROUTER_POLICIES, LoopbackCluster, LoopbackConfig
+from batchlab.launch.router_check import (agreement, router_added_latency, serve_in_process,
+                                          serve_through_router)
 from batchlab.workloads.sessions import SessionShape, ideal_prefix_reuse, make_sessions
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up vLLM's CPU build in its own venv, .venv-vllm/, beside the course's .venv (idempotent).
 #
-# vLLM is the production engine the course describes; batchlab.vllm_ref starts its OpenAI server on
+# vLLM is the production engine the course describes; batchlab.launch starts its OpenAI server on
 # the course's converted model so both servers can be measured with one client. It cannot share the
 # course's venv (it pins an older transformers), and it is never imported into the course's process:
 # it runs as its own server process.

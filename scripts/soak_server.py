@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from batchlab.loadgen.prom import scrape, value             # noqa: E402
 from batchlab.loadgen.soak import soak                      # noqa: E402
-from batchlab.serve import start_server                  # noqa: E402
+from batchlab.launch import start_server                 # noqa: E402
 from batchlab.serve.memory import TRIM_INTERVAL_S, rss_mb   # noqa: E402
 
 GROWTH_LIMIT_MB = 50.0

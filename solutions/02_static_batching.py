@@ -3,7 +3,7 @@
 import numpy as np
 
 from batchlab.analysis import metrics
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import StaticBatcher

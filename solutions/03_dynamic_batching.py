@@ -2,7 +2,7 @@
 
 from batchlab.analysis import metrics
 from batchlab.analysis.batches import batches_df
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import DynamicBatcher, StaticBatcher

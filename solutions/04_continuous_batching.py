@@ -1,7 +1,7 @@
 """Worked solutions for notebook 04 (continuous batching), found with batchlab's simulator."""
 
 from batchlab.analysis.metrics import summarize
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher, StaticBatcher

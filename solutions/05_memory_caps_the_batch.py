@@ -1,6 +1,6 @@
 """Worked solutions for notebook 05 (the memory that caps the batch)."""
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import Request

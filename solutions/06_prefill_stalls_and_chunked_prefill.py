@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.experiments.prefill_stall import StallScenario, budget_sweep, stall_summary

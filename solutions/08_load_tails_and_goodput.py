@@ -3,7 +3,7 @@
 from functools import lru_cache
 
 from batchlab.analysis import metrics
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.experiments.sweeps import load_sweep
 from batchlab.schedulers import ContinuousBatcher

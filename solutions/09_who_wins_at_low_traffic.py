@@ -1,7 +1,7 @@
 """Worked solutions for notebook 09 (who wins at low traffic), found with batchlab's simulator."""
 
 from batchlab.analysis import metrics
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.steptime.roofline import RooflineCostModel
 from batchlab.engine import Engine

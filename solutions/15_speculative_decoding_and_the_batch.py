@@ -1,6 +1,6 @@
 """Worked solutions for notebook 15 (speculative decoding and the batch)."""
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.experiments.speculation import crossover, serve_batches
 from batchlab.requests import Request
 from batchlab.speculative import AcceptanceModel, SpeculativeConfig

@@ -27,7 +27,7 @@ def vllm_ready():
     which sets it up, a missing vLLM is a failure."""
     import os
 
-    from batchlab.vllm_ref import vllm_status
+    from batchlab.launch import vllm_status
     ok, message = vllm_status()
     if not ok:
         if os.environ.get("CI"):

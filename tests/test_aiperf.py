@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from batchlab.loadgen.prom import scrape, value
-from batchlab.serve import start_server
+from batchlab.launch import start_server
 
 AIPERF = Path(__file__).resolve().parents[1] / ".venv-aiperf" / "bin" / "aiperf"
 EOS = 2                                             # <|im_end|>, SmolLM2-Instruct's end of a turn

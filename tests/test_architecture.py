@@ -38,7 +38,7 @@ LAYERS = [
     ["steptime"],                      # how long a step takes: cost models, rooflines, measured kernels
     ["backends"],                      # what computes a step: the model, or the simulator
     ["clock", "contract"],             # the contract: what the engine checks, and what it offers
-    ["fast_path"],                     # the simulator's bulk decode runs
+    ["sim"],                           # the simulator: its backend, and its bulk decode runs
     ["loop"],                          # the serving loop around any ServingEngine
     ["offline", "online"],             # the drivers: the loop with their arrivals
     ["engine"],                        # the step (Engine.run and run_online call the drivers)
@@ -48,15 +48,15 @@ LAYERS = [
     ["experiments"],                   # the lessons' measurements, calibration among them
     ["loadgen"],                       # the load client, and the tools that read a server from outside
     ["serve"],                         # the HTTP server over the online engine
-    ["vllm_ref"],                      # vLLM's server as the reference (a subprocess)
-    ["cluster"],                       # many engines behind a router: simulated, or the real router on loopback
+    ["cluster"],                       # many engines behind a router, on one virtual clock
     ["predict"],                       # a whole vLLM deployment on GPUs, predicted before it is rented
+    ["launch"],                        # processes on 127.0.0.1: our server, vLLM's, vllm-router
     ["exercises"],
 ]
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 # The serving core: no function longer than this, no class longer than that (docstrings count).
-CORE = ["engine.py", "loop.py", "offline.py", "online.py", "fast_path.py", "contract.py", "kv_space.py",
+CORE = ["engine.py", "loop.py", "offline.py", "online.py", "sim", "contract.py", "kv_space.py",
         "kv_blocks.py", "schedulers", "backends", "steptime", "model"]
 MAX_FUNCTION_LINES, MAX_CLASS_LINES = 40, 200
 # The HTTP server: a file per job, none longer than this, and the core's function limit.

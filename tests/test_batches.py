@@ -5,7 +5,7 @@ import math
 import pytest
 
 from batchlab.analysis.batches import BATCH_COLUMNS, batches_df, delivered_at_batch_end
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.schedulers import ContinuousBatcher, DynamicBatcher, StaticBatcher

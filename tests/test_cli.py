@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from batchlab.serve import HOST, free_port
-from batchlab.serve import wait_healthy
+from batchlab.serve import HOST, free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_LOAD = ["--num-prompts", "8", "--input-len", "16", "--output-len", "4", "--disable-tqdm"]

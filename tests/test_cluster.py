@@ -25,7 +25,6 @@ from batchlab.cluster.prefix_index import PrefixIndex, block_hashes
 from batchlab.cluster.simple_policies import ConsistentHashConfig, ConsistentHashRouter
 from batchlab.cluster.sweep import cluster_point, grid, run_sweep
 from batchlab.cluster.weighted import WeightedConfig, WeightedScorerRouter
-from batchlab.requests import RequestStatus
 from batchlab.workloads import SessionShape, ideal_prefix_reuse, make_sessions
 
 ROOFLINE = RooflineCostModel.for_device("Llama-3-8B", "H100")

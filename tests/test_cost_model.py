@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import FEATURES, CostModel, features_df, nnls
 from batchlab.engine import Engine
 from batchlab.plan import ScheduledChunk, StepPlan, chunk_attention_pairs, step_features

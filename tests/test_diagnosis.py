@@ -15,7 +15,7 @@ from batchlab.analysis.diagnosis import (
     steps_with_waiting,
     token_gaps,
 )
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import Request

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from batchlab.analysis.metrics import summary_row
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.roofline import model_shape
 from batchlab.cluster import Cluster, ClusterConfig, ReplicaSpec
 from batchlab.cluster.disaggregated import KV_LINKS, DisaggregatedCluster, DisaggregatedConfig, KVLink

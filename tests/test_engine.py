@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from batchlab.backends import Backend, CostModel, SimBackend, StepResult
+from batchlab.backends import Backend, CostModel, StepResult
+from batchlab.sim import SimBackend
 from batchlab.engine import Engine, EngineError
 from batchlab.kv_blocks import check_books
 from batchlab.plan import DecodeChunks, ScheduledChunk, StepPlan

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from batchlab.backends import CostModel, SimBackend
+from batchlab.backends import CostModel
+from batchlab.sim import SimBackend
 from batchlab.engine import Engine
 from batchlab.loop import Workload, run_until
 from batchlab.online import EngineInbox, EngineListener

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.steptime.device_presets import DEVICE_PRESETS_PATH, load_device_presets
+from batchlab.steptime.device_presets import load_device_presets
 from batchlab.steptime.kernel_fit import fit_device
 from batchlab.steptime.kernel_profiles import compare_profile, error_summary, guess_device, layer_shape_of, \
     read_kernel_profile

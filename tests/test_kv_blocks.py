@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.kv_blocks import BlockManager, blocks_for, check_books

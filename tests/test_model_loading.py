@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from batchlab.model import loading as model_mod
-from batchlab.model.llama import LlamaWeights, SeqChunk, forward_step
+from batchlab.model.llama import SeqChunk, forward_step
 
 
 def test_cache_is_reused(lm):

@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
 
-from batchlab.serve import start_server
-from batchlab.vllm_ref import vllm_python
+from batchlab.launch import start_server, vllm_python
 
 SCRIPT = r'''
 import json, sys

@@ -1,6 +1,6 @@
 """Prefill here, decode there, for real: the KV hand-off on the real model (``Request.kv_export``,
 ``Request.kv_transfer``), between two servers (``batchlab.serve.kv_transfer``), and behind
-``vllm-router --vllm-pd-disaggregation`` (``batchlab.cluster.pd_loopback``).
+``vllm-router --vllm-pd-disaggregation`` (``batchlab.launch.pd_loopback``).
 
 The invariant: in fp32, greedy answers served split (prompt computed by one worker, its KV moved,
 decoded by another) are the answers of one colocated server, token for token. The faults of the
@@ -19,8 +19,9 @@ import httpx
 import pytest
 import torch
 
-from batchlab.backends import ModelBackend, SimBackend
-from batchlab.cluster.pd_loopback import PDLoopback, PDLoopbackConfig
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
+from batchlab.launch.pd_loopback import PDLoopback, PDLoopbackConfig
 from batchlab.engine_args import EngineArgs
 from batchlab.contract import fresh_workload
 from batchlab.engine import Engine
@@ -30,7 +31,8 @@ from batchlab.model.divergence import NEAR_TIE, parted_between
 from batchlab.model.llama import LlamaWeights
 from batchlab.requests import KVCopy, KVTransfer, Request
 from batchlab.schedulers import ContinuousBatcher
-from batchlab.serve import ServerConfig, ServerThread, launch_server, wait_ready
+from batchlab.serve import ServerConfig, ServerThread
+from batchlab.launch import launch_server, wait_ready
 from batchlab.serve.kv_transfer import CONNECTOR, META_HEADER, KVTransferConfig
 
 MODEL = "SmolLM2-135M-Instruct"

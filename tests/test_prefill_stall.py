@@ -10,7 +10,7 @@ import pytest
 matplotlib.use("Agg")
 
 from batchlab.analysis.diagnosis import token_gaps
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.experiments.prefill_stall import (

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.steptime.roofline import (MODEL_SHAPES, ModelShape, RooflineCostModel, compare_cost_models,
                                         load_device_presets, profile_features)

@@ -19,9 +19,10 @@ import threading
 
 import pytest
 
-from batchlab.cluster.loopback import (LoopbackCluster, LoopbackConfig, check_replica, router_binary, start_router,
-                                     wait_router)
-from batchlab.cluster.router_check import agreement, router_added_latency, serve_in_process, serve_through_router
+from batchlab.launch.loopback import (LoopbackCluster, LoopbackConfig, check_replica, router_binary,
+                                      start_router, wait_router)
+from batchlab.launch.router_check import (agreement, router_added_latency, serve_in_process,
+                                          serve_through_router)
 from batchlab.loadgen import run_load
 from batchlab.loadgen.client import LoadRequest
 from batchlab.workloads.sessions import SessionShape, make_sessions
@@ -61,7 +62,7 @@ def test_the_router_adds_little_latency_at_low_load(loopback):
 def test_every_policy_routes_and_two_routers_keep_their_own_metrics(loopback):
     """Each router binds a Prometheus port of its own (two at once do not collide) and counts what
     it routed; every policy vllm-router offers starts and serves a request."""
-    from batchlab.cluster.loopback import VLLM_ROUTER_POLICIES
+    from batchlab.launch.loopback import VLLM_ROUTER_POLICIES
     urls = loopback.replica_urls[:2]
     routers = []
     try:

@@ -26,7 +26,7 @@ def make_request(rid: str, prompt_len: int = 4, max_new_tokens: int = 3, arrival
 
 
 def promises(scheduler: Scheduler, plan: StepPlan) -> bool:
-    """The simulator's fast-path promise (``batchlab.fast_path.steady``) after ``plan``."""
+    """The simulator's fast-path promise (``batchlab.schedulers.steady``) after ``plan``."""
     return scheduler.decodes_steadily(tuple(c.request_id for c in plan.chunks), plan.held_slots, plan.batch_id)
 
 
@@ -46,7 +46,7 @@ class EngineStandIn:
         self.requests: dict[str, Request] = {}
         self.released_at: dict[str, float] = {}
         self.plans: list[StepPlan] = []
-        # The simulator's fast-path promise (batchlab.fast_path.steady), checked on every step:
+        # The simulator's fast-path promise (batchlab.schedulers.steady), checked on every step:
         # the last plan if every chunk sampled and nobody finished, whether the promise was made,
         # and whether a request arrived since.
         self.decoding_plan: StepPlan | None = None
@@ -626,7 +626,8 @@ def test_engine_fast_path_gives_the_same_trace_as_scheduling_every_step(name, kw
     """The simulator may skip ``schedule`` while ``fast_path.steady`` promises pure decodes; the
     trace must be exactly the one made by calling the scheduler every step."""
     engine_module = pytest.importorskip("batchlab.engine")
-    from batchlab.backends import CostModel, SimBackend
+    from batchlab.backends import CostModel
+    from batchlab.sim import SimBackend
     cost = CostModel(fixed_s=0.01, per_seq_s=0.001, per_token_s=0.002, per_attention_pair_s=1e-6)
     rng = random.Random(5)
     t, requests = 0.0, []

@@ -21,7 +21,8 @@ from batchlab.backends import ModelBackend
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
-from batchlab.serve import ServerConfig, ServerThread, start_server
+from batchlab.serve import ServerConfig, ServerThread
+from batchlab.launch import start_server
 
 TIMEOUT = httpx.Timeout(120.0)
 WORDS = ["river", "mountain", "garden", "engine", "violin", "market", "winter", "planet"]

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from batchlab.steptime.roofline import RooflineCostModel
-from batchlab.serve import ServerConfig, start_server
+from batchlab.serve import ServerConfig
+from batchlab.launch import start_server
 from batchlab.serve.simulated import PLACEHOLDER_TEXT, SimulatedDevice
 from batchlab.vllm_sim import VllmReplica
 
@@ -119,7 +120,7 @@ def _ended(pid: int) -> bool:
 def _server_pid_after(ending: str) -> int:
     """Start a simulated server from a child Python that then ends with ``ending``; the server's pid."""
     code = ("import os, signal, sys\n"
-            "from batchlab.serve import start_server\n"
+            "from batchlab.launch import start_server\n"
             "server = start_server(simulate='L4', max_num_seqs=4, max_model_len=256)\n"
             "print(server.proc.pid, flush=True)\n" + ending)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
@@ -141,8 +142,8 @@ def test_a_server_left_running_stops_when_the_python_that_started_it_ends(ending
 def test_the_server_shim_stops_its_server_once_the_python_that_started_it_is_killed():
     # SERVER_SHIM's watch, around a stand-in server (the standard library's); vLLM itself starts
     # through the shim in tests/test_vllm_ref.py
-    from batchlab.serve.processes import PARENT_ENV
-    from batchlab.vllm_ref.server import SERVER_SHIM
+    from batchlab.serve.running import PARENT_ENV
+    from batchlab.launch.vllm import SERVER_SHIM
     shim = SERVER_SHIM.replace("vllm.entrypoints.openai.api_server", "http.server")
     assert shim != SERVER_SHIM
     parent = ("import os, signal, subprocess, sys\n"                 # killed at once: no race either

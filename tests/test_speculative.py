@@ -4,7 +4,6 @@ proves it (greedy outputs with speculation equal those without, in fp32, on both
 import copy
 from dataclasses import replace
 import json
-import math
 import random
 
 import pytest
@@ -387,7 +386,7 @@ def test_acceptance_model_draws_as_stated_and_fits_back():
 
 
 def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.steptime.roofline import RooflineCostModel
     from batchlab.experiments.speculation import crossover, serve_batches
     from batchlab.speculative import AcceptanceModel
@@ -426,7 +425,7 @@ def test_the_simulator_predicts_where_speculation_stops_paying_on_a_gpu():
 
 
 def test_by_request_rate_a_poor_drafter_helps_a_light_load_and_hurts_a_heavy_one():
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.steptime.roofline import RooflineCostModel
     from batchlab.experiments.speculation import serve_rates
     from batchlab.speculative import AcceptanceModel
@@ -452,7 +451,7 @@ def test_by_request_rate_a_poor_drafter_helps_a_light_load_and_hurts_a_heavy_one
 def test_the_simulator_prices_an_early_exit_drafts_passes():
     """A pass of the first L layers costs what a step of a model of L layers costs, without the
     per-step overhead; deeper exits cost more for the same acceptance."""
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.steptime.roofline import RooflineCostModel
     from batchlab.experiments.speculation import serve_batches
     from batchlab.speculative import AcceptanceModel
@@ -480,7 +479,7 @@ def test_the_simulator_prices_a_draft_models_passes_as_vllm_runs_them():
     """A draft model keeps its own KV cache: its first pass runs over the whole step's tokens, then
     one token per drafting request per pass, each at the drafter's kernels with no CPU work; prompt
     lookup's drafts are free but vLLM turns async scheduling off for them."""
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.experiments.speculation import serve_batches
     from batchlab.plan import decode_split, step_features
     from batchlab.speculative import AcceptanceModel

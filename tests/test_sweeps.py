@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from batchlab.analysis.metrics import SLO, summary_row
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.experiments.sweeps import capacity, load_sweep, run_point

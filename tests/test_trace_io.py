@@ -10,7 +10,7 @@ import pytest
 
 from batchlab.analysis import metrics
 from batchlab.analysis.trace_io import load_trace, save_trace, trace_from_dict, trace_to_dict
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.requests import FinishReason, RequestStatus

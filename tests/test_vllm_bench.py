@@ -36,8 +36,7 @@ import pytest
 from batchlab.loadgen.__main__ import main as loadgen_main
 from batchlab.loadgen.vllm_result import BenchResult, read_result
 from batchlab.loadgen.prom import scrape, value
-from batchlab.serve import start_server
-from batchlab.vllm_ref import VllmBench
+from batchlab.launch import VllmBench, start_server
 
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 32, 12
 

@@ -26,9 +26,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchlab.engine_args import EngineArgs
-from batchlab.serve import ServerConfig
+from batchlab.serve import ServerConfig, ServerThread
 from batchlab.serve import metrics as m
-from batchlab.serve.processes import ServerThread
 
 DATA = Path(__file__).parent / "data" / "vllm_dashboards"
 MODEL = "SmolLM2-135M-Instruct"
@@ -222,7 +221,8 @@ def test_a_failed_engine_counts_its_requests_in_error():
 @pytest.fixture(scope="module")
 def vllm_source(vllm_ready) -> Path:
     """The installed vLLM's package folder (found without importing it)."""
-    from batchlab.vllm_ref.server import _clean_env, vllm_python
+    from batchlab.launch.vllm import _clean_env
+    from batchlab.launch import vllm_python
     out = subprocess.run([str(vllm_python()), "-c", "import importlib.util as u; print(u.find_spec('vllm').origin)"],
                          capture_output=True, text=True, timeout=60, env=_clean_env(), check=True)
     return Path(out.stdout.strip()).parent

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from batchlab.engine_args import EngineArgs
-from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm
+from batchlab.launch import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def add(a, b):", "Once upon a time",
            "The best way to learn to cook is", "Water boils at", "My favourite season is", "A train timetable"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.cluster import DisaggregatedCluster, DisaggregatedConfig, ReplicaSpec
 from batchlab.engine import Engine
 from batchlab.predict import Deployment

@@ -17,7 +17,8 @@ from batchlab.loadgen import LoadRequest, course_tokenizer, plan_requests, prom,
 from batchlab.loadgen.calibrate import OutsideInConfig, calibrate_outside_in, fastest_rounds
 from batchlab.loadgen.predict import compare, load_figures, simulate_load
 from batchlab.engine_args import EngineArgs
-from batchlab.vllm_ref import COURSE_ARGS, FLAG_TABLE, VLLMUnavailable, ensure_running, start_vllm
+from batchlab.launch import COURSE_ARGS, VLLMUnavailable, ensure_running, start_vllm
+from batchlab.vllm_sim.flag_table import FLAG_TABLE
 
 COST = CostModel(0.045, 0.0005, 0.0022, 1e-6)
 SMALL_CONFIG = OutsideInConfig(prompt_lens=(16, 128), prompt_repeats=2, decode_batches=(1, 4), decode_output_len=16,
@@ -133,7 +134,7 @@ def test_gauge_sampler_says_when_no_scrape_succeeded():
 
 # --- on batchlab's server: the calibration works on any OpenAI-compatible server ---------------------
 def test_outside_in_calibration_on_batchlabs_server(tok):
-    from batchlab.serve import start_server
+    from batchlab.launch import start_server
     with start_server(max_num_seqs=8, max_model_len=512, threads=1) as server:
         cal = calibrate_outside_in(server.url, tok, SMALL_CONFIG)
     assert list(cal.points["kind"]) == ["prefill", "prefill", "decode", "decode"]

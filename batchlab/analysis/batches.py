@@ -53,11 +53,13 @@ def batches_df(trace: Trace) -> pd.DataFrame:
         first_arrival = min(arrivals)
         idle = previous_end != previous_end or previous_end <= first_arrival  # NaN: first batch
         rows.append({
-            "batch_id": b, "size": len(members), "request_ids": tuple(r.request_id for r in members),
+            "batch_id": b, "size": len(members),
+            "request_ids": tuple(r.request_id for r in members),
             "first_arrival": first_arrival, "last_arrival": max(arrivals),
             "start": start[b], "end": end[b], "previous_end": previous_end,
             "formed_while": "idle" if idle else "busy", "max_wait": start[b] - first_arrival,
-            "num_steps": num_steps[b], "shortest_output": min(outputs), "longest_output": max(outputs),
+            "num_steps": num_steps[b], "shortest_output": min(outputs),
+            "longest_output": max(outputs),
         })
         previous_end = end[b]
     return pd.DataFrame(rows, columns=BATCH_COLUMNS)
@@ -78,4 +80,5 @@ def delivered_at_batch_end(trace: Trace) -> Trace:
                          "by design); pass a StaticBatcher or DynamicBatcher trace")
     requests = [replace(r, release_time=ends[r.request_id], streamed=False) if r.request_id in ends
                 else r for r in trace.requests]
-    return Trace(requests, trace.steps, {**trace.meta, "delivery": "at batch end"}, trace.preemptions)
+    return Trace(requests, trace.steps, {**trace.meta, "delivery": "at batch end"},
+                 trace.preemptions)

@@ -29,7 +29,8 @@ def metric_stats(metric: str, seconds: Sequence[float], percentiles: Sequence[fl
     return stats
 
 
-def rate_fields(duration: float, completed: int, failed: int, input_tokens: int, output_tokens: int) -> dict:
+def rate_fields(duration: float, completed: int, failed: int, input_tokens: int,
+                output_tokens: int) -> dict:
     """The run's counts and rates: requests and tokens per second of ``duration`` (0 when it is 0)."""
     per_s = 1.0 / duration if duration > 0 else 0.0
     return {"duration": duration, "completed": completed, "failed": failed,

@@ -78,7 +78,8 @@ def expect_true(claim: str, condition: bool | Iterable[bool], detail: object = "
     print(f"ok: {claim}{shown}")
 
 
-def expect_same_answers(claim: str, parted: Mapping, total: int, exact: bool, near_tie: float) -> None:
+def expect_same_answers(claim: str, parted: Mapping, total: int, exact: bool,
+                        near_tie: float) -> None:
     """Check that greedy answers stayed the same, as strongly as the dtype allows; print one line.
 
     ``parted``: answer -> ``(first different token, margin)`` for the answers that parted from

@@ -246,7 +246,8 @@ def slo_attainment(sweep: pd.DataFrame) -> pd.Series:
     return sweep["num_good"].astype(float) / sweep["num_requests"].astype(float)
 
 
-def max_rate_meeting_slo(sweep: pd.DataFrame, target: float = 0.9, rate: str = "request_rate") -> float:
+def max_rate_meeting_slo(sweep: pd.DataFrame, target: float = 0.9,
+                         rate: str = "request_rate") -> float:
     """DistServe's goodput: the highest request rate at which at least ``target`` of the requests
     meet the SLO (Zhong et al., OSDI 2024), read from one policy's load sweep.
 
@@ -286,7 +287,8 @@ def _stats(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, floa
         row.update({percentile_column(p): np.nan for p in percentiles})
         row["max"] = np.nan
         return row
-    row.update({"mean": float(values.mean()), "std": float(values.std()), "min": float(values.min())})
+    row.update({"mean": float(values.mean()), "std": float(values.std()),
+                "min": float(values.min())})
     row.update({percentile_column(p): float(v)
                 for p, v in zip(percentiles, np.percentile(values, percentiles))})
     row["max"] = float(values.max())

@@ -153,8 +153,8 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_requests: int = 40,
     ax.scatter(arrivals[~rejected], row_idx[~rejected], marker="|", s=60, color="black",
                label="arrival", zorder=3)
     if rejected.any():
-        ax.scatter(arrivals[rejected], row_idx[rejected], marker="x", s=30, color=PHASE_COLORS["held"],
-                   label="arrival (rejected)", zorder=3)
+        ax.scatter(arrivals[rejected], row_idx[rejected], marker="x", s=30,
+                   color=PHASE_COLORS["held"], label="arrival (rejected)", zorder=3)
 
     ax.autoscale_view()
     ax.set_ylim(len(shown) - 0.5, -0.5)   # first arrival at the top
@@ -282,7 +282,8 @@ def axis_label(column: str) -> str:
     fixed = {
         "request_rate": "request rate (req/s)", "request_throughput": "request throughput (req/s)",
         "goodput": "goodput (req/s)", "output_throughput": "output throughput (tok/s)",
-        "total_token_throughput": "total-token throughput (tok/s)", "busy_share": "device busy share",
+        "total_token_throughput": "total-token throughput (tok/s)",
+        "busy_share": "device busy share",
         "mean_num_seqs": "mean sequences per step", "mean_num_tokens": "mean tokens per step",
         "slot_waste": "slot waste (share of slot-time)", "duration": "duration (s)",
         "concurrency": "concurrency (requests)", "max_num_seqs": "max sequences per step",
@@ -323,7 +324,8 @@ def plot_load_curve(df: pd.DataFrame, x: str = "request_rate", y: str = "ttft_p9
 def plot_step_profile(df: pd.DataFrame, batch_size: str = "batch_size",
                       ms_per_step: str = "ms_per_step", ms_per_token: str | None = "ms_per_token",
                       bandwidth_floor_ms: str | None = "floor_ms",
-                      ax: Axes | None = None, title: str | None = "Step time vs batch size") -> Axes:
+                      ax: Axes | None = None,
+                      title: str | None = "Step time vs batch size") -> Axes:
     """Step time against batch size from a profiler table (left axis, ms), with the memory-
     bandwidth floor as a dashed line when the table has it, and time per token on the right axis.
 

@@ -46,7 +46,8 @@ def request_life(trace: Trace, request_id: str) -> dict:
         "request_id": r.request_id, "arrival": r.arrival_time, "first_scheduled": first_step,
         "token_times": tokens, "queue": first_step - r.arrival_time,
         "prefill": tokens[0] - first_step, "ttft": tokens[0] - r.arrival_time, "gaps": gaps,
-        "tpot": float(gaps.mean()) if len(gaps) else float("nan"), "e2e": tokens[-1] - r.arrival_time,
+        "tpot": float(gaps.mean()) if len(gaps) else float("nan"),
+        "e2e": tokens[-1] - r.arrival_time,
     }
 
 
@@ -61,7 +62,8 @@ def plot_request_life(trace: Trace, request_id: str, ax: Axes | None = None,
     t0, ms = life["arrival"], 1e3
     sched, tokens = (life["first_scheduled"] - t0) * ms, (life["token_times"] - t0) * ms
     ax.barh(0, sched, left=0, height=0.5, color=PHASE_COLORS["queued"], label="queue")
-    ax.barh(0, tokens[0] - sched, left=sched, height=0.5, color=PHASE_COLORS["prefill"], label="prefill")
+    ax.barh(0, tokens[0] - sched, left=sched, height=0.5, color=PHASE_COLORS["prefill"],
+            label="prefill")
     if len(tokens) > 1:
         ax.barh(0, tokens[-1] - tokens[0], left=tokens[0], height=0.5, color=PHASE_COLORS["decode"],
                 alpha=0.35, label="decode (one token per step)")
@@ -74,8 +76,10 @@ def plot_request_life(trace: Trace, request_id: str, ax: Axes | None = None,
     ax.text(tokens[-1], -0.45, "last token", ha="center", va="top")
     if len(tokens) > 1:
         k = int(np.argmax(life["gaps"]))
-        ax.annotate("", (tokens[k + 1], -0.3), (tokens[k], -0.3), arrowprops={"arrowstyle": "<->", "color": "red"})
-        ax.text((tokens[k] + tokens[k + 1]) / 2, -0.75, f"longest gap (ITL) {life['gaps'][k] * ms:.0f} ms; "
+        ax.annotate("", (tokens[k + 1], -0.3), (tokens[k], -0.3),
+                    arrowprops={"arrowstyle": "<->", "color": "red"})
+        ax.text((tokens[k] + tokens[k + 1]) / 2, -0.75,
+                f"longest gap (ITL) {life['gaps'][k] * ms:.0f} ms; "
                 f"TPOT = mean gap {life['tpot'] * ms:.0f} ms", ha="center", va="top", color="red")
     ax.set(ylim=(-1.1, 1.2), yticks=[], xlabel=f"ms since request {request_id} arrived",
            title=title or f"The life of request {request_id}")

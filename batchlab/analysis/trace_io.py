@@ -63,9 +63,11 @@ class _Replay:
                                  f"but has only {known} known tokens")
             samples = start + num_tokens == known
             drafted, accepted = checks.get(r, (0, 0)) if num_tokens == 1 else (0, 0)
-            self.computed[r] = start + num_tokens + accepted      # a check's accepted drafts are computed too
+            # a check's accepted drafts are computed too
+            self.computed[r] = start + num_tokens + accepted
             if samples:
-                self.num_out[r] += 1 + accepted                   # ... and emitted at the step's end
+                # ... and emitted at the step's end
+                self.num_out[r] += 1 + accepted
                 self.token_times_us[r] += [end_us] * (1 + accepted)
                 sampled.append(r)
             chunks.append((r, start, num_tokens + drafted, samples, drafted))
@@ -218,7 +220,8 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
         for r, pair in checks.items():
             spec_checks[r].append(pair)
         steps.append(StepRecord(k, start_us / _US, (end_us - start_us) / _US,
-                                [ScheduledChunk(ids[r], s, num, samples, (PLACEHOLDER_TOKEN,) * drafted)
+                                [ScheduledChunk(ids[r], s, num, samples,
+                                                (PLACEHOLDER_TOKEN,) * drafted)
                                  for r, s, num, samples, drafted in chunks],
                                 st["held_slots"][k], st["batch_id"][k]))
 

@@ -1,23 +1,20 @@
-"""Backends compute a step plan: the real model (``ModelBackend``) or the simulator (``SimBackend``).
+"""Backends compute a step plan; the engine sees only ``Backend``.
 
 - ``base``           the contract: ``run(plan) -> StepResult`` (tokens and the step's duration),
                      plus ``release``/``reset``/``describe`` hooks the engine calls
 - ``model_backend``  the real SmolLM2 model, through ``batchlab.model``'s batched step
-- ``simulator``      steps take the time a cost model predicts; nothing is computed
 
-Why a folder: the engine sees only ``Backend``. How long a step takes, measured or predicted, is
-``batchlab.steptime``'s job; the simulator asks it.
-``ModelBackend`` is imported on first use (``from batchlab.backends import ModelBackend`` works),
-so importing this package, or running the simulator, never loads torch.
+The simulator's backend (``SimBackend``: steps take the time a cost model predicts) lives with its
+fast path in ``batchlab.sim``. ``ModelBackend`` is imported on first use, so importing this
+package never loads torch.
 """
 
 from __future__ import annotations
 
 from batchlab.backends.base import Backend, StepResult
 from batchlab.steptime.cost_model import CostModel
-from batchlab.backends.simulator import PLACEHOLDER_TOKEN, SimBackend
 
-__all__ = ["Backend", "StepResult", "SimBackend", "CostModel", "ModelBackend", "PLACEHOLDER_TOKEN"]
+__all__ = ["Backend", "StepResult", "CostModel", "ModelBackend"]
 
 
 def __getattr__(name: str):

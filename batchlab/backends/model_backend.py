@@ -49,7 +49,8 @@ class ModelBackend(Backend):
         self.lm = lm if lm is not None else load_model()
         self.weights = LlamaWeights.from_hf(self.lm.model)
         cfg = self.weights.config
-        check_int("max_seq_len", max_seq_len, hint=f"at most {cfg.max_position}, the model's context length")
+        check_int("max_seq_len", max_seq_len,
+                  hint=f"at most {cfg.max_position}, the model's context length")
         if max_seq_len > cfg.max_position:
             raise ValueError(f"max_seq_len={max_seq_len!r}; must be an int in 1..{cfg.max_position} "
                              "(the model's context length)")
@@ -103,7 +104,8 @@ class ModelBackend(Backend):
         self.sampler.forget(request_id)     # its generator, if it sampled with one
 
     def read_kv(self, request_id: str, num_tokens: int) -> KVCopy:
-        return KVCopy(self.kv.read_tokens(request_id, num_tokens), list(self.kv.block_table(request_id)))
+        return KVCopy(self.kv.read_tokens(request_id, num_tokens),
+                      list(self.kv.block_table(request_id)))
 
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         if plan.is_empty:
@@ -112,7 +114,8 @@ class ModelBackend(Backend):
         for c in plan.chunks:
             req = requests[c.request_id]
             ids = req.token_ids(c.start, c.num_tokens - len(c.draft)) + list(c.draft)
-            chunks.append(self.kv.seq_chunk(c.request_id, c.start, ids, c.samples, 1 + len(c.draft)))
+            chunks.append(self.kv.seq_chunk(c.request_id, c.start, ids, c.samples,
+                                            1 + len(c.draft)))
             if c.samples:
                 sampling.append((req, c.draft))
         synchronize(self.weights.device)
@@ -140,7 +143,8 @@ class ModelBackend(Backend):
         tokens, logprobs = self.sampler.sample(rows, plain) if plain else ([], {})
         result = StepResult({r.request_id: t for r, t in zip(plain, tokens)}, 0.0, logprobs)
         for req, draft, row in checks:
-            emitted, token_logprobs = verify_draft(logits[row:row + len(draft) + 1], req, draft, self.sampler)
+            emitted, token_logprobs = verify_draft(logits[row:row + len(draft) + 1], req, draft,
+                                                   self.sampler)
             result.verified[req.request_id] = emitted
             if token_logprobs is not None:
                 logprobs[req.request_id] = token_logprobs
@@ -172,8 +176,10 @@ class ModelBackend(Backend):
         lookahead slots aside for a model drafter."""
         seqs, borrowed = [], []
         for req, draft, emitted, room in wanted:
-            newest = req.prompt_len + len(req.output_ids) + len(emitted) - 1    # the newest token's position
-            extra = len(emitted) + room - 1 - len(draft)                          # past the chunk's end
+            # the newest token's position
+            newest = req.prompt_len + len(req.output_ids) + len(emitted) - 1
+            # past the chunk's end
+            extra = len(emitted) + room - 1 - len(draft)
             while extra > 0 and not self.kv.grow(req.request_id, extra):
                 room, extra = room - 1, extra - 1
             if room > 0:

@@ -39,7 +39,8 @@ class CacheAwareConfig:
 class CacheAwareRouter(Router):
     name = "cache_aware"
 
-    def __init__(self, num_replicas: int, seed: int = 0, config: CacheAwareConfig | None = None) -> None:
+    def __init__(self, num_replicas: int, seed: int = 0,
+                 config: CacheAwareConfig | None = None) -> None:
         super().__init__(num_replicas, seed)
         self.config = config or CacheAwareConfig()
         self.tree = PrefixIndex(num_replicas, self.config.block_tokens)

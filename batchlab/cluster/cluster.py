@@ -37,7 +37,8 @@ class ClusterConfig:
         if not isinstance(self.policy_params, Mapping):
             raise ValueError(f"policy_params={self.policy_params!r}; must be a dict of the policy's parameters")
         check_int("seed", self.seed, minimum=0)
-        make_router(self.policy, self.num_replicas, self.seed, self.policy_params)  # checks the params
+        # checks the params
+        make_router(self.policy, self.num_replicas, self.seed, self.policy_params)
 
 
 class Cluster:
@@ -69,7 +70,8 @@ class Cluster:
         check_number("at", at, hint="seconds on the run's clock")
         self.kills.append((float(at), int(replica)))
 
-    def run(self, requests: Sequence[Request], session_of: Mapping[str, str] | None = None) -> ClusterResult:
+    def run(self, requests: Sequence[Request],
+            session_of: Mapping[str, str] | None = None) -> ClusterResult:
         """Serve ``requests`` (sorted by arrival, unique ids; not modified) to the end.
         ``session_of``: request id -> session key, as a client would send it (for routing only)."""
         workload = fresh_workload(requests)
@@ -81,7 +83,8 @@ class Cluster:
         with gc_paused():     # as the offline driver: millions of small objects, no cycles
             run.run()
             result = build_result(run, {"policy": c.policy, "policy_params": dict(c.policy_params),
-                                        "router": repr(router), "seed": c.seed, "kills": list(self.kills)})
+                                        "router": repr(router), "seed": c.seed,
+                                        "kills": list(self.kills)})
         result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = time.perf_counter() - wall_start
         return result
 

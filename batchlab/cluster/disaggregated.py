@@ -42,8 +42,10 @@ class DisaggregatedConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_int("num_prefill", self.num_prefill, hint="a disaggregated cluster needs a prefill worker")
-        check_int("num_decode", self.num_decode, hint="a disaggregated cluster needs a decode worker")
+        check_int("num_prefill", self.num_prefill,
+                  hint="a disaggregated cluster needs a prefill worker")
+        check_int("num_decode", self.num_decode,
+                  hint="a disaggregated cluster needs a decode worker")
         kv_link(self.link)
         check_policy(self.prefill_policy)
         check_policy(self.decode_policy)
@@ -76,7 +78,8 @@ class DisaggregatedCluster:
     prompt token."""
 
     def __init__(self, config: DisaggregatedConfig, prefill: ReplicaSpec | Callable[[int], Engine],
-                 kv_bytes_per_token: float, decode: ReplicaSpec | Callable[[int], Engine] | None = None) -> None:
+                 kv_bytes_per_token: float,
+                 decode: ReplicaSpec | Callable[[int], Engine] | None = None) -> None:
         if not isinstance(config, DisaggregatedConfig):
             raise ValueError(f"config={config!r}; must be a DisaggregatedConfig")
         decode = prefill if decode is None else decode
@@ -113,20 +116,24 @@ class DisaggregatedCluster:
         c = self.config
         return f"DisaggregatedCluster({c.num_prefill}P:{c.num_decode}D, link={self.link.name!r}, kills={self.kills})"
 
-    def run(self, requests: Sequence[Request], session_of: Mapping[str, str] | None = None) -> DisaggregatedResult:
+    def run(self, requests: Sequence[Request],
+            session_of: Mapping[str, str] | None = None) -> DisaggregatedResult:
         """Serve ``requests`` (sorted by arrival, unique ids; not modified) to the end."""
         workload = fresh_workload(requests)
         c = self.config
-        pools = [([Replica(i, self._engine(pool, i)) for i in range(n)], make_router(policy, n, seed, {}))
+        pools = [([Replica(i, self._engine(pool, i)) for i in range(n)],
+                  make_router(policy, n, seed, {}))
                  for pool, n, policy, seed in (("prefill", c.num_prefill, c.prefill_policy, c.seed),
-                                               ("decode", c.num_decode, c.decode_policy, c.seed + 1))]
+                                               ("decode", c.num_decode, c.decode_policy,
+                                                c.seed + 1))]
         run = _DisaggregatedRun(*pools, dict(session_of or {}), self.link, self.kv_bytes_per_token)
         wall_start = time.perf_counter()
         with gc_paused():
             run.run(workload, self.kills)
-            meta = {"num_prefill": c.num_prefill, "num_decode": c.num_decode, "link": self.link.name,
-                    "prefill_policy": c.prefill_policy, "decode_policy": c.decode_policy, "seed": c.seed,
-                    "kills": list(self.kills)}
+            meta = {"num_prefill": c.num_prefill, "num_decode": c.num_decode,
+                    "link": self.link.name,
+                    "prefill_policy": c.prefill_policy, "decode_policy": c.decode_policy,
+                    "seed": c.seed, "kills": list(self.kills)}
             result = run.result(workload, meta)
         result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = time.perf_counter() - wall_start
         return result
@@ -154,8 +161,10 @@ class _DisaggregatedRun:
         self.decode = ClusterRun(*decode, [], session_of, [])
         self.link, self.kv_bytes_per_token = link, kv_bytes_per_token
         self.originals: dict[str, Request] = {}
-        self.handoffs: list[tuple[float, int, str, int]] = []   # (prefill ended, order, request id, sender)
-        self.sent: dict[str, tuple[int, float, float]] = {}     # request id -> (sender, ended, link's turn ends)
+        # (prefill ended, order, request id, sender)
+        self.handoffs: list[tuple[float, int, str, int]] = []
+        # request id -> (sender, ended, link's turn ends)
+        self.sent: dict[str, tuple[int, float, float]] = {}
         self.decoding: dict[str, Request] = {}                   # the decode pool's copies
         self.lost: list[RequestRecord] = []                      # their KV died with its sender
         self.order = itertools.count()
@@ -164,7 +173,8 @@ class _DisaggregatedRun:
     def run(self, workload: Sequence[Request], kills: Sequence[tuple[float, str, int]]) -> None:
         """Arrivals and deaths in time order (a death first at a tie), then every worker to its end."""
         events = sorted([(t, 0, pool, i) for t, pool, i in kills]
-                        + [(req.arrival_time, 1, k, req) for k, req in enumerate(workload)], key=lambda e: e[:2])
+                        + [(req.arrival_time, 1, k, req) for k, req in enumerate(workload)],
+                        key=lambda e: e[:2])
         for t, kind, what, who in events:
             for rep in self.prefill.live:
                 if rep.time < t:
@@ -189,7 +199,8 @@ class _DisaggregatedRun:
     def _prefilled(self, replica: int, req: Request, t: float) -> None:
         """A prefill ended at ``t``: it goes to the decode pool, and its KV takes the link's next turn."""
         if req.status is not RequestStatus.FINISHED:
-            return                                   # rejected or aborted: its record is the last word
+            # rejected or aborted: its record is the last word
+            return
         start = max(t, self.link_free[replica])
         self.link_free[replica] = start + self.transfer_time(req)
         heapq.heappush(self.handoffs, (t, next(self.order), req.request_id, replica))
@@ -220,13 +231,17 @@ class _DisaggregatedRun:
             return
         why = (f"prefill worker {replica} died at t={t:.6g} s before its KV reached a decode worker; "
                "the decode worker never received it")
-        for handoff in [h for h in self.handoffs if h[3] == replica]:    # not yet sent to the decode pool
+        # not yet sent to the decode pool
+        for handoff in [h for h in self.handoffs if h[3] == replica]:
             req = self.originals[handoff[2]]
-            self.lost.append(RequestRecord(req.request_id, req.arrival_time, req.prompt_len, req.max_new_tokens,
-                                           RequestStatus.ABORTED, FinishReason.ABORT, None, [], t, True, [], why))
+            self.lost.append(RequestRecord(req.request_id, req.arrival_time, req.prompt_len,
+                                           req.max_new_tokens,
+                                           RequestStatus.ABORTED, FinishReason.ABORT, None, [], t,
+                                           True, [], why))
         self.handoffs = [h for h in self.handoffs if h[3] != replica]
         heapq.heapify(self.handoffs)
-        for request_id, req in self.decoding.items():                 # waiting for it on a decode worker
+        # waiting for it on a decode worker
+        for request_id, req in self.decoding.items():
             landed = req.kv_transfer.arrival_time is not None and req.kv_transfer.arrival_time <= t
             if self.sent[request_id][0] == replica and not landed and not req.is_done:
                 for rep in self.decode.live:
@@ -247,7 +262,8 @@ class _DisaggregatedRun:
         merged_meta = {**meta, "num_requests": len(records),
                        "num_rejected": sum(r.status is RequestStatus.REJECTED for r in records),
                        "num_aborted": sum(r.status is RequestStatus.ABORTED for r in records)}
-        return DisaggregatedResult(prefill, decode, Trace(requests=records, steps=[], meta=merged_meta),
+        return DisaggregatedResult(prefill, decode,
+                                   Trace(requests=records, steps=[], meta=merged_meta),
                                    self.transfers(), merged_meta)
 
     def transfers(self) -> pd.DataFrame:
@@ -259,8 +275,11 @@ class _DisaggregatedRun:
             arrived = req.kv_transfer.arrival_time if used else math.nan
             rows.append((request_id, sender, ended, arrived - seconds, arrived,
                          self.originals[request_id].prompt_len * self.kv_bytes_per_token, seconds))
-        return pd.DataFrame(rows, columns=["request_id", "prefill_replica", "prefill_end", "transfer_start",
+        return pd.DataFrame(rows,
+                            columns=["request_id", "prefill_replica", "prefill_end",
+                                     "transfer_start",
                                            "kv_arrived", "kv_bytes", "transfer_s"])
 
 
-__all__ = ["KV_LINKS", "DisaggregatedCluster", "DisaggregatedConfig", "DisaggregatedResult", "KVLink", "kv_link"]
+__all__ = ["KV_LINKS", "DisaggregatedCluster", "DisaggregatedConfig", "DisaggregatedResult",
+           "KVLink", "kv_link"]

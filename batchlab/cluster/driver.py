@@ -41,7 +41,9 @@ class RouterFeedWithFirstTokens(RouterFeed):
     def on_step(self, out: StepOutput) -> None:
         for o in out.outputs:
             if o.new_token_ids and len(o.req.output_ids) == len(o.new_token_ids):
-                heapq.heappush(self.queue, (out.step.end, next(self.counter), FIRST_TOKEN, self.replica, o.request_id))
+                heapq.heappush(self.queue,
+                               (out.step.end, next(self.counter), FIRST_TOKEN, self.replica,
+                                o.request_id))
 
 
 class RoutingLog:
@@ -140,7 +142,8 @@ class ClusterRun:
 
     def reject(self, req: Request, why: str) -> None:
         """The cluster itself turns ``req`` away (no replica to send it to); it stays in the result."""
-        self.rejected.append(RequestRecord(req.request_id, req.arrival_time, req.prompt_len, req.max_new_tokens,
+        self.rejected.append(RequestRecord(req.request_id, req.arrival_time, req.prompt_len,
+                                           req.max_new_tokens,
                                            RequestStatus.REJECTED, FinishReason.REJECTED, None, [],
                                            req.arrival_time, True, [], why))
 

@@ -30,7 +30,8 @@ class KVAwareRouter(Router):
     needs_kv_events = True
     needs_first_tokens = True
 
-    def __init__(self, num_replicas: int, seed: int = 0, config: KVAwareConfig | None = None) -> None:
+    def __init__(self, num_replicas: int, seed: int = 0,
+                 config: KVAwareConfig | None = None) -> None:
         super().__init__(num_replicas, seed)
         self.config = config or KVAwareConfig()
         self.active_blocks = [0] * num_replicas     # decode blocks: requests being served

@@ -26,16 +26,20 @@ def layouts(num_gpus: int) -> list[str]:
 
 def _cluster(layout: str, num_gpus: int, model: str, device: str, link: str, policy: str):
     if layout == "colocated":
-        return Cluster(ClusterConfig(num_gpus, policy=policy), ReplicaSpec.for_device(model, device))
+        return Cluster(ClusterConfig(num_gpus, policy=policy),
+                       ReplicaSpec.for_device(model, device))
     if layout not in layouts(num_gpus):
         fail("layout", layout, f"one of {layouts(num_gpus)}")
     p, d = (int(x) for x in layout[:-1].split("P"))
-    return DisaggregatedCluster.for_device(model, device, DisaggregatedConfig(p, d, link, policy, policy))
+    return DisaggregatedCluster.for_device(model, device,
+                                           DisaggregatedConfig(p, d, link, policy, policy))
 
 
-def attainment_table(model: str, device: str, num_gpus: int, rates: Sequence[float], slo: SLO | Mapping,
-                     num_requests: int = 400, prompt_len=None, output_len=None, layout_names: Sequence[str] | None = None,
-                     link: str = "infiniband-ndr", policy: str = "least_outstanding", seed: int = 0) -> pd.DataFrame:
+def attainment_table(model: str, device: str, num_gpus: int, rates: Sequence[float],
+                     slo: SLO | Mapping, num_requests: int = 400, prompt_len=None, output_len=None,
+                     layout_names: Sequence[str] | None = None,
+                     link: str = "infiniband-ndr", policy: str = "least_outstanding",
+                     seed: int = 0) -> pd.DataFrame:
     """One row per layout and rate: ``num_good`` of ``num_requests`` met ``slo``, with the TTFT and
     TPOT medians and 90th percentiles (seconds). ``prompt_len``, ``output_len``: as ``make_workload``
     takes them (an int or a ``Range``)."""
@@ -44,10 +48,11 @@ def attainment_table(model: str, device: str, num_gpus: int, rates: Sequence[flo
     for layout in layout_names or layouts(num_gpus):
         cluster = _cluster(layout, num_gpus, model, device, link, policy)
         for rate in rates:
-            reqs = make_workload(num_requests, prompt_len=prompt_len, output_len=output_len, rate=rate, seed=seed)
+            reqs = make_workload(num_requests, prompt_len=prompt_len, output_len=output_len,
+                                 rate=rate, seed=seed)
             per = per_request_metrics(cluster.run(reqs).merged)
-            rows.append({"layout": layout, "request_rate": float(rate), "num_requests": num_requests,
-                         "num_good": int(slo.met(per).sum()),
+            rows.append({"layout": layout, "request_rate": float(rate),
+                         "num_requests": num_requests, "num_good": int(slo.met(per).sum()),
                          "ttft_p50": per["ttft"].median(), "ttft_p90": per["ttft"].quantile(0.9),
                          "tpot_p50": per["tpot"].median(), "tpot_p90": per["tpot"].quantile(0.9)})
     return pd.DataFrame(rows)

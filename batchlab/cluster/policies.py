@@ -12,8 +12,8 @@ from batchlab.cluster.cache_aware import CacheAwareConfig, CacheAwareRouter
 from batchlab.cluster.kv_aware import KVAwareConfig, KVAwareRouter
 from batchlab.cluster.router import Router
 from batchlab.cluster.simple_policies import (
-    ConsistentHashConfig, ConsistentHashRouter, LeastOutstandingRouter, PowerOfTwoConfig, PowerOfTwoRouter,
-    RandomRouter, RoundRobinRouter,
+    ConsistentHashConfig, ConsistentHashRouter, LeastOutstandingRouter, PowerOfTwoConfig,
+    PowerOfTwoRouter, RandomRouter, RoundRobinRouter,
 )
 from batchlab.cluster.weighted import WeightedConfig, WeightedScorerRouter
 

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from batchlab.checks import check_int
 
 
-def block_hashes(prompt_ids: Sequence[int] | None, block_tokens: int, max_blocks: int | None = None) -> list[int]:
+def block_hashes(prompt_ids: Sequence[int] | None, block_tokens: int,
+                 max_blocks: int | None = None) -> list[int]:
     """Chained hashes of the prompt's full blocks of ``block_tokens`` tokens (at most
     ``max_blocks``): ``h_i = hash((h_{i-1}, tokens of block i))``, the rule of ``kv_blocks``.
     Integers only, so the values are the same in every process (no string hashing)."""

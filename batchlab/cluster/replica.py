@@ -10,12 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from batchlab.backends import SimBackend
+from batchlab.sim import DecodeRuns, LazyDecodeRuns, SimBackend
 from batchlab.steptime.cost_model import StepTimeModel
 from batchlab.checks import check_bool, check_instance, check_int, check_number, fail
-from batchlab.cluster.lazy_runs import LazyDecodeRuns
 from batchlab.engine import Engine
-from batchlab.fast_path import DecodeRuns
 from batchlab.kv_blocks import BlockManager
 from batchlab.listener import EngineListener
 from batchlab.loop import Arrivals, run_until
@@ -26,10 +24,12 @@ from batchlab.vllm_sim import VllmReplica
 from batchlab.vllm_sim.replica import scheduler_for, simulated_engine
 
 
-SPEC_ONLY = ("noise", "seed", "fast_decode_runs")   # for_device's arguments that are not vLLM's flags
+# for_device's arguments that are not vLLM's flags
+SPEC_ONLY = ("noise", "seed", "fast_decode_runs")
 # A replica's vLLM flags where a ReplicaSpec's args leave them at None: V1's budgets on most GPUs,
 # chunked prefill and prefix caching on blocks of 16; the synchronous scheduler.
-REPLICA_ARGS = EngineArgs(max_num_seqs=256, max_num_batched_tokens=2048, enable_chunked_prefill=True,
+REPLICA_ARGS = EngineArgs(max_num_seqs=256, max_num_batched_tokens=2048,
+                          enable_chunked_prefill=True,
                           enable_prefix_caching=True, block_size=16, async_scheduling=False)
 
 
@@ -42,7 +42,8 @@ class AdmissionLog(BlockManager):
 
     @classmethod
     def like(cls, kv: BlockManager) -> "AdmissionLog":
-        return cls(kv.num_blocks, kv.block_size, kv.max_seq_len, kv.enable_prefix_caching, kv.reserve_blocks)
+        return cls(kv.num_blocks, kv.block_size, kv.max_seq_len, kv.enable_prefix_caching,
+                   kv.reserve_blocks)
 
     def admit(self, request_id: str, num_tokens: int, max_tokens: int | None = None,
               prompt_ids: Sequence[int] | None = None) -> int:
@@ -65,7 +66,8 @@ class ReplicaSpec:
     noise: float = 0.0
     seed: int = 0
     fast_decode_runs: bool = True
-    vllm: VllmReplica | None = field(default=None, compare=False)    # what ``for_device`` built it from
+    # what ``for_device`` built it from
+    vllm: VllmReplica | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost_model, StepTimeModel):
@@ -82,8 +84,8 @@ class ReplicaSpec:
         check_bool("fast_decode_runs", self.fast_decode_runs)
 
     @classmethod
-    def for_device(cls, model: str, device: str, tensor_parallel_size: int = 1, args: EngineArgs | None = None,
-                   **kwargs: Any) -> "ReplicaSpec":
+    def for_device(cls, model: str, device: str, tensor_parallel_size: int = 1,
+                   args: EngineArgs | None = None, **kwargs: Any) -> "ReplicaSpec":
         """A replica of ``model`` on ``tensor_parallel_size`` GPUs of preset ``device``, as vLLM
         serves it (``VllmReplica``): its step time, KV blocks and budgets, vLLM's defaults for
         the GPU (an H100: 1,024 sequences, 8,192 tokens a step). ``kwargs``: vLLM's flags by
@@ -92,14 +94,15 @@ class ReplicaSpec:
         names = {f.name for f in fields(EngineArgs)}
         for key in kwargs:
             if key not in names:
-                fail(key, kwargs[key], f"one of vLLM's flags ({', '.join(sorted(names))}) or {', '.join(SPEC_ONLY)}")
+                fail(key, kwargs[key],
+                     f"one of vLLM's flags ({', '.join(sorted(names))}) or {', '.join(SPEC_ONLY)}")
         args = replace(args if args is not None else EngineArgs(), **kwargs)
         vllm = VllmReplica(model, device, tensor_parallel_size, args)
         return cls(vllm.step_model, vllm.memory.kv_tokens, vllm.resolved_args, vllm=vllm, **own)
 
     def build(self, index: int) -> Engine:
-        backend = SimBackend.for_args(self.cost_model, self.kv_capacity_tokens, self.args, paged=self.paged,
-                                      noise=self.noise, seed=self.seed + index)
+        backend = SimBackend.for_args(self.cost_model, self.kv_capacity_tokens, self.args,
+                                      paged=self.paged, noise=self.noise, seed=self.seed + index)
         if isinstance(backend.kv, BlockManager):
             backend.kv = AdmissionLog.like(backend.kv)
         return simulated_engine(scheduler_for(self.args), backend, self.fast_decode_runs)
@@ -114,7 +117,8 @@ class Replica:
             raise ValueError(f"replica {index}: {engine!r} must be an Engine on the virtual clock")
         self.index, self.engine = index, engine
         self.fast = LazyDecodeRuns(engine) if DecodeRuns.applies(engine) else None
-        self.arrivals = Arrivals()      # the driver adds each request; ``drain`` says none will come
+        # the driver adds each request; ``drain`` says none will come
+        self.arrivals = Arrivals()
         self.time = 0.0
         self.died_at: float | None = None
 

@@ -36,7 +36,8 @@ class ClusterResult:
         for i, trace in enumerate(self.traces):
             statuses = pd.Series([r.status.value for r in trace.requests], dtype=object)
             sent = self.routing[self.routing["replica"] == i]
-            rows.append({"replica": i, "died_at": trace.meta.get("died_at"), "num_requests": len(trace.requests),
+            rows.append({"replica": i, "died_at": trace.meta.get("died_at"),
+                         "num_requests": len(trace.requests),
                          "num_finished": int((statuses == "finished").sum()),
                          "num_aborted": int((statuses == "aborted").sum()),
                          "num_rejected": int((statuses == "rejected").sum()),

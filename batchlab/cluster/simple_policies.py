@@ -62,13 +62,15 @@ class PowerOfTwoConfig:
         if self.load not in ("in_flight", "polled"):
             raise ValueError(f"load={self.load!r}; must be 'in_flight' (the router's own count) or 'polled' "
                              "(the replicas' reports, as vllm-router reads /get_load)")
-        check_number("poll_interval_s", self.poll_interval_s, strict=True, hint="seconds between polls")
+        check_number("poll_interval_s", self.poll_interval_s, strict=True,
+                     hint="seconds between polls")
 
 
 class PowerOfTwoRouter(Router):
     name = "power_of_two"
 
-    def __init__(self, num_replicas: int, seed: int = 0, config: PowerOfTwoConfig | None = None) -> None:
+    def __init__(self, num_replicas: int, seed: int = 0,
+                 config: PowerOfTwoConfig | None = None) -> None:
         super().__init__(num_replicas, seed)
         self.config = config or PowerOfTwoConfig()
         if self.config.load == "polled":
@@ -107,7 +109,8 @@ class ConsistentHashConfig:
 class ConsistentHashRouter(Router):
     name = "consistent_hash"
 
-    def __init__(self, num_replicas: int, seed: int = 0, config: ConsistentHashConfig | None = None) -> None:
+    def __init__(self, num_replicas: int, seed: int = 0,
+                 config: ConsistentHashConfig | None = None) -> None:
         super().__init__(num_replicas, seed)
         self.config = config or ConsistentHashConfig()
         self._build_ring()
@@ -137,6 +140,7 @@ class ConsistentHashRouter(Router):
             self._build_ring()
 
 
-__all__ = ["ConsistentHashConfig", "ConsistentHashRouter", "LeastOutstandingRouter", "PowerOfTwoConfig",
+__all__ = ["ConsistentHashConfig", "ConsistentHashRouter", "LeastOutstandingRouter",
+           "PowerOfTwoConfig",
            "PowerOfTwoRouter", "RandomRouter", "RoundRobinRouter", "VIRTUAL_NODES_PER_REPLICA",
            "VLLM_ROUTER_LOAD_POLL_S", "stable_hash"]

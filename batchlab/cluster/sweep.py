@@ -91,14 +91,17 @@ def start_ray(num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env={"py_modules": [str(PACKAGE_ROOT / "batchlab")]})   # this batchlab, on every worker
+        # this batchlab, on every worker
+        ray.init(runtime_env={"py_modules": [str(PACKAGE_ROOT / "batchlab")]})
         return True
     with _workers_import_this_batchlab():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="warning")   # None: Ray detects them
+        # None: Ray detects them
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="warning")
     return True
 
 
-def run_on_ray(fn: RunFn, points: Sequence[Mapping[str, Any]], num_cpus: int | None = None) -> list[dict]:
+def run_on_ray(fn: RunFn, points: Sequence[Mapping[str, Any]],
+               num_cpus: int | None = None) -> list[dict]:
     """Every point as one Ray task (one CPU each); rows in the order of ``points``."""
     try:
         import ray
@@ -134,7 +137,8 @@ def cluster_point(*, policy: str = "cache_aware", num_replicas: int = 4, seed: i
     function of its settings (seeded traffic, a virtual clock), so each is simulated once per
     process and repeated settings get a copy of its row (an exercise's checker reuses the sweep
     its solution ran)."""
-    return dict(_cluster_row(policy, num_replicas, seed, num_sessions, session_rate, num_system_prompts,
+    return dict(_cluster_row(policy, num_replicas, seed, num_sessions, session_rate,
+                             num_system_prompts,
                              system_prompt_len, kv_capacity_tokens, model, device))
 
 
@@ -157,4 +161,5 @@ def _cluster_row(policy: str, num_replicas: int, seed: int, num_sessions: int, s
     return {**row, **result.hit_summary(), "imbalance": float(counts.max() / counts.mean())}
 
 
-__all__ = ["PACKAGE_ROOT", "call_point", "cluster_point", "grid", "run_on_ray", "run_sweep", "start_ray"]
+__all__ = ["PACKAGE_ROOT", "call_point", "cluster_point", "grid", "run_on_ray", "run_sweep",
+           "start_ray"]

@@ -41,7 +41,8 @@ class WeightedConfig:
 class WeightedScorerRouter(Router):
     name = "weighted"
 
-    def __init__(self, num_replicas: int, seed: int = 0, config: WeightedConfig | None = None) -> None:
+    def __init__(self, num_replicas: int, seed: int = 0,
+                 config: WeightedConfig | None = None) -> None:
         super().__init__(num_replicas, seed)
         self.config = config or WeightedConfig()
         self.metrics_interval_s = self.config.metrics_interval_s
@@ -50,7 +51,8 @@ class WeightedScorerRouter(Router):
     def _hashes(self, req: RouteRequest) -> list[int]:
         return req.hashes(self.config.hash_block_tokens, self.config.max_prefix_blocks)
 
-    def scores(self, req: RouteRequest, reports: ReplicaReports) -> dict[int, tuple[float, float, float]]:
+    def scores(self, req: RouteRequest,
+               reports: ReplicaReports) -> dict[int, tuple[float, float, float]]:
         """``(prefix, queue, kv)`` scores of every alive replica, each in [0, 1]."""
         hashes = self._hashes(req)
         return self._scores(self.index.longest_matches(hashes)[0], len(hashes), reports)

@@ -46,7 +46,8 @@ def exercise(name: str):
     return register
 
 
-def compare(answer, expected, rtol: float = 1e-6, atol: float = 0.0, what: str = "answer") -> Verdict:
+def compare(answer, expected, rtol: float = 1e-6, atol: float = 0.0,
+            what: str = "answer") -> Verdict:
     """Numbers, sequences or arrays: exact match → correct; within tolerance → close."""
     if answer is None or answer is ...:
         return Verdict("not attempted", f"set your {what} and run the cell again")
@@ -63,7 +64,8 @@ def compare(answer, expected, rtol: float = 1e-6, atol: float = 0.0, what: str =
     if np.allclose(a, e, rtol=rtol, atol=atol, equal_nan=True):
         return Verdict("close", f"{what} matches within rtol={rtol}, atol={atol}")
     worst = float(np.nanmax(np.abs(a - e))) if a.size else math.nan
-    return Verdict("wrong", f"{what} differs from the expected value (largest difference {worst:.4g})")
+    return Verdict("wrong",
+                   f"{what} differs from the expected value (largest difference {worst:.4g})")
 
 
 def call_reader(fn, *args):

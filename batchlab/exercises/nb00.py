@@ -30,7 +30,8 @@ def check_japan(answer) -> Verdict:
     if answer is None or answer is ...:
         return compare(None, None, what="answer text")
     if not isinstance(answer, str):
-        return Verdict("wrong", f"expected the decoded answer as a str, got a {type(answer).__name__}; "
+        return Verdict("wrong",
+                       f"expected the decoded answer as a str, got a {type(answer).__name__}; "
                                 "use lm.decode(output_ids)")
     expected = _expected_japan_answer()
     if answer.strip() == expected.strip():

@@ -59,14 +59,15 @@ def check_finish_steps(answer) -> Verdict:
 @exercise("04.2")
 def check_held_slot_steps(answer) -> Verdict:
     """Slot-steps held by finished members under static batching."""
-    return compare(answer, _static_held_slot_steps(OUTPUT_LENS, BATCH_SIZE_2), what="held slot-steps")
+    return compare(answer, _static_held_slot_steps(OUTPUT_LENS, BATCH_SIZE_2),
+                   what="held slot-steps")
 
 
 @exercise("04.3")
 def check_smallest_max_num_seqs(answer) -> Verdict:
     """The smallest max_num_seqs whose p99 TTFT meets the target, found by trying each."""
     from batchlab.analysis.metrics import summarize
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.steptime.cost_model import CostModel
     from batchlab.engine import Engine
     from batchlab.schedulers import ContinuousBatcher
@@ -81,4 +82,5 @@ def check_smallest_max_num_seqs(answer) -> Verdict:
                        SimBackend(CostModel(**COST_3), kv_capacity_tokens=1 << 20)).run(requests)
         if summarize(trace).loc["ttft", "p99"] <= TTFT_P99_TARGET_3:
             return compare(answer, max_num_seqs, what="max_num_seqs")
-    return Verdict("wrong", "no max_num_seqs in 1..16 meets the target (the checker's setup is broken)")
+    return Verdict("wrong",
+                   "no max_num_seqs in 1..16 meets the target (the checker's setup is broken)")

@@ -33,7 +33,7 @@ def check_sequences_at_once(answer) -> Verdict:
 
 
 def _preemption_scenario() -> dict:
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.steptime.cost_model import CostModel
     from batchlab.engine import Engine
     from batchlab.requests import Request
@@ -42,7 +42,8 @@ def _preemption_scenario() -> dict:
     one_second = CostModel(fixed_s=1.0, per_seq_s=0.0, per_token_s=0.0, per_attention_pair_s=0.0)
     backend = SimBackend(one_second, BLOCKS_3 * BLOCK_3, block_size=BLOCK_3)
     requests = [Request(rid, None, out, prompt_len=p) for rid, p, out in REQUESTS_3]
-    trace = Engine(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64), backend).run(requests)
+    trace = Engine(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64),
+                   backend).run(requests)
     if len(trace.preemptions) != 1:
         raise AssertionError(f"the scenario should preempt once, not {len(trace.preemptions)} times")
     p = trace.preemptions[0]

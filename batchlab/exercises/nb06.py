@@ -27,7 +27,7 @@ def check_prefill_steps(answer) -> Verdict:
 
 def _stall_sweep(budgets):
     """The default StallScenario on the 06.2 simulator, one row per budget."""
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.steptime.cost_model import CostModel
     from batchlab.experiments.prefill_stall import StallScenario, budget_sweep
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import Verdict, call_reader, compare, exercise, not_a_function
@@ -45,7 +45,8 @@ def checker_traces() -> dict[str, Trace]:
     return {
         "continuous": serve(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=512), bursty),
         "dynamic_non_streaming": serve(DynamicBatcher(max_batch_size=8, timeout=0.5), bursty),
-        "mixed_lengths": serve(ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=512), mixed),
+        "mixed_lengths": serve(ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=512),
+                               mixed),
     }
 
 
@@ -76,10 +77,12 @@ def check_latencies_by_hand(answer) -> Verdict:
         if error:
             return Verdict("wrong", f"on the {name} trace {error}")
         if not isinstance(got, pd.DataFrame) or not {"ttft", "tpot", "e2e"} <= set(got.columns):
-            return Verdict("wrong", "return a DataFrame with columns ttft, tpot, e2e, indexed by request_id")
+            return Verdict("wrong",
+                           "return a DataFrame with columns ttft, tpot, e2e, indexed by request_id")
         expected = expected_latencies(trace)
         if sorted(map(str, got.index)) != list(expected.index):
-            return Verdict("wrong", f"on the {name} trace: the index must be the finished requests' ids "
+            return Verdict("wrong",
+                           f"on the {name} trace: the index must be the finished requests' ids "
                                     f"({len(expected)} of them), got {len(got)} rows")
         got = got.loc[expected.index, ["ttft", "tpot", "e2e"]]
         verdict = compare(got.to_numpy(dtype=float), expected.to_numpy(dtype=float), rtol=1e-9,
@@ -142,6 +145,7 @@ def check_smallest_ttft_slo(answer) -> Verdict:
             verdict = compare(got, expected_ttft_slo(trace, share), rtol=1e-9,
                               what=f"TTFT SLO for share={share} on the {name} trace")
             if not verdict.ok:
-                return Verdict("wrong", verdict.message + " (an SLO that fewer requests meet is too "
+                return Verdict("wrong",
+                               verdict.message + " (an SLO that fewer requests meet is too "
                                                          "small; a larger one is not the smallest)")
     return Verdict("correct", "your SLOs are the smallest that each share of requests meets")

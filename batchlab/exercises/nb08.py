@@ -25,7 +25,7 @@ ATTAINMENT_RATE = 80.0   # 08.3: the swept rate just past the goodput peak
 def _sweep() -> tuple[tuple[float, float, float], ...]:
     """(rate, goodput in req/s, SLO attainment) per swept rate."""
     from batchlab.analysis.metrics import benchmark_duration, per_request_metrics
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.steptime.cost_model import CostModel
     from batchlab.engine import Engine
     from batchlab.schedulers import ContinuousBatcher

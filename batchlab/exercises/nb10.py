@@ -32,7 +32,8 @@ def checker_records() -> tuple[ClientRecord, ...]:
         n_chunks = int(rng.integers(2, 13))
         times = first + np.concatenate([[0.0], np.cumsum(rng.uniform(0.02, 0.12, n_chunks - 1))])
         tokens = rng.integers(1, 4, n_chunks).tolist()
-        records.append(ClientRecord(f"c{i:02d}", 32, int(sum(tokens)), t, send_time=t, status_code=200,
+        records.append(ClientRecord(f"c{i:02d}", 32, int(sum(tokens)), t, send_time=t,
+                                    status_code=200,
                                     chunk_times=[float(x) for x in times], chunk_tokens=tokens,
                                     end_time=float(times[-1]) + 0.001, finish_reason="length",
                                     server={"ttft_s": float(engine_ttft)}))
@@ -56,7 +57,8 @@ def check_overhead(answer) -> Verdict:
         return Verdict("wrong", error)
     v = compare(got, expected_overhead(records), rtol=1e-9, atol=1e-12, what="median overhead")
     if not v.ok:
-        return Verdict("wrong", v.message + " (subtract request by request, then take the median: the "
+        return Verdict("wrong",
+                       v.message + " (subtract request by request, then take the median: the "
                                             "difference of two medians mixes different requests)")
     return Verdict("correct", "the median client-side overhead matches")
 

@@ -56,7 +56,8 @@ def answer_key() -> dict[str, tuple[str, str]]:
 def check_diagnosis(trace_name: str, answer) -> Verdict:
     """Compare a diagnosis dict with the sealed answer for ``trace_name``."""
     if answer is None or answer is ...:
-        return Verdict("not attempted", 'set answer = {"slow": ..., "knob": ...} and run the cell again')
+        return Verdict("not attempted",
+                       'set answer = {"slow": ..., "knob": ...} and run the cell again')
     if not isinstance(answer, dict) or set(answer) != {"slow", "knob"}:
         return Verdict("wrong", 'give a dict with exactly two keys, e.g. {"slow": "ttft", '
                                 '"knob": "more_capacity"}')
@@ -69,12 +70,14 @@ def check_diagnosis(trace_name: str, answer) -> Verdict:
     if slow == true_slow and knob == true_knob:
         return Verdict("correct", f"{trace_name} was {_REVEAL[trace_name]}")
     if slow != true_slow:
-        return Verdict("wrong", "look again at where the extra waiting goes: compare each request's "
+        return Verdict("wrong",
+                       "look again at where the extra waiting goes: compare each request's "
                                 "TTFT and its stream (E2E - TTFT) with what it would take alone")
     if true_knob != "more_capacity" and knob == "more_capacity":
         return Verdict("wrong", f"{slow!r} is right, and more capacity would help, but a free "
                                 "setting fixes this trace: which rule of the server makes people wait?")
-    return Verdict("wrong", f"{slow!r} is right, the knob is not: what do the steps look like while "
+    return Verdict("wrong",
+                   f"{slow!r} is right, the knob is not: what do the steps look like while "
                             "the latency is bad (their size, their prefill tokens, idle gaps)?")
 
 

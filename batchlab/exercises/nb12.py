@@ -41,7 +41,8 @@ def mixed_fleet_ratio(session_rate: float = 40.0, num_sessions: int = 800, seed:
 def replicas_needed(session_rate: float = 25.0, num_sessions: int = 750) -> int:
     """12.2: the fewest L4 replicas (of ``SIZING_REPLICAS``) keeping TTFT p90 under ``SLO_P90``."""
     from batchlab.cluster.sweep import cluster_point, grid, run_sweep
-    points = grid(policy=["cache_aware"], num_replicas=list(SIZING_REPLICAS), session_rate=[session_rate],
+    points = grid(policy=["cache_aware"], num_replicas=list(SIZING_REPLICAS),
+                  session_rate=[session_rate],
                   num_sessions=[num_sessions], num_system_prompts=[8], system_prompt_len=[1024],
                   kv_capacity_tokens=[None], device=["L4"], seed=[0])
     table = run_sweep(cluster_point, points)
@@ -60,10 +61,12 @@ def check_12_1(answer) -> Verdict:
     if answer is None or answer is ...:
         return Verdict("not attempted", "set answer to (smallest, largest) and run the cell again")
     # The simulation is seeded, so each seed's ratio is exact; 2% only absorbs rounding.
-    verdict = compare(answer, ratio_range(), rtol=0.02, what="(smallest, largest) p99 ratio over seeds 0-4")
+    verdict = compare(answer, ratio_range(), rtol=0.02,
+                      what="(smallest, largest) p99 ratio over seeds 0-4")
     if verdict.ok:
         low, high = ratio_range()
-        return Verdict(verdict.status, f"{verdict.message}: from {low:.2f} to {high:.2f}. At 40 a second the "
+        return Verdict(verdict.status,
+                       f"{verdict.message}: from {low:.2f} to {high:.2f}. At 40 a second the "
                                        "seeds differ by as much as the effect itself, so one run's ratio could "
                                        "not have told you how much round robin costs")
     return verdict

@@ -48,18 +48,21 @@ SLOW_COST = CostModel(0.030, 0.004, 0.0030, 1e-6, source="13.2's checker: a dear
 @lru_cache(maxsize=8)
 def checker_load(num_requests: int, rate: float) -> tuple[LoadRequest, ...]:
     """Requests of 48-token prompts and 24 output tokens, arriving ``rate`` a second."""
-    return tuple(LoadRequest(f"x{i}", [100 + (7 * i + j) % 900 for j in range(48)], 24, arrival_time=i / rate)
+    return tuple(LoadRequest(f"x{i}", [100 + (7 * i + j) % 900 for j in range(48)], 24,
+                             arrival_time=i / rate)
                  for i in range(num_requests))
 
 
 # The cases 13.2 is checked on: (cost model, requests, arrival rate, share of 128's throughput); the
 # answers are 16, 64, 16, 32, 2 and 1.
-SEQS_CASES = [(CHECK_COST, 16, 5.0, 0.95), (CHECK_COST, 48, 10.0, 0.95), (CHECK_COST, 48, 10.0, 0.8),
+SEQS_CASES = [(CHECK_COST, 16, 5.0, 0.95), (CHECK_COST, 48, 10.0, 0.95),
+              (CHECK_COST, 48, 10.0, 0.8),
               (SLOW_COST, 48, 10.0, 0.95), (CHECK_COST, 16, 1.0, 0.95), (SLOW_COST, 16, 1.0, 0.95)]
 
 
 def predicted_throughput(cost, requests, max_num_seqs: int) -> float:
-    return load_figures(simulate_load(cost, list(requests), EngineArgs(max_num_seqs=max_num_seqs)))["output_tok_s"]
+    return load_figures(simulate_load(cost, list(requests),
+                                      EngineArgs(max_num_seqs=max_num_seqs)))["output_tok_s"]
 
 
 @lru_cache(maxsize=16)

@@ -28,13 +28,18 @@ def cheapest_under_target() -> dict[str, float]:
     dollars per million tokens."""
     from batchlab.predict import Deployment, TrafficSpec
     from batchlab.predict.planning import best_rate, cost_per_million_tokens, sweep_rates
-    candidates = {"1 GPU: TP1": Deployment("Llama-3-8B", "H100"), "2 GPUs: TP2": Deployment("Llama-3-8B", "H100", 2),
+    candidates = {"1 GPU: TP1": Deployment("Llama-3-8B", "H100"),
+                  "2 GPUs: TP2": Deployment("Llama-3-8B", "H100", 2),
                   "2 GPUs: 2 x TP1": Deployment("Llama-3-8B", "H100", data_parallel_size=2)}
-    table = sweep_rates(candidates, lambda rate: TrafficSpec(int(rate * 30), rate, input_len=800, output_len=250,
-                                                             prefix_len=200, num_prefix_groups=4, seed=0), SWEEP_RATES)
+    table = sweep_rates(candidates,
+                        lambda rate: TrafficSpec(int(rate * 30), rate, input_len=800,
+                                                 output_len=250,
+                                                             prefix_len=200, num_prefix_groups=4,
+                                                             seed=0), SWEEP_RATES)
     best = best_rate(table, SLO)
     top = best[best["best_rate"] == best["best_rate"].max()]
-    return {str(name): cost_per_million_tokens(row["num_gpus"], USD_PER_GPU_HOUR, row["output_tok_s"])
+    return {str(name): cost_per_million_tokens(row["num_gpus"], USD_PER_GPU_HOUR,
+                                               row["output_tok_s"])
             for name, row in top.iterrows()}
 
 
@@ -53,5 +58,7 @@ def check_14_2(answer) -> Verdict:
         return Verdict("wrong", f"expected (name, dollars), got {answer!r}")
     best = cheapest_under_target()             # several names when candidates tie on the rate
     if answer[0] not in best:
-        return Verdict("wrong", f"another candidate carries more under that target; got {answer[0]!r}")
-    return compare(answer[1], best[answer[0]], rtol=0.01, what=f"{answer[0]}'s dollars per million output tokens")
+        return Verdict("wrong",
+                       f"another candidate carries more under that target; got {answer[0]!r}")
+    return compare(answer[1], best[answer[0]], rtol=0.01,
+                   what=f"{answer[0]}'s dollars per million output tokens")

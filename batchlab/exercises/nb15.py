@@ -30,7 +30,7 @@ def break_even_pass_cost(alpha: float = 0.6, k: int = 3) -> float:
 def first_losing_batch() -> int | None:
     """15.2: the first of ``BATCHES`` at which prompt lookup with k = 3 and a 0.5 acceptance rate
     no longer pays for Llama-3-8B on an H100 (vLLM's step model)."""
-    from batchlab.backends import SimBackend
+    from batchlab.sim import SimBackend
     from batchlab.experiments.speculation import crossover, serve_batches
     from batchlab.requests import Request
     from batchlab.speculative import AcceptanceModel, SpeculativeConfig
@@ -55,7 +55,8 @@ def check_15_1(answer) -> Verdict:
 @exercise("15.2")
 def check_15_2(answer) -> Verdict:
     if answer is None or answer is ...:
-        return Verdict("not attempted", "set answer to a batch size from the list and run the cell again")
+        return Verdict("not attempted",
+                       "set answer to a batch size from the list and run the cell again")
     if answer not in BATCHES:
         return Verdict("wrong", f"expected one of {list(BATCHES)}, got {answer!r}")
     best = first_losing_batch()
@@ -65,4 +66,5 @@ def check_15_2(answer) -> Verdict:
 
 @exercise("15.3")
 def check_15_3(answer) -> Verdict:
-    return compare(answer, break_even_pass_cost(), rtol=0.01, what="the break-even cost of a draft pass")
+    return compare(answer, break_even_pass_cost(), rtol=0.01,
+                   what="the break-even cost of a draft pass")

@@ -18,8 +18,10 @@ def first_token_ms() -> float:
     """16.1: milliseconds from arrival to the first token of a lone 5,000-token prompt, 1P1D, 100 GbE."""
     from batchlab.cluster import DisaggregatedCluster, DisaggregatedConfig
     from batchlab.requests import Request
-    cluster = DisaggregatedCluster.for_device(MODEL, GPU, DisaggregatedConfig(1, 1, link="ethernet-100g"))
-    (record,) = cluster.run([Request("q", None, 8, arrival_time=0.0, prompt_len=5000)]).merged.requests
+    cluster = DisaggregatedCluster.for_device(MODEL, GPU,
+                                              DisaggregatedConfig(1, 1, link="ethernet-100g"))
+    (record,) = cluster.run([Request("q", None, 8, arrival_time=0.0,
+                                     prompt_len=5000)]).merged.requests
     return (record.token_times[0] - record.arrival_time) * 1e3
 
 
@@ -28,7 +30,8 @@ def best_layout_of_four() -> str:
     """16.2: the layout of four GPUs with the highest goodput for the notebook's long prompts."""
     from batchlab.cluster.pd_goodput import attainment_table, goodput_by_layout
     from batchlab.workloads import Range
-    table = attainment_table(MODEL, GPU, 4, SWEEP_RATES, {"ttft": 1.0, "tpot": 0.012}, num_requests=200,
+    table = attainment_table(MODEL, GPU, 4, SWEEP_RATES, {"ttft": 1.0, "tpot": 0.012},
+                             num_requests=200,
                              prompt_len=Range(2000, 4000), output_len=Range(128, 384))
     return str(goodput_by_layout(table, 4)["goodput"].idxmax())
 

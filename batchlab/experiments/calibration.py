@@ -32,7 +32,8 @@ from batchlab.workloads import make_workload
 # Median relative error of a fit above which calibration warns (quiet CPUs here give 5-10%).
 POOR_FIT_ERROR = 0.15
 # A calibration pass's scheduler where calibration_trace's args leave a flag at None.
-CALIBRATION_ARGS = EngineArgs(max_num_seqs=16, max_num_batched_tokens=96, enable_chunked_prefill=True)
+CALIBRATION_ARGS = EngineArgs(max_num_seqs=16, max_num_batched_tokens=96,
+                              enable_chunked_prefill=True)
 # Prompts served alone in the calibration's third pass (capped by the backend's slot length),
 # each in one step; then one prompt served alone in chunks of each CHUNK_BUDGETS size.
 LONE_PROMPT_LENS = (32, 64, 128, 256, 384)
@@ -51,7 +52,8 @@ def calibration_workload(tokenizer, num_requests: int = 24, seed: int = 0):
                          tokenizer=tokenizer, id_prefix="cal")
 
 
-def calibration_trace(backend: ModelBackend, num_requests: int = 24, args: EngineArgs = CALIBRATION_ARGS,
+def calibration_trace(backend: ModelBackend, num_requests: int = 24,
+                      args: EngineArgs = CALIBRATION_ARGS,
                       seed: int = 0, progress: bool = False) -> Trace:
     """Serve the calibration workload on the real model and return its trace (measured steps),
     under vLLM's flags ``args`` (each left at None: ``CALIBRATION_ARGS``')."""
@@ -85,7 +87,8 @@ def calibration_steps(backend: ModelBackend, num_requests: int = 24, seed: int =
     """The measured steps ``calibrate_cost_model`` fits: both passes, without warm-up steps."""
     steps: list[StepRecord] = []
     for budget, seqs in ((64, 16), (512, 8)):
-        trace = calibration_trace(backend, num_requests, EngineArgs(max_num_seqs=seqs, max_num_batched_tokens=budget),
+        trace = calibration_trace(backend, num_requests,
+                                  EngineArgs(max_num_seqs=seqs, max_num_batched_tokens=budget),
                                   seed=seed, progress=progress)
         steps += trace.steps[1:]  # the first step warms caches up; leave it out
     return steps + lone_prompt_steps(backend, seed=seed)
@@ -106,7 +109,8 @@ def lone_prompt_steps(backend: ModelBackend, lengths: tuple[int, ...] = LONE_PRO
     for i, (n, budget) in enumerate(runs):
         request = make_workload(1, prompt_len=n, output_len=2, arrival="at_once", seed=seed + i,
                                 tokenizer=backend.lm.tokenizer, id_prefix=f"lone{n}-{budget}-")
-        scheduler = ContinuousBatcher(max_num_seqs=1, max_num_batched_tokens=budget, chunked_prefill=True)
+        scheduler = ContinuousBatcher(max_num_seqs=1, max_num_batched_tokens=budget,
+                                      chunked_prefill=True)
         steps += Engine(scheduler, backend).run(request).steps
     return steps
 
@@ -141,7 +145,8 @@ def fit_setup(backend: ModelBackend, num_requests: int = 24, seed: int = 0) -> d
     return {"format": STORE_FORMAT, "host": platform.node(), "machine": platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(),
             "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
-            "model": backend.lm.name, "device": str(backend.lm.device), "dtype": str(backend.lm.dtype),
+            "model": backend.lm.name, "device": str(backend.lm.device),
+            "dtype": str(backend.lm.dtype),
             "kv": type(kv).__name__, **{name: getattr(kv, name, None) for name in
                                          ("num_slots", "num_blocks", "block_size", "max_seq_len")},
             "speculative": repr(backend.speculative), "num_requests": num_requests, "seed": seed,
@@ -161,7 +166,8 @@ def write_stored_fit(path: Path, cost: CostModel, setup: dict | None = None) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
     with os.fdopen(fd, "w") as f:
-        json.dump({"stored_at": time.time(), "setup": setup, "cost_model": cost.to_dict()}, f, indent=1)
+        json.dump({"stored_at": time.time(), "setup": setup, "cost_model": cost.to_dict()}, f,
+                  indent=1)
     os.replace(tmp, path)
 
 
@@ -169,9 +175,11 @@ def check_steps(backend: ModelBackend, seed: int = 0) -> list[StepRecord]:
     """About 30 fresh steps to check a stored fit on: a batch of decodes (its first step, the
     prefill that warms the caches, left out), then the lone prompts."""
     num_seqs, prompt_len, output_len = CHECK_BATCH
-    requests = make_workload(num_seqs, prompt_len=prompt_len, output_len=output_len, arrival="at_once",
+    requests = make_workload(num_seqs, prompt_len=prompt_len, output_len=output_len,
+                             arrival="at_once",
                              seed=seed, tokenizer=backend.lm.tokenizer, id_prefix="check")
-    scheduler = ContinuousBatcher(max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * prompt_len)
+    scheduler = ContinuousBatcher(max_num_seqs=num_seqs,
+                                  max_num_batched_tokens=num_seqs * prompt_len)
     return Engine(scheduler, backend).run(requests).steps[1:] + lone_prompt_steps(backend, seed=seed)
 
 

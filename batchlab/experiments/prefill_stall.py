@@ -104,7 +104,8 @@ class StallScenario:
         running = make_workload(self.num_running, prompt_len=self.running_prompt_len,
                                 output_len=self.running_output_len, arrival="at_once",
                                 tokenizer=tokenizer, id_prefix=RUNNING_PREFIX)
-        short = make_workload(1, prompt_len=self.running_prompt_len, output_len=self.short_output_len,
+        short = make_workload(1, prompt_len=self.running_prompt_len,
+                              output_len=self.short_output_len,
                               arrival="at_once", tokenizer=tokenizer, id_prefix=SHORT_PREFIX)
         return running + short
 
@@ -182,7 +183,8 @@ def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series
     running = gaps[(gaps["request_id"] != long_id)].dropna(subset=["gap"])
     if running.empty:
         raise ValueError("the other requests made no token gaps; give them more than one output token")
-    at_admission = running.loc[np.isclose(running["time"], admission_end, rtol=0, atol=1e-12), "gap"]
+    at_admission = running.loc[np.isclose(running["time"], admission_end, rtol=0, atol=1e-12),
+                               "gap"]
     admission_gap = float(at_admission.max()) if len(at_admission) else np.nan
     in_window = running.loc[(running["time"] > start) & (running["time"] <= first_token), "gap"]
     if in_window.empty:
@@ -227,7 +229,8 @@ def budget_sweep(backend: Backend, requests: Sequence[Request], budgets: Iterabl
     whole_budget = max(2048, max(r.prompt_len for r in requests) + len(requests))
     for budget in budgets:
         if budget is None:
-            scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=whole_budget,
+            scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs,
+                                          max_num_batched_tokens=whole_budget,
                                           chunked_prefill=False)
         else:
             scheduler = ContinuousBatcher(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,

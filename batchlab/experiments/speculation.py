@@ -23,7 +23,8 @@ from batchlab.trace import Trace
 
 RATE_ARGS = EngineArgs(max_num_seqs=256, max_num_batched_tokens=8192, enable_chunked_prefill=True)
 
-SPEC_COLUMNS = ["batch", "config", "tok_s", "speedup", "tpot_ms", "acceptance", "tokens_per_check", "seconds"]
+SPEC_COLUMNS = ["batch", "config", "tok_s", "speedup", "tpot_ms", "acceptance", "tokens_per_check",
+                "seconds"]
 
 
 def spec_stats(trace: Trace) -> dict:
@@ -35,7 +36,8 @@ def spec_stats(trace: Trace) -> dict:
             "tokens_per_check": (accepted + len(checks)) / len(checks) if checks else float("nan")}
 
 
-def serve_batches(make_backend: Callable[[object, int], Backend], make_requests: Callable[[int], list[Request]],
+def serve_batches(make_backend: Callable[[object, int], Backend],
+                  make_requests: Callable[[int], list[Request]],
                   batch_sizes: Sequence[int], specs: Mapping[object, object], min_requests: int = 1,
                   progress: Callable | None = None, rounds: int = 1) -> tuple[pd.DataFrame, dict]:
     """One row per (batch size, config) and the runs' traces by ``(batch, config)`` (see the
@@ -45,10 +47,12 @@ def serve_batches(make_backend: Callable[[object, int], Backend], make_requests:
     within each batch size, so drift on a shared CPU hits them alike. ``rounds`` > 1 repeats the
     alternation and keeps each config's fastest run (a moment of another process's work slows
     one run, never speeds one up); ``progress`` is called after every run."""
-    sizes = [int(b) for b in check_list("batch_sizes", batch_sizes, "a non-empty list of batch sizes")]
+    sizes = [int(b) for b in check_list("batch_sizes", batch_sizes,
+                                        "a non-empty list of batch sizes")]
     for b in sizes:
         check_int("batch size", b)
-    check_int("rounds", rounds, hint="alternations of the configs; each config's fastest run is kept")
+    check_int("rounds", rounds,
+              hint="alternations of the configs; each config's fastest run is kept")
     baseline = _baseline(specs)
     rows, traces = [], {}
     for batch in sizes:
@@ -67,16 +71,18 @@ def serve_batches(make_backend: Callable[[object, int], Backend], make_requests:
             rows.append({"batch": batch, "config": name,
                          "tok_s": sum(len(r.output_ids) for r in trace.requests) / seconds,
                          "tpot_ms": per_request_metrics(trace)["tpot"].mean() * 1e3,
-                         "acceptance": stats["acceptance"], "tokens_per_check": stats["tokens_per_check"],
-                         "seconds": seconds})
+                         "acceptance": stats["acceptance"],
+                         "tokens_per_check": stats["tokens_per_check"], "seconds": seconds})
     table = pd.DataFrame(rows, columns=[c for c in SPEC_COLUMNS if c != "speedup"])
     base = table[table["config"] == baseline].set_index("batch")["tok_s"]
     table.insert(3, "speedup", table["tok_s"] / table["batch"].map(base))
     return table, traces
 
 
-def serve_rates(make_backend: Callable[[object], Backend], make_requests: Callable[[float], list[Request]],
-                rates: Sequence[float], specs: Mapping[object, object], args: EngineArgs = RATE_ARGS,
+def serve_rates(make_backend: Callable[[object], Backend],
+                make_requests: Callable[[float], list[Request]],
+                rates: Sequence[float], specs: Mapping[object,
+                                                       object], args: EngineArgs = RATE_ARGS,
                 progress: Callable | None = None) -> pd.DataFrame:
     """One row per (rate, config): ``make_requests(rate)`` (arrivals at ``rate`` requests/s)
     served by vLLM's scheduler under ``args`` (each left at None: ``RATE_ARGS``', an H100's
@@ -88,9 +94,11 @@ def serve_rates(make_backend: Callable[[object], Backend], make_requests: Callab
     rows = []
     for rate in rates:
         for name, spec in specs.items():
-            trace = Engine(batcher_for(args.with_defaults(RATE_ARGS)), make_backend(spec)).run(make_requests(rate))
+            trace = Engine(batcher_for(args.with_defaults(RATE_ARGS)),
+                           make_backend(spec)).run(make_requests(rate))
             per_request = per_request_metrics(trace)
-            rows.append({"rate": rate, "config": name, "tpot_ms": per_request["tpot"].median() * 1e3,
+            rows.append({"rate": rate, "config": name,
+                         "tpot_ms": per_request["tpot"].median() * 1e3,
                          "ttft_ms": per_request["ttft"].median() * 1e3,
                          "mean_batch": sum(len(s.chunks) for s in trace.steps) / max(len(trace.steps), 1),
                          "acceptance": spec_stats(trace)["acceptance"]})
@@ -135,4 +143,5 @@ def crossover(table: pd.DataFrame, config: str, threshold: float = 1.0) -> int |
 def fit_acceptance(traces: Sequence[Trace], seed: int = 0) -> AcceptanceModel:
     """``AcceptanceModel.fit`` over the requests of measured runs with speculation."""
     requests = [r for t in traces for r in t.requests]
-    return AcceptanceModel.fit([r.spec_checks for r in requests], [len(r.output_ids) for r in requests], seed)
+    return AcceptanceModel.fit([r.spec_checks for r in requests],
+                               [len(r.output_ids) for r in requests], seed)

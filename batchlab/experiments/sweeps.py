@@ -83,7 +83,8 @@ def capacity(requests: Sequence[Request], make_scheduler: SchedulerFactory,
 def load_sweep(workload_fn: WorkloadFn, rates: Iterable[float],
                policies: Mapping[str, SchedulerFactory], backend_factory: BackendFactory,
                slo: SLO | Mapping[str, float] | None = None, progress: bool = True,
-               percentiles: Iterable[float] = (50, 90, 99), keep_traces: bool = False) -> pd.DataFrame:
+               percentiles: Iterable[float] = (50, 90, 99),
+               keep_traces: bool = False) -> pd.DataFrame:
     """Serve ``workload_fn(rate)`` at every rate under every policy; one row per (policy, rate).
 
     ``workload_fn(rate)``: the requests to serve at ``rate`` requests/s (sorted by arrival).

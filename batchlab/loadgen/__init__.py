@@ -21,9 +21,9 @@ def plan_requests(n: int, prompt_len: int, output_len: int, tokenizer, arrival: 
     text comes from its request id: give loads sent to one server other ``id_prefix`` es, so that a
     prefix cache does not serve one load from another's prompts."""
     from batchlab.workloads import make_workload
-    return from_workload(make_workload(n, prompt_len=prompt_len, output_len=output_len, arrival=arrival,
-                                       rate=rate, burstiness=burstiness, seed=seed, tokenizer=tokenizer,
-                                       id_prefix=id_prefix))
+    return from_workload(make_workload(n, prompt_len=prompt_len, output_len=output_len,
+                                       arrival=arrival, rate=rate, burstiness=burstiness, seed=seed,
+                                       tokenizer=tokenizer, id_prefix=id_prefix))
 
 
 def replay_requests(path: str, tokenizer) -> list[LoadRequest]:
@@ -45,7 +45,8 @@ def course_tokenizer():
     return AutoTokenizer.from_pretrained(folder)
 
 
-__all__ = ["LoadRequest", "LoadResult", "ClientRecord", "run_load", "run_load_async", "from_workload",
+__all__ = ["LoadRequest", "LoadResult", "ClientRecord", "run_load", "run_load_async",
+           "from_workload",
            "plan_requests", "replay_requests", "course_tokenizer", "client_trace", "server_trace",
-           "chunk_gaps", "MODES", "ENDPOINTS", "Request", "read_prompts", "with_arrivals", "as_text",
-           "parse_goodput", "parse_rates", "rate_sweep", "BenchResult", "read_result"]
+           "chunk_gaps", "MODES", "ENDPOINTS", "Request", "read_prompts", "with_arrivals",
+           "as_text", "parse_goodput", "parse_rates", "rate_sweep", "BenchResult", "read_result"]

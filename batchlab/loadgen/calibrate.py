@@ -39,8 +39,10 @@ class OutsideInConfig:
                 check_int(name, v)
         check_int("prompt_repeats", self.prompt_repeats)
         check_int("decode_prompt_len", self.decode_prompt_len)
-        check_int("decode_output_len", self.decode_output_len, 8, hint="enough tokens to see steady decode gaps")
-        check_int("rounds", self.rounds, hint="times the whole set is measured; each row keeps its fastest round")
+        check_int("decode_output_len", self.decode_output_len, 8,
+                  hint="enough tokens to see steady decode gaps")
+        check_int("rounds", self.rounds,
+                  hint="times the whole set is measured; each row keeps its fastest round")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,8 @@ def fresh_prompts(tokenizer, n: int, prompt_len: int) -> list[list[int]]:
     """``n`` corpus prompts of exactly ``prompt_len`` tokens, each from a stretch of the corpus picked
     afresh (a prompt's place in the corpus comes from its request id, which holds a nonce)."""
     from batchlab.workloads import make_workload
-    reqs = make_workload(n, prompt_len=prompt_len, output_len=1, arrival="at_once", tokenizer=tokenizer,
+    reqs = make_workload(n, prompt_len=prompt_len, output_len=1, arrival="at_once",
+                         tokenizer=tokenizer,
                          id_prefix=f"outside-in-{uuid.uuid4().hex[:12]}-{prompt_len}-")
     return [list(r.prompt_ids) for r in reqs]
 
@@ -80,7 +83,8 @@ def prefill_points(url: str, tokenizer, prompt_lens: tuple[int, ...], repeats: i
     return pd.DataFrame(rows, columns=["kind", "size", *FEATURES, "duration"])
 
 
-def decode_points(url: str, tokenizer, batches: tuple[int, ...], prompt_len: int, output_len: int) -> pd.DataFrame:
+def decode_points(url: str, tokenizer, batches: tuple[int, ...], prompt_len: int,
+                  output_len: int) -> pd.DataFrame:
     """k requests sent together: the median gap between tokens, past each request's first quarter
     (while the others' prompts may still be computed)."""
     rows = []

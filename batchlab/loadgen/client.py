@@ -73,7 +73,8 @@ def from_workload(requests: list[Request]) -> list[LoadRequest]:
         if r.prompt_ids is None:
             raise ValueError(f"request {r.request_id!r} is simulated (no prompt_ids); build the workload "
                              "with a tokenizer (make_workload(..., tokenizer=tok) or load_workload(path, tok))")
-        out.append(LoadRequest(r.request_id, list(r.prompt_ids), r.max_new_tokens, r.arrival_time, r.prompt_len))
+        out.append(LoadRequest(r.request_id, list(r.prompt_ids), r.max_new_tokens, r.arrival_time,
+                               r.prompt_len))
     return out
 
 
@@ -90,7 +91,8 @@ class LoadResult:
     wall_seconds: float
     meta: dict = field(default_factory=dict)
     warmup: list[ClientRecord] = field(default_factory=list)   # sent first, left out of the results
-    cut: bool = False                    # max_duration was reached: requests in flight were cancelled
+    # max_duration was reached: requests in flight were cancelled
+    cut: bool = False
     max_concurrency: int | None = None
 
     @property
@@ -125,7 +127,8 @@ class LoadResult:
         the real send times. ``behind`` is True when more than 1% of sends were later than
         ``LATE_SEND_S`` or the last send was late by more than 5% of the span.
         """
-        sent = sorted((r for r in self.records if r.send_time is not None), key=lambda r: r.scheduled_time)
+        sent = sorted((r for r in self.records if r.send_time is not None),
+                      key=lambda r: r.scheduled_time)
         planned = np.array([r.scheduled_time for r in sent])
         actual = np.array([r.send_time for r in sent])
         lag = actual - planned if len(sent) else np.empty(0)
@@ -134,12 +137,14 @@ class LoadResult:
             return (len(t) - 1) / (t.max() - t.min()) if len(t) > 1 and t.max() > t.min() else float("nan")
 
         report = {"mode": self.mode, "num_planned": len(self.records), "num_sent": len(sent),
-                  "target_rate": self.target_rate, "planned_rate": rate(planned) if self.mode == "open" else None,
+                  "target_rate": self.target_rate,
+                  "planned_rate": rate(planned) if self.mode == "open" else None,
                   "achieved_rate": rate(actual),
                   "send_lag_p50_s": float(np.percentile(lag, 50)) if len(lag) else float("nan"),
                   "send_lag_p99_s": float(np.percentile(lag, 99)) if len(lag) else float("nan"),
                   "send_lag_max_s": float(lag.max()) if len(lag) else float("nan")}
-        if self.mode == "open" and len(sent) > 1 and planned.max() > planned.min():   # at_once has no rate to keep
+        # at_once has no rate to keep
+        if self.mode == "open" and len(sent) > 1 and planned.max() > planned.min():
             span = planned.max() - planned.min()
             report["behind"] = bool(np.mean(lag > LATE_SEND_S) > 0.01 or lag[-1] > 0.05 * span + LATE_SEND_S)
         else:
@@ -182,8 +187,10 @@ class LoadResult:
         """One row per request: the client's record (times in seconds since the load began)."""
         import pandas as pd
         rows = [{"request_id": r.request_id, "outcome": r.outcome, "status_code": r.status_code,
-                 "finish_reason": r.finish_reason, "prompt_len": r.usage_prompt_tokens or r.prompt_len,
-                 "max_tokens": r.max_tokens, "num_tokens": r.num_tokens, "num_chunks": len(r.chunk_times),
+                 "finish_reason": r.finish_reason,
+                 "prompt_len": r.usage_prompt_tokens or r.prompt_len,
+                 "max_tokens": r.max_tokens, "num_tokens": r.num_tokens,
+                 "num_chunks": len(r.chunk_times),
                  "scheduled_time": r.scheduled_time, "send_time": r.send_time, "ttft": r.ttft,
                  "end_time": r.end_time, "error": r.error} for r in self.records]
         return pd.DataFrame(rows)
@@ -199,10 +206,12 @@ class _Clock:
         return time.perf_counter() - self.t0
 
 
-def _body(lr: LoadRequest, endpoint: str, model: str, sampling: dict, continuous_usage_stats: bool = True) -> dict:
-    options = {"include_usage": True, **({"continuous_usage_stats": True} if continuous_usage_stats else {})}
-    body = {"model": model, "max_tokens": lr.max_tokens, "stream": True, "stream_options": options, **sampling,
-            **(lr.extra_body or {})}
+def _body(lr: LoadRequest, endpoint: str, model: str, sampling: dict,
+          continuous_usage_stats: bool = True) -> dict:
+    options = {"include_usage": True,
+               **({"continuous_usage_stats": True} if continuous_usage_stats else {})}
+    body = {"model": model, "max_tokens": lr.max_tokens, "stream": True, "stream_options": options,
+            **sampling, **(lr.extra_body or {})}
     if endpoint == "chat":
         if lr.messages is not None:
             body["messages"] = lr.messages
@@ -317,16 +326,21 @@ def _check_load(mode: str, endpoint: str, concurrency, max_concurrency, requests
         raise ValueError("requests must be a non-empty list of LoadRequest (see from_workload)")
     if len({r.request_id for r in requests}) != len(requests):
         raise ValueError("request ids must be unique")
-    check_number("max_duration", max_duration, 0, strict=True, hint="a load must be bounded: give seconds")
+    check_number("max_duration", max_duration, 0, strict=True,
+                 hint="a load must be bounded: give seconds")
     check_number("request_timeout", request_timeout, 0, strict=True)
 
 
-async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "open", concurrency: int | None = None,
-                         model: str | None = None, endpoint: str = "completions", api_key: str | None = None,
-                         temperature: float = 0.0, ignore_eos: bool = True, request_timeout: float = 300.0,
+async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "open",
+                         concurrency: int | None = None,
+                         model: str | None = None, endpoint: str = "completions",
+                         api_key: str | None = None,
+                         temperature: float = 0.0, ignore_eos: bool = True,
+                         request_timeout: float = 300.0,
                          max_duration: float = 600.0, target_rate: float | None = None,
-                         extra_body: dict | None = None, max_concurrency: int | None = None, warmup: int = 0,
-                         progress: bool = False, tokenizer=None, headers: dict[str, str] | None = None,
+                         extra_body: dict | None = None, max_concurrency: int | None = None,
+                         warmup: int = 0, progress: bool = False, tokenizer=None,
+                         headers: dict[str, str] | None = None,
                          continuous_usage_stats: bool = True) -> LoadResult:
     """Run one load (see the module docstring); ``run_load`` is the same from synchronous code.
 
@@ -335,7 +349,8 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
     ``ignore_eos=False`` and ``continuous_usage_stats=False`` leave those fields out of the body
     (a strict OpenAI server refuses fields it does not know); ``headers``: more HTTP headers.
     """
-    _check_load(mode, endpoint, concurrency, max_concurrency, requests, max_duration, request_timeout, warmup)
+    _check_load(mode, endpoint, concurrency, max_concurrency, requests, max_duration,
+                request_timeout, warmup)
     if headers is not None and not (isinstance(headers, dict)
                                     and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
         raise ValueError(f"headers={headers!r}; must be a dict of str to str, or None")
@@ -345,20 +360,23 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
     limits = httpx.Limits(max_connections=max(in_flight, warmup, 1), max_keepalive_connections=64,
                           keepalive_expiry=KEEPALIVE_S)
     path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
-    sampling = {"temperature": temperature, **({"ignore_eos": True} if ignore_eos else {}), **(extra_body or {})}
+    sampling = {"temperature": temperature, **({"ignore_eos": True} if ignore_eos else {}),
+                **(extra_body or {})}
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
                                  timeout=httpx.Timeout(request_timeout)) as client:
         listed = await check_server(client, url)
         model = model or listed
         ordered = sorted(requests, key=lambda q: q.arrival_time) if mode == "open" else list(requests)
-        bodies = [_body(lr, endpoint, model, sampling, continuous_usage_stats) for lr in ordered]   # bad prompts fail before any send
+        # bad prompts fail before any send
+        bodies = [_body(lr, endpoint, model, sampling, continuous_usage_stats) for lr in ordered]
         warm = await _warm_up(client, path, bodies, warmup, tokenizer)
         clock = _Clock()
         records = [ClientRecord(lr.request_id, lr.prompt_len if lr.prompt_len > 0 else
                                 (len(lr.prompt) if isinstance(lr.prompt, list) else -1),
                                 lr.max_tokens, lr.arrival_time if mode == "open" else 0.0,
                                 client_t0_unix=clock.t0_unix) for lr in ordered]
-        bar = tqdm(total=len(records), unit="req", desc=f"{mode} loop", disable=not progress, leave=False)
+        bar = tqdm(total=len(records), unit="req", desc=f"{mode} loop", disable=not progress,
+                   leave=False)
         tasks: list[asyncio.Task] = []
         gate = asyncio.Semaphore(max_concurrency) if mode == "open" and max_concurrency else None
 
@@ -367,7 +385,8 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
                 if gate is None:
                     await _send(client, path, body, rec, clock, tokenizer)
                 else:
-                    async with gate:          # vLLM's --max-concurrency: wait for a free slot, then send
+                    # vLLM's --max-concurrency: wait for a free slot, then send
+                    async with gate:
                         await _send(client, path, body, rec, clock, tokenizer)
             finally:
                 bar.update(1)
@@ -410,7 +429,8 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
             bar.close()
         wall = clock.now()
     result = LoadResult(records, mode, url, model, concurrency, target_rate, wall,
-                        meta={"endpoint": endpoint, "max_duration": max_duration}, warmup=warm, cut=cut,
+                        meta={"endpoint": endpoint,
+                              "max_duration": max_duration}, warmup=warm, cut=cut,
                         max_concurrency=max_concurrency if mode == "open" else None)
     for line in result.summary().splitlines():
         if line.startswith(("CUT:", "BEHIND PLAN:")):
@@ -418,7 +438,8 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
     return result
 
 
-async def _warm_up(client: httpx.AsyncClient, path: str, bodies: list[dict], n: int, tokenizer) -> list[ClientRecord]:
+async def _warm_up(client: httpx.AsyncClient, path: str, bodies: list[dict], n: int,
+                   tokenizer) -> list[ClientRecord]:
     """``n`` requests (the load's first bodies, in turn) sent together and awaited before the load."""
     if n == 0:
         return []

@@ -17,7 +17,8 @@ from batchlab.loadgen.client import LoadRequest
 from batchlab.workloads.lengths import range_around
 
 DATASETS = ("random", "sharegpt", "prefix_repetition")
-SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048     # vLLM's is_valid_sequence
+# vLLM's is_valid_sequence
+SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
 
 
 def parse_range_ratio(value: str | float | dict) -> tuple[float, float]:
@@ -27,10 +28,12 @@ def parse_range_ratio(value: str | float | dict) -> tuple[float, float]:
         try:
             value = json.loads(value)
         except ValueError:
-            fail("random-range-ratio", text, 'a number in [0, 1) or a JSON {"input": r1, "output": r2}')
+            fail("random-range-ratio", text,
+                 'a number in [0, 1) or a JSON {"input": r1, "output": r2}')
     if isinstance(value, dict):
         if set(value) != {"input", "output"}:
-            fail("random-range-ratio", text, 'a JSON object with exactly the keys "input" and "output"')
+            fail("random-range-ratio", text,
+                 'a JSON object with exactly the keys "input" and "output"')
         pair = (value["input"], value["output"])
     else:
         pair = (value, value)
@@ -63,11 +66,13 @@ class DatasetConfig:
                  "or --prompts FILE for a JSONL of prompts, --workload FILE to replay a workload")
         if self.dataset_name == "sharegpt":
             if self.dataset_path is None:
-                fail("dataset-path", None, "a ShareGPT-style JSON file with --dataset-name sharegpt")
+                fail("dataset-path", None,
+                     "a ShareGPT-style JSON file with --dataset-name sharegpt")
             if not Path(self.dataset_path).is_file():
                 fail("dataset-path", self.dataset_path, "a ShareGPT-style JSON file (no such file)")
         elif self.dataset_path is not None:
-            fail("dataset-path", self.dataset_path, f"unset with --dataset-name {self.dataset_name}",
+            fail("dataset-path", self.dataset_path,
+                 f"unset with --dataset-name {self.dataset_name}",
                  "a file is read by --dataset-name sharegpt")
         check_int("random-input-len", self.random_input_len)
         check_int("random-output-len", self.random_output_len)
@@ -101,7 +106,8 @@ def random_requests(n: int, cfg: DatasetConfig, tokenizer, seed: int = 0) -> lis
     in_low, in_high = range_around(real_len, in_ratio)
     out_low, out_high = (max(x, 1) for x in range_around(cfg.random_output_len, out_ratio))
     if cfg.random_prefix_len + in_low < 1:
-        fail("random-input-len", cfg.random_input_len, "long enough for a prompt of at least 1 token",
+        fail("random-input-len", cfg.random_input_len,
+             "long enough for a prompt of at least 1 token",
              f"the tokenizer adds {tokenizer.num_special_tokens_to_add()} special tokens; "
              f"range ratio {in_ratio}")
     input_lens = rng.integers(in_low, in_high + 1, size=n)
@@ -132,7 +138,8 @@ def _conversations(path: str) -> list[list[dict]]:
                 isinstance(t, dict) and isinstance(t.get("value"), str) for t in turns[:2]):
             out.append(turns)
     if not out:
-        fail("dataset-path", path, "a ShareGPT-style JSON file with at least one conversation of two turns",
+        fail("dataset-path", path,
+             "a ShareGPT-style JSON file with at least one conversation of two turns",
              'each entry {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}')
     return out
 
@@ -166,19 +173,23 @@ def sharegpt_requests(n: int, cfg: DatasetConfig, tokenizer, seed: int = 0) -> l
     return picked
 
 
-def prefix_repetition_requests(n: int, cfg: DatasetConfig, tokenizer, seed: int = 0) -> list[LoadRequest]:
+def prefix_repetition_requests(n: int, cfg: DatasetConfig, tokenizer,
+                               seed: int = 0) -> list[LoadRequest]:
     """vLLM's ``prefix_repetition`` dataset (see the module docstring)."""
     per_prefix = n // cfg.prefix_repetition_num_prefixes
     if per_prefix == 0:
-        fail("num-prompts", n, f">= prefix-repetition-num-prefixes={cfg.prefix_repetition_num_prefixes}",
+        fail("num-prompts", n,
+             f">= prefix-repetition-num-prefixes={cfg.prefix_repetition_num_prefixes}",
              "each prefix needs at least one prompt")
     rng = np.random.default_rng(seed)
     allowed = _allowed_tokens(tokenizer)
     prompts = []
     for _ in range(cfg.prefix_repetition_num_prefixes):
-        prefix = allowed[rng.integers(0, len(allowed), size=cfg.prefix_repetition_prefix_len)].tolist()
+        prefix = allowed[rng.integers(0, len(allowed),
+                                      size=cfg.prefix_repetition_prefix_len)].tolist()
         for _ in range(per_prefix):
-            suffix = allowed[rng.integers(0, len(allowed), size=cfg.prefix_repetition_suffix_len)].tolist()
+            suffix = allowed[rng.integers(0, len(allowed),
+                                          size=cfg.prefix_repetition_suffix_len)].tolist()
             prompts.append([int(t) for t in prefix + suffix])
     if not cfg.disable_shuffle:
         random.Random(seed).shuffle(prompts)

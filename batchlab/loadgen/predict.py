@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis.metrics import latency_values, throughput
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import StepTimeModel
 from batchlab.checks import check_instance
 from batchlab.engine import Engine
@@ -29,8 +29,8 @@ CPU_ARGS = EngineArgs(max_num_seqs=128, max_num_batched_tokens=2048, enable_chun
                       enable_prefix_caching=False, block_size=128)
 
 
-def simulate_load(cost_model: StepTimeModel, requests: list[LoadRequest], args: EngineArgs = CPU_ARGS,
-                  kv_capacity_tokens: int = 46_592) -> Trace:
+def simulate_load(cost_model: StepTimeModel, requests: list[LoadRequest],
+                  args: EngineArgs = CPU_ARGS, kv_capacity_tokens: int = 46_592) -> Trace:
     """The simulator's trace of ``requests`` (token-id prompts; their ``arrival_time``) under vLLM's
     flags ``args``; each left at None takes ``CPU_ARGS``' value. The KV capacity is what the
     course's vLLM gets from 2 GiB (46,592 tokens)."""

@@ -57,7 +57,8 @@ def histogram_sum(df: pd.DataFrame, family: str) -> float:
     return float(_samples(df, family, "_sum")["value"].sum())
 
 
-def histogram_buckets(df: pd.DataFrame, family: str, since: pd.DataFrame | None = None) -> pd.Series:
+def histogram_buckets(df: pd.DataFrame, family: str,
+                      since: pd.DataFrame | None = None) -> pd.Series:
     """Cumulative counts by upper bound ``le`` (``inf`` last), summed over label sets; with
     ``since`` (an earlier scrape), only the observations made after it."""
     def counts(d: pd.DataFrame) -> pd.Series:
@@ -128,7 +129,8 @@ class GaugeSampler:
                 try:
                     r = client.get(self.url.rstrip("/") + "/metrics")
                     df = parse_metrics(r.text)
-                    self.rows.append({"t": time.perf_counter() - t0, **{f: value(df, f) for f in self.families}})
+                    self.rows.append({"t": time.perf_counter() - t0,
+                                      **{f: value(df, f) for f in self.families}})
                 except (httpx.HTTPError, ValueError) as e:
                     self.error = f"{type(e).__name__}: {e}"
                 self._stop.wait(self.interval)

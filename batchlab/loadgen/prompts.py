@@ -62,14 +62,16 @@ def read_prompts(path: str | Path, output_len: int, tokenizer=None) -> list[Load
             max_tokens = row.get("max_tokens", output_len)
             if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
                 _fail(path, line_no, f"max_tokens={max_tokens!r}")
-            out.append(LoadRequest(f"p{len(out)}", prompt, max_tokens, prompt_len=_count_tokens(tokenizer, prompt, messages),
+            out.append(LoadRequest(f"p{len(out)}", prompt, max_tokens,
+                                   prompt_len=_count_tokens(tokenizer, prompt, messages),
                                    messages=messages))
     if not out:
         raise ValueError(f"prompts={str(path)!r}; must hold at least one prompt (the file is empty)")
     return out
 
 
-def with_arrivals(requests: list[LoadRequest], n: int, arrival: str = "poisson", rate: float | None = None,
+def with_arrivals(requests: list[LoadRequest], n: int, arrival: str = "poisson",
+                  rate: float | None = None,
                   burstiness: float = 1.0, seed: int = 0) -> list[LoadRequest]:
     """``n`` requests cycling through ``requests`` (ids made unique), arriving by ``arrival``."""
     from dataclasses import replace
@@ -77,7 +79,8 @@ def with_arrivals(requests: list[LoadRequest], n: int, arrival: str = "poisson",
     from batchlab.workloads import make_arrivals
     check_int("n", n)
     times = make_arrivals(n, arrival, rate, burstiness, seed)
-    return [replace(requests[i % len(requests)], request_id=f"r{i:04d}", arrival_time=float(times[i]))
+    return [replace(requests[i % len(requests)], request_id=f"r{i:04d}",
+                    arrival_time=float(times[i]))
             for i in range(n)]
 
 

@@ -33,7 +33,8 @@ class ClientRecord:
     text: str = ""
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
-    tokens_counted_by: str = "chunks"      # "usage" (the server's running count) or "chunks" (1 each)
+    # "usage" (the server's running count) or "chunks" (1 each)
+    tokens_counted_by: str = "chunks"
     server: dict | None = None             # the server's own timings (batchlab's extension field)
     client_t0_unix: float = 0.0            # unix time of this load's t = 0 (to place server times)
 
@@ -87,7 +88,8 @@ class ClientRecord:
 def client_trace(records: list[ClientRecord], meta: dict | None = None) -> Trace:
     """The client's view as a ``Trace`` (see the module docstring). Requests sorted by send time."""
     out = []
-    for r in sorted(records, key=lambda r: (r.send_time if r.send_time is not None else r.scheduled_time)):
+    for r in sorted(records,
+                    key=lambda r: (r.send_time if r.send_time is not None else r.scheduled_time)):
         status, reason, detail = r.status()
         arrival = r.send_time if r.send_time is not None else r.scheduled_time
         times = r.token_times() if status is not RequestStatus.REJECTED else []
@@ -113,12 +115,16 @@ def server_trace(records: list[ClientRecord], meta: dict | None = None) -> Trace
             streamed = False                # handed back whole at release
         else:
             streamed = True
-        out.append(RequestRecord(r.request_id, r.server_time(s["arrival_time"]), r.usage_prompt_tokens or r.prompt_len,
-                                 r.max_tokens, RequestStatus.FINISHED, FinishReason(r.finish_reason),
+        out.append(RequestRecord(r.request_id, r.server_time(s["arrival_time"]),
+                                 r.usage_prompt_tokens or r.prompt_len,
+                                 r.max_tokens, RequestStatus.FINISHED,
+                                 FinishReason(r.finish_reason),
                                  r.server_time(s.get("first_scheduled_time")), times,
-                                 r.server_time(s.get("release_time")), streamed, list(s.get("token_ids") or [])))
+                                 r.server_time(s.get("release_time")), streamed,
+                                 list(s.get("token_ids") or [])))
     out.sort(key=lambda q: q.arrival_time)
-    return Trace(requests=out, steps=[], meta={"clock": "server (on the client's clock)", **(meta or {})})
+    return Trace(requests=out, steps=[],
+                 meta={"clock": "server (on the client's clock)", **(meta or {})})
 
 
 def chunk_gaps(records: list[ClientRecord]) -> np.ndarray:

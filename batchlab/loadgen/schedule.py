@@ -29,13 +29,16 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if not (is_number(self.request_rate) and self.request_rate > 0 or self.request_rate == math.inf):
-            fail("request-rate", self.request_rate, "a positive number of requests per second, or inf")
+            fail("request-rate", self.request_rate,
+                 "a positive number of requests per second, or inf")
         if not (is_number(self.burstiness) and self.burstiness > 0 or self.burstiness == math.inf):
-            fail("burstiness", self.burstiness, "a positive number (1 = Poisson, < 1 burstier), or inf")
+            fail("burstiness", self.burstiness,
+                 "a positive number (1 = Poisson, < 1 burstier), or inf")
         if self.ramp_up_strategy is None:
             for name in ("ramp_up_start_rps", "ramp_up_end_rps"):
                 if getattr(self, name) is not None:
-                    fail(name.replace("_", "-"), getattr(self, name), "unset without --ramp-up-strategy",
+                    fail(name.replace("_", "-"), getattr(self, name),
+                         "unset without --ramp-up-strategy",
                          f"give --ramp-up-strategy {' or '.join(RAMP_UP_STRATEGIES)} too")
             return
         if self.ramp_up_strategy not in RAMP_UP_STRATEGIES:

@@ -20,7 +20,8 @@ KINDS = ("stream", "whole", "chat", "disconnect", "bad")
 WEIGHTS = (0.55, 0.15, 0.10, 0.12, 0.08)
 BAD_BODIES = ({"prompt": "x", "max_tokens": 0}, {"prompt": "x", "logprobs": 21}, {"prompt": 7},
               {"prompt": "x", "top_k": -2}, {"messages": "hi"})
-WORDS = ("river", "mountain", "garden", "engine", "violin", "market", "winter", "planet", "lantern", "harbor")
+WORDS = ("river", "mountain", "garden", "engine", "violin", "market", "winter", "planet", "lantern",
+         "harbor")
 
 
 @dataclass

@@ -14,7 +14,8 @@ from batchlab.analysis.metrics import SLO, max_rate_meeting_slo, slo_attainment,
 from batchlab.checks import is_number
 from batchlab.loadgen.client import LoadRequest, LoadResult, run_load
 
-GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}     # vLLM's names -> batchlab's SLO fields
+# vLLM's names -> batchlab's SLO fields
+GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
 
 
 def parse_rates(text: str) -> list[float]:
@@ -58,8 +59,9 @@ def sweep_row(result: LoadResult, rate: float, slo: SLO | None) -> dict:
             "cut": result.cut, "outcomes": result.status_counts()}
 
 
-def rate_sweep(url: str, make_requests: Callable[[float], list[LoadRequest]], rates: Iterable[float],
-               slo: SLO | None = None, target: float = 0.9, on_result: Callable[[float, LoadResult], None] | None = None,
+def rate_sweep(url: str, make_requests: Callable[[float], list[LoadRequest]],
+               rates: Iterable[float], slo: SLO | None = None, target: float = 0.9,
+               on_result: Callable[[float, LoadResult], None] | None = None,
                **load_kwargs) -> tuple[pd.DataFrame, float | None]:
     """Run ``make_requests(rate)`` at each rate (lowest first); return the sweep (one row per rate,
     with ``slo_attainment`` when there is an SLO) and DistServe's goodput (None without an SLO;

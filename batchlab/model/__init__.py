@@ -23,9 +23,10 @@ Importing ``batchlab.model`` itself loads no torch; the names below come from ``
 
 from batchlab.model.loading import (
     ALLOWED_DEVICES, ALLOWED_DTYPES, LoadedModel, cache_root, chat_prompt_ids, convert_gguf,
-    converted_dir, gguf_path, load_model, load_tokenizer, resolve_device, resolve_dtype, set_cpu_threads,
+    converted_dir, gguf_path, load_model, load_tokenizer, resolve_device, resolve_dtype,
+    set_cpu_threads,
 )
 
 __all__ = ["ALLOWED_DEVICES", "ALLOWED_DTYPES", "LoadedModel", "cache_root", "chat_prompt_ids",
-           "convert_gguf", "converted_dir", "gguf_path", "load_model", "load_tokenizer", "resolve_device",
-           "resolve_dtype", "set_cpu_threads"]
+           "convert_gguf", "converted_dir", "gguf_path", "load_model", "load_tokenizer",
+           "resolve_device", "resolve_dtype", "set_cpu_threads"]

@@ -52,7 +52,8 @@ def step_products(dtype: torch.dtype, rows: int):
     gen = torch.Generator().manual_seed(0)
     layer = [product_timer((torch.randn(*s, generator=gen) / s[0] ** 0.5).to(dtype), rows)
              for s in PROBE_SHAPES]
-    head = product_timer((torch.randn(*PROBE_HEAD, generator=gen) / PROBE_HEAD[0] ** 0.5).to(dtype), rows)
+    head = product_timer((torch.randn(*PROBE_HEAD, generator=gen) / PROBE_HEAD[0] ** 0.5).to(dtype),
+                         rows)
     return lambda repeats: (PROBE_LAYERS * sum(best_seconds(p, repeats) for p in layer)
                             + best_seconds(head, repeats))
 

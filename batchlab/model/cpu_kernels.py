@@ -56,11 +56,12 @@ def kernel_report(timeout: float = 120.0) -> dict:
     import torch
 
     report: dict = {"flags": cpu_kernel_flags(), "onednn_isa_cap": onednn_isa_cap(),
-                    "bf16_units": cpu_bf16_flags(), "torch_capability": torch.backends.cpu.get_cpu_capability()}
+                    "bf16_units": cpu_bf16_flags(),
+                    "torch_capability": torch.backends.cpu.get_cpu_capability()}
     env = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
     try:
-        out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                             text=True, timeout=timeout)
         log = out.stdout + out.stderr
     except (OSError, subprocess.TimeoutExpired) as e:
         log = f"probe failed: {e}"
@@ -81,4 +82,5 @@ def describe_kernels(report: dict) -> str:
             f"torch kernels {report['torch_capability']}")
 
 
-__all__ = ["KERNEL_FLAGS", "cpu_kernel_flags", "describe_kernels", "kernel_report", "parse_onednn_log"]
+__all__ = ["KERNEL_FLAGS", "cpu_kernel_flags", "describe_kernels", "kernel_report",
+           "parse_onednn_log"]

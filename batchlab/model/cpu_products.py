@@ -67,7 +67,8 @@ def cpu_has_bf16_units() -> bool:
 
 def prepack_available() -> bool:
     """Whether this torch build can pack weights for oneDNN (CPU builds with mkldnn)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
+                                                            "_reorder_linear_weight")
 
 
 def min_pack_rows(dtype: torch.dtype) -> int:
@@ -97,7 +98,8 @@ class StepProducts:
     bf16 units (``widen``) takes fp32's route on an fp32 copy of each weight and rounds the result
     back. The copies are made here, once."""
 
-    def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype,
+                 device: torch.device | str) -> None:
         self.weights = weights                         # the (in, out) weights it multiplies by
         self.dtype, self.device = dtype, device
         self.widen = widens_bf16(dtype, device)

@@ -26,7 +26,8 @@ def _cpu_times(stat: str = "/proc/stat") -> dict[int, tuple[int, int]]:
             name, *fields = line.split()
             if not name.startswith("cpu") or name == "cpu":
                 continue
-            ticks = [int(x) for x in fields[:8]]          # user nice system idle iowait irq softirq steal
+            # user nice system idle iowait irq softirq steal
+            ticks = [int(x) for x in fields[:8]]
             idle = ticks[3] + ticks[4]
             times[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
     return times

@@ -88,7 +88,8 @@ def parted_between(weights: LlamaWeights, prompts: Mapping[Hashable, Sequence[in
     differ = [key for key in first if any(run[key] != first[key] for run in others)]
     parted: dict[Hashable, tuple[int, float]] = {}
     for run in runs.values():
-        for key, (k, margin) in parted_from_alone(weights, prompts, {d: run[d] for d in differ}).items():
+        for key, (k, margin) in parted_from_alone(weights, prompts,
+                                                  {d: run[d] for d in differ}).items():
             k0, m0 = parted.get(key, (k, margin))
             parted[key] = (min(k, k0), max(margin, m0))
     return parted

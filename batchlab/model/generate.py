@@ -40,7 +40,8 @@ def greedy_generate(weights: LlamaWeights, prompt_ids: list[int], max_new_tokens
     """
     prompt_ids = [int(t) for t in prompt_ids]
     if not prompt_ids:
-        fail("prompt_ids", prompt_ids, "a non-empty list of token ids", "a prompt needs at least 1 token")
+        fail("prompt_ids", prompt_ids, "a non-empty list of token ids",
+             "a prompt needs at least 1 token")
     check_int("max_new_tokens", max_new_tokens)
     stops = set(int(t) for t in stop_token_ids)
     cache = weights.new_kv_cache(num_slots=1, max_seq_len=len(prompt_ids) + max_new_tokens)

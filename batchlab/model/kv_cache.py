@@ -18,9 +18,11 @@ from batchlab.shapes import kv_bytes_per_token
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def check_cache_shape(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+def check_cache_shape(num_layers: int, num_kv_heads: int, head_dim: int,
+                      dtype: torch.dtype) -> None:
     """The checks every KV cache's tensors share."""
-    for name, value in [("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)]:
+    for name, value in [("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
+                        ("head_dim", head_dim)]:
         check_int(name, value)
     if dtype not in CACHE_DTYPES:
         raise ValueError(f"dtype={dtype!r}; must be one of {list(CACHE_DTYPES)}")
@@ -136,14 +138,16 @@ class KVCache(ReservingKVSpace):
         self._apply_moves()
         return SlotStepLayout(chunks, self, config, device)
 
-    def attention(self, q: torch.Tensor, kv_new: torch.Tensor, layer: int, lay: "SlotStepLayout") -> torch.Tensor:
+    def attention(self, q: torch.Tensor, kv_new: torch.Tensor, layer: int,
+                  lay: "SlotStepLayout") -> torch.Tensor:
         return slot_attention(q, kv_new, self.kv[layer], lay)
 
     # --- a disaggregated hand-off: a sequence's keys and values, out and in ----------------------
     def read_tokens(self, request_id: str, num_tokens: int) -> torch.Tensor:
         """A copy of the sequence's first ``num_tokens`` positions: (layers, num_tokens, 2, KV, hd)."""
         slot = self.slot_of(request_id)
-        self._apply_moves()                                   # a moved sequence's past is where it went
+        # a moved sequence's past is where it went
+        self._apply_moves()
         return self.kv[:, :, slot, :, :num_tokens].permute(0, 3, 1, 2, 4).contiguous()
 
     def write_tokens(self, request_id: str, kv: torch.Tensor) -> None:
@@ -193,10 +197,13 @@ class SlotStepLayout(StepLayout):
             self.span = max(single_slots) + 1
             self.max_ctx = max(c.start for _, c in self.single) + 1
             self.single_slots = torch.tensor(single_slots, dtype=torch.long, device=device)
-            lengths = torch.ones(self.span, dtype=torch.long, device=device)  # unused slots see 1 key
-            lengths[self.single_slots] = torch.tensor([c.start + 1 for _, c in self.single], device=device)
+            # unused slots see 1 key
+            lengths = torch.ones(self.span, dtype=torch.long, device=device)
+            lengths[self.single_slots] = torch.tensor([c.start + 1 for _, c in self.single],
+                                                      device=device)
             ctx = torch.arange(self.max_ctx, device=device)
-            self.single_mask = (ctx[None, :] < lengths[:, None])[:, None, None, :]  # (span, 1, 1, ctx)
+            # (span, 1, 1, ctx)
+            self.single_mask = (ctx[None, :] < lengths[:, None])[:, None, None, :]
             # Common case: decodes first, in slot order 0, 1, 2, ...: no scatter into slot order.
             self.dense = self.singles_first and single_slots == list(range(len(single_slots)))
 
@@ -228,13 +235,15 @@ def slot_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_cache: torch.Tensor
     kv_cache[:, lay.slots, :, lay.positions] = kv_new          # write this step's keys/values
     k_cache, v_cache = kv_cache[0], kv_cache[1]                # (slots, KV, max_len, hd) views
     attn = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
-    if lay.single:   # one query per slot: (span, H, 1, hd) against each slot's past (span, KV, ctx, hd)
+    # one query per slot: (span, H, 1, hd) against each slot's past (span, KV, ctx, hd)
+    if lay.single:
         if lay.dense:
             qs = q[:lay.span].unsqueeze(2)
         else:
             qs = q.new_zeros(lay.span, H, 1, hd)
             qs[lay.single_slots] = q[lay.single_rows].unsqueeze(2)
-        out = decode_attention(qs, k_cache[:lay.span, :, :lay.max_ctx], v_cache[:lay.span, :, :lay.max_ctx],
+        out = decode_attention(qs, k_cache[:lay.span, :, :lay.max_ctx],
+                               v_cache[:lay.span, :, :lay.max_ctx],
                                lay.single_mask)                # (span, H, hd)
         place_decodes(attn, out if lay.dense else out[lay.single_slots], lay)
     for row, c in lay.multi:

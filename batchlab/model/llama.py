@@ -14,8 +14,8 @@ from batchlab.model.cpu_products import StepProducts
 from batchlab.model.kv_cache import KVCache, SeqChunk
 from batchlab.model.paged_kv_cache import PagedKVCache, PagedSeqChunk
 
-__all__ = ["LlamaConfig", "LayerWeights", "LlamaWeights", "SeqChunk", "PagedSeqChunk", "forward_step",
-           "rms_norm", "apply_rope", "project"]
+__all__ = ["LlamaConfig", "LayerWeights", "LlamaWeights", "SeqChunk", "PagedSeqChunk",
+           "forward_step", "rms_norm", "apply_rope", "project"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class LlamaConfig:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls(config.vocab_size, config.hidden_size, config.intermediate_size,
                    config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
-                   head_dim, float(theta), float(config.rms_norm_eps), config.max_position_embeddings)
+                   head_dim, float(theta), float(config.rms_norm_eps),
+                   config.max_position_embeddings)
 
 
 @dataclass
@@ -93,7 +94,8 @@ class LlamaWeights:
         # values are the bf16 weights' and the arithmetic is fp32's; otherwise each weight's oneDNN
         # packed copy is used.
         self.products = StepProducts([lm_head] + [w for lw in layers
-                                                  for w in (lw.w_qkv, lw.w_o, lw.w_gate_up, lw.w_down)],
+                                                  for w in (lw.w_qkv, lw.w_o, lw.w_gate_up,
+                                                            lw.w_down)],
                                      embed.dtype, embed.device)
 
     @property
@@ -153,13 +155,15 @@ class LlamaWeights:
                        self.dtype, str(self.device))
 
 
-    def new_paged_kv_cache(self, num_blocks: int, block_size: int = 16, max_seq_len: int | None = None,
-                           enable_prefix_caching: bool = False, reserve_blocks: int = 0) -> PagedKVCache:
+    def new_paged_kv_cache(self, num_blocks: int, block_size: int = 16,
+                           max_seq_len: int | None = None, enable_prefix_caching: bool = False,
+                           reserve_blocks: int = 0) -> PagedKVCache:
         c = self.config
         max_seq_len = c.max_position if max_seq_len is None else max_seq_len
         if max_seq_len > c.max_position:
             raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's context length {c.max_position}")
-        return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size, max_seq_len,
+        return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size,
+                            max_seq_len,
                             self.dtype, str(self.device), enable_prefix_caching, reserve_blocks)
 
 
@@ -177,7 +181,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 @torch.inference_mode()
 def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
-                 chunks: list[SeqChunk] | list[PagedSeqChunk], exit_layer: int | None = None) -> torch.Tensor:
+                 chunks: list[SeqChunk] | list[PagedSeqChunk],
+                 exit_layer: int | None = None) -> torch.Tensor:
     """Run one mixed step; write every token's K/V into ``cache``; return logits (S, V) for the
     chunks with ``want_logits``, in the order they were given (``num_logits`` rows for a chunk
     that asks for more than its last: a speculative draft's check).
@@ -197,7 +202,8 @@ def forward_step(weights: LlamaWeights, cache: KVCache | PagedKVCache,
     cos = weights.cos[lay.positions][:, None, :]                  # (T, 1, hd)
     sin = weights.sin[lay.positions][:, None, :]
 
-    mm = weights.project                                           # x @ w, by the fastest route here
+    # x @ w, by the fastest route here
+    mm = weights.project
     x = weights.embed[lay.ids]                                     # (T, D)
     for li, lw in enumerate(weights.layers[:exit_layer]):
         h = rms_norm(x, lw.attn_norm, cfg.rms_eps)

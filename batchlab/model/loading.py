@@ -133,7 +133,8 @@ def set_cpu_threads(threads: int | None) -> int:
 
     from batchlab.model.cpu_threads import free_cores
 
-    check_int("threads", threads, allow_none=True, hint="None: one per core no other process is using")
+    check_int("threads", threads, allow_none=True,
+              hint="None: one per core no other process is using")
     if threads is None:
         threads = free_cores()
     torch.set_num_threads(int(threads))
@@ -167,7 +168,8 @@ def convert_gguf(gguf: Path, dest: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-        (tmp / "batchlab-complete.json").write_text(json.dumps({"source": str(gguf), "files": files}))
+        (tmp / "batchlab-complete.json").write_text(json.dumps({"source": str(gguf),
+                                                                "files": files}))
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)  # atomic: another process sees the old state or the whole new one

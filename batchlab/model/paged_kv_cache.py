@@ -57,12 +57,14 @@ class PagedKVCache(BlockManager):
     def seq_chunk(self, request_id: str, start: int, token_ids: list[int], want_logits: bool,
                   num_logits: int = 1) -> "PagedSeqChunk":
         """The step's view of one request's chunk: its block table."""
-        return PagedSeqChunk(self.block_table(request_id), start, token_ids, want_logits, num_logits)
+        return PagedSeqChunk(self.block_table(request_id), start, token_ids, want_logits,
+                             num_logits)
 
     def step_layout(self, chunks: list["PagedSeqChunk"], config, device) -> "PagedStepLayout":
         return PagedStepLayout(chunks, self, config, device)
 
-    def attention(self, q: torch.Tensor, kv_new: torch.Tensor, layer: int, lay: "PagedStepLayout") -> torch.Tensor:
+    def attention(self, q: torch.Tensor, kv_new: torch.Tensor, layer: int,
+                  lay: "PagedStepLayout") -> torch.Tensor:
         return paged_attention(q, kv_new, self.kv[layer], lay)
 
     # --- a disaggregated hand-off: a sequence's keys and values, out and in ----------------------
@@ -119,7 +121,8 @@ class PagedStepLayout(StepLayout):
         for members in context_groups([c.start + 1 for _, c in self.single]):
             chunks_g = [self.single[i][1] for i in members]
             rows = (slice(0, len(members)) if members == list(range(len(members))) and self.singles_first
-                    else torch.tensor([self.single[i][0] for i in members], dtype=torch.long, device=device))
+                    else torch.tensor([self.single[i][0] for i in members], dtype=torch.long,
+                                      device=device))
             self.single_groups.append((rows, *self._past_grid(chunks_g, device)))
 
     def _past_grid(self, chunks: list[PagedSeqChunk], device) -> tuple:
@@ -163,8 +166,10 @@ def paged_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_layer: torch.Tenso
     # advanced indexing, kv_layer[rows], measured on one thread).
     kv_layer.index_copy_(0, lay.slot_mapping, kv_new)        # scatter this step's keys/values
     attn = torch.empty(T, H, hd, dtype=q.dtype, device=q.device)
-    for rows, index, (n, ctx), mask in lay.single_groups:     # single-token chunks, by context length
-        past = kv_layer.index_select(0, index).view(n, ctx, *kv_layer.shape[1:])  # gathered (n, ctx, 2, KV, hd)
+    # single-token chunks, by context length
+    for rows, index, (n, ctx), mask in lay.single_groups:
+        # gathered (n, ctx, 2, KV, hd)
+        past = kv_layer.index_select(0, index).view(n, ctx, *kv_layer.shape[1:])
         attn[rows] = decode_attention(q[rows].unsqueeze(2), past[:, :, 0].transpose(1, 2),
                                       past[:, :, 1].transpose(1, 2), mask)          # (n, H, hd)
     for (row, c), past_rows in zip(lay.multi, lay.multi_past_rows):

@@ -127,7 +127,8 @@ def profile_steps(weights: LlamaWeights,
     max_len = max([context_len + 1] + [n for n in prefill_sizes] + [c + 1 for c in context_lens])
     slots = max(batch_sizes + [context_batch if context_lens else 1])
     cache = weights.new_kv_cache(slots, max_len)   # scratch cache; its contents are irrelevant
-    rows = _time_jobs(weights, cache, jobs, repeats, weights.num_bytes() / bandwidth * 1e3, progress)
+    rows = _time_jobs(weights, cache, jobs, repeats, weights.num_bytes() / bandwidth * 1e3,
+                      progress)
     df = pd.DataFrame(rows)
     df.attrs.update(bandwidth_GBps=bandwidth / 1e9, weight_MB=weights.num_bytes() / 1e6,
                     device=str(weights.device), dtype=str(weights.dtype).replace("torch.", ""))

@@ -62,7 +62,8 @@ def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
             probs = torch.where(probs < p.min_p * probs.max(), 0.0, probs)
         if 0 < p.top_k < probs.shape[0]:
             kth = probs.topk(p.top_k).values[-1]
-            probs = torch.where(probs < kth, 0.0, probs)    # ties at the k-th value are kept, as vLLM's
+            # ties at the k-th value are kept, as vLLM's
+            probs = torch.where(probs < kth, 0.0, probs)
         probs = probs / probs.sum()
     return top_p_filter(probs, p.top_p)
 
@@ -94,7 +95,8 @@ class RequestSampler:
             self._generators[request_id] = gen
         return gen
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> tuple[list[int], dict[str, TokenLogprobs]]:
+    def sample(self, logits: torch.Tensor,
+               requests: Sequence[Request]) -> tuple[list[int], dict[str, TokenLogprobs]]:
         """One token per row of ``logits`` (S, V), and the log-probabilities of the requests that ask."""
         if logits.shape[0] != len(requests):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(requests)} requests; they must match")

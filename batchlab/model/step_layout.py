@@ -23,7 +23,8 @@ class StepLayout:
             raise ValueError("a step needs at least one sequence chunk; got none")
         ids, positions, logit_rows = [], [], []
         self.single: list[tuple[int, object]] = []   # (row, chunk): chunks of exactly 1 token
-        self.multi: list[tuple[int, object]] = []    # (first row, chunk): prompt chunks of > 1 token
+        # (first row, chunk): prompt chunks of > 1 token
+        self.multi: list[tuple[int, object]] = []
         row = 0
         for c in chunks:
             n, end = len(c.token_ids), c.start + len(c.token_ids)
@@ -54,7 +55,8 @@ class StepLayout:
         self.logit_rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
         rows = [r for r, _ in self.single]
         self.single_rows = torch.tensor(rows, dtype=torch.long, device=device)
-        self.singles_first = rows == list(range(len(rows)))   # decodes first, as schedulers plan them
+        # decodes first, as schedulers plan them
+        self.singles_first = rows == list(range(len(rows)))
 
     def describe(self, chunk) -> str:
         raise NotImplementedError
@@ -94,7 +96,8 @@ def context_groups(lengths: list[int], call_keys: int | None = None) -> list[lis
     return [sorted(g) for g in groups + [rest] if g]
 
 
-def decode_attention(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def decode_attention(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor:
     """Single-token chunks attend together: ``qs`` (S, H, 1, hd) against each one's past ``k``,
     ``v`` (S, KV, ctx, hd), ``mask`` (S, 1, 1, ctx) keeping each to its own length. (S, H, hd).
 
@@ -125,9 +128,11 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     qg = q.reshape(S, KV, H // KV, hd)                              # (S, KV, G, hd)
     # (k made contiguous first: bf16 matmul against a strided, transposed cache view took 340 us,
     # the copy plus the contiguous product 150 us; 32 sequences of 160 positions, 2026-12-02)
-    scores = (qg @ k.contiguous().transpose(-1, -2)).to(dtype).float() * hd ** -0.5   # (S, KV, G, ctx)
+    # (S, KV, G, ctx)
+    scores = (qg @ k.contiguous().transpose(-1, -2)).to(dtype).float() * hd ** -0.5
     scores.masked_fill_(~mask.view(S, 1, 1, -1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(dtype).to(v.dtype)     # rounded to the dtype, widened again
+    # rounded to the dtype, widened again
+    probs = torch.softmax(scores, dim=-1).to(dtype).to(v.dtype)
     return (probs @ v).to(dtype).reshape(S, H, hd)                  # (S, KV, G, hd) -> (S, H, hd)
 
 

@@ -44,8 +44,8 @@ def verify_draft(logits: torch.Tensor, req: Request, draft: Sequence[int],
     else:
         tokens = []
         for i in range(len(draft) + 1):
-            token, accepted = _check_position(logits[i], _Continued(req, tokens), draft[i] if i < len(draft) else None,
-                                              sampler)
+            token, accepted = _check_position(logits[i], _Continued(req, tokens),
+                                              draft[i] if i < len(draft) else None, sampler)
             tokens.append(token)
             if not accepted:
                 break

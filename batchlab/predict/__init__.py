@@ -23,5 +23,5 @@ from batchlab.predict.report import Prediction
 from batchlab.predict.traffic import Traffic, TrafficSpec, read_trace
 from batchlab.engine_args import EngineArgs
 
-__all__ = ["Deployment", "EngineArgs", "Prediction", "Traffic", "TrafficSpec", "predict", "predict_disaggregated",
-           "read_trace"]
+__all__ = ["Deployment", "EngineArgs", "Prediction", "Traffic", "TrafficSpec", "predict",
+           "predict_disaggregated", "read_trace"]

@@ -40,10 +40,12 @@ class Deployment:
     def __post_init__(self) -> None:
         check_int("data_parallel_size", self.data_parallel_size, hint="--data-parallel-size")
         check_choice("routing", self.routing, ROUTING_POLICIES)
-        object.__setattr__(self, "replica", VllmReplica(self.model, self.gpu, self.tensor_parallel_size,
+        object.__setattr__(self, "replica",
+                           VllmReplica(self.model, self.gpu, self.tensor_parallel_size,
                                                         self.args, self.vllm_version))
 
-    replica: VllmReplica = field(init=False, repr=False, compare=False)   # each replica, as vLLM builds it
+    # each replica, as vLLM builds it
+    replica: VllmReplica = field(init=False, repr=False, compare=False)
 
     @property
     def shape(self) -> ModelShape:
@@ -82,16 +84,19 @@ class Deployment:
                 *self.replica.describe()]
 
 
-def predict(deployment: Deployment, traffic: Traffic, percentiles: tuple[float, ...] = (50, 90, 99)) -> Prediction:
+def predict(deployment: Deployment, traffic: Traffic,
+            percentiles: tuple[float, ...] = (50, 90, 99)) -> Prediction:
     """Serve ``traffic`` on ``deployment``'s simulated replicas; the ``Prediction``."""
     check_instance("deployment", deployment, Deployment, "a Deployment")
-    check_instance("traffic", traffic, Traffic, "a Traffic (TrafficSpec(...).generate() or read_trace(path))")
+    check_instance("traffic", traffic, Traffic,
+                   "a Traffic (TrafficSpec(...).generate() or read_trace(path))")
     wall = time.perf_counter()
     requests = traffic.requests()
     if deployment.data_parallel_size == 1:
         trace = deployment.engine().run(requests)
     else:
-        cluster = Cluster(ClusterConfig(deployment.data_parallel_size, deployment.routing), engine_factory=deployment.engine)
+        cluster = Cluster(ClusterConfig(deployment.data_parallel_size, deployment.routing),
+                          engine_factory=deployment.engine)
         trace = cluster.run(requests).merged
     setup = {"model": deployment.shape.name, "gpu": deployment.gpu, "traffic": traffic.source}
     return Prediction(trace, setup, deployment.memory.kv_tokens * deployment.data_parallel_size,
@@ -101,8 +106,8 @@ def predict(deployment: Deployment, traffic: Traffic, percentiles: tuple[float, 
 __all__ = ["Deployment", "predict"]
 
 
-def predict_disaggregated(prefill: Deployment, decode: Deployment, num_prefill: int, num_decode: int,
-                          traffic: Traffic, link: str = "infiniband-ndr",
+def predict_disaggregated(prefill: Deployment, decode: Deployment, num_prefill: int,
+                          num_decode: int, traffic: Traffic, link: str = "infiniband-ndr",
                           percentiles: tuple[float, ...] = (50, 90, 99)) -> Prediction:
     """Serve ``traffic`` with ``num_prefill`` copies of ``prefill`` computing prompts and
     ``num_decode`` copies of ``decode`` generating tokens, each prompt's KV crossing ``link``
@@ -113,15 +118,18 @@ def predict_disaggregated(prefill: Deployment, decode: Deployment, num_prefill: 
         if d.data_parallel_size != 1:
             fail(f"{name}.data_parallel_size", d.data_parallel_size, "1",
                  "the pools' sizes are num_prefill and num_decode")
-    check_instance("traffic", traffic, Traffic, "a Traffic (TrafficSpec(...).generate() or read_trace(path))")
+    check_instance("traffic", traffic, Traffic,
+                   "a Traffic (TrafficSpec(...).generate() or read_trace(path))")
     if prefill.shape.name != decode.shape.name:
         fail("decode", decode.shape.name, f"the prefill side's model, {prefill.shape.name}",
              "the decode workers read the KV the prefill workers computed")
     config = DisaggregatedConfig(num_prefill, num_decode, link, prefill.routing, decode.routing)
     kv_bytes = prefill.shape.kv_bytes_per_token(prefill.resolved_args.dtype_bytes)
     wall = time.perf_counter()
-    trace = DisaggregatedCluster(config, prefill.engine, kv_bytes, decode.engine).run(traffic.requests()).merged
+    trace = DisaggregatedCluster(config, prefill.engine, kv_bytes,
+                                 decode.engine).run(traffic.requests()).merged
     setup = {"model": prefill.shape.name, "gpu": f"{num_prefill} x {prefill.gpu} prefill (TP "
              f"{prefill.tensor_parallel_size}) + {num_decode} x {decode.gpu} decode (TP "
              f"{decode.tensor_parallel_size}) over {link}", "traffic": traffic.source}
-    return Prediction(trace, setup, decode.memory.kv_tokens * num_decode, time.perf_counter() - wall, percentiles)
+    return Prediction(trace, setup, decode.memory.kv_tokens * num_decode,
+                      time.perf_counter() - wall, percentiles)

@@ -30,7 +30,8 @@ def sweep_rates(candidates: Mapping[str, Deployment], traffic_at: Callable[[floa
 
 def run_at(deployment: Deployment, traffic_at: Callable[[float], TrafficSpec], rate: float) -> dict:
     """One prediction at ``rate``, as one row of ``sweep_rates``' table (without ``candidate``)."""
-    return {"num_gpus": deployment.num_gpus, "rate": rate, **_predicted(deployment, traffic_at(rate))}
+    return {"num_gpus": deployment.num_gpus, "rate": rate,
+            **_predicted(deployment, traffic_at(rate))}
 
 
 @lru_cache(maxsize=4096)
@@ -41,8 +42,10 @@ def _predicted(deployment: Deployment, traffic: TrafficSpec) -> dict:
     copies the figures into each row, so the cached dict is never handed out)."""
     prediction = predict(deployment, traffic.generate())
     r = prediction.bench_result()
-    return {"ttft_p50_ms": r["median_ttft_ms"], "ttft_p90_ms": r["p90_ttft_ms"], "tpot_p50_ms": r["median_tpot_ms"],
-            "tpot_p90_ms": r["p90_tpot_ms"], "e2e_p50_ms": r["median_e2el_ms"], "output_tok_s": r["output_throughput"],
+    return {"ttft_p50_ms": r["median_ttft_ms"], "ttft_p90_ms": r["p90_ttft_ms"],
+            "tpot_p50_ms": r["median_tpot_ms"],
+            "tpot_p90_ms": r["p90_tpot_ms"], "e2e_p50_ms": r["median_e2el_ms"],
+            "output_tok_s": r["output_throughput"],
             "saturated": bool(prediction.saturation()["saturated"])}
 
 
@@ -51,8 +54,10 @@ def meets_slo(row: Mapping, slo: Mapping[str, float]) -> bool:
     return not row["saturated"] and all(row[column] < bound for column, bound in slo.items())
 
 
-def capacity(deployment: Deployment, traffic_at: Callable[[float], TrafficSpec], slo: Mapping[str, float],
-             low: float = 1.0, high: float = 256.0, tolerance: float = 0.03, bracketed: bool = False) -> dict:
+def capacity(deployment: Deployment, traffic_at: Callable[[float], TrafficSpec],
+             slo: Mapping[str, float],
+             low: float = 1.0, high: float = 256.0, tolerance: float = 0.03,
+             bracketed: bool = False) -> dict:
     """The highest rate in ``[low, high]`` at which ``deployment`` meets ``slo`` (columns of
     ``sweep_rates``' table), by bisection to ``tolerance`` of the rate: its row, with ``capped``
     (it met the SLO even at ``high``) and ``runs``. A rate of 0 means even ``low`` fails.
@@ -100,7 +105,8 @@ def best_rate(table: pd.DataFrame, slo: Mapping[str, float]) -> pd.DataFrame:
 
 def cost_per_million_tokens(num_gpus: float, usd_per_gpu_hour: float, output_tok_s: float) -> float:
     """Dollars per million output tokens: what the GPUs cost in the time they take to make them."""
-    check_number("usd_per_gpu_hour", usd_per_gpu_hour, strict=True, hint="what one GPU costs you an hour")
+    check_number("usd_per_gpu_hour", usd_per_gpu_hour, strict=True,
+                 hint="what one GPU costs you an hour")
     check_number("output_tok_s", output_tok_s, strict=True, hint="output tokens per second")
     return num_gpus * usd_per_gpu_hour / 3600 / output_tok_s * 1e6
 

@@ -21,7 +21,8 @@ from batchlab.predict.traffic import Traffic
 from batchlab.shapes import model_shape
 
 TP_DEGREES = (1, 2, 4, 8)
-KNOBS = ((None, None), (256, None), (64, None), (None, 2048), (64, 2048))   # (max_num_seqs, budget); None: default
+# (max_num_seqs, budget); None: default
+KNOBS = ((None, None), (256, None), (64, None), (None, 2048), (64, 2048))
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,12 @@ class SLO:
 
     def __post_init__(self) -> None:
         if self.ttft_ms is None and self.tpot_ms is None:
-            fail("slo_ttft_ms", None, "a bound, or slo_tpot_ms one", "--slo-ttft-ms and/or --slo-tpot-ms")
+            fail("slo_ttft_ms", None, "a bound, or slo_tpot_ms one",
+                 "--slo-ttft-ms and/or --slo-tpot-ms")
         for name in ("ttft_ms", "tpot_ms"):
             if getattr(self, name) is not None:
-                check_number(name, getattr(self, name), strict=True, hint=f"--slo-{name.replace('_', '-')}")
+                check_number(name, getattr(self, name), strict=True,
+                             hint=f"--slo-{name.replace('_', '-')}")
         check_number("percentile", self.percentile, strict=True, hint="--slo-percentile")
         if self.percentile >= 100:
             fail("percentile", self.percentile, "a number in (0, 100)", "--slo-percentile")
@@ -55,18 +58,22 @@ class SLO:
 
 def every_rth(traffic: Traffic, r: int) -> Traffic:
     """Every ``r``-th request: one replica's share of an evenly split load."""
-    return dataclasses.replace(traffic, arrival_s=traffic.arrival_s[::r], input_tokens=traffic.input_tokens[::r],
-                               output_tokens=traffic.output_tokens[::r], prefix_group=traffic.prefix_group[::r],
+    return dataclasses.replace(traffic, arrival_s=traffic.arrival_s[::r],
+                               input_tokens=traffic.input_tokens[::r],
+                               output_tokens=traffic.output_tokens[::r],
+                               prefix_group=traffic.prefix_group[::r],
                                prefix_len=traffic.prefix_len[::r])
 
 
-def meets(deployment: Deployment, traffic: Traffic, slo: SLO, split: tuple[int, int, str] | None = None
+def meets(deployment: Deployment, traffic: Traffic, slo: SLO,
+          split: tuple[int, int, str] | None = None
           ) -> tuple[bool, dict]:
     """Whether ``deployment`` serving ``traffic`` keeps up and meets ``slo``; its result keys.
     ``split``: ``(num_prefill, num_decode, link)`` copies of it as a disaggregated pair of pools."""
     percentiles = (50, slo.percentile)
     prediction = (predict(deployment, traffic, percentiles) if split is None else
-                  predict_disaggregated(deployment, deployment, *split[:2], traffic, split[2], percentiles))
+                  predict_disaggregated(deployment, deployment, *split[:2], traffic, split[2],
+                                        percentiles))
     result = prediction.bench_result()
     ok = not prediction.saturation()["saturated"] and min(slo.margins(result).values()) >= 0
     return ok, result
@@ -88,7 +95,8 @@ def fewest_replicas(make, traffic: Traffic, slo: SLO, most: int) -> tuple[int | 
     return lo, runs
 
 
-def configurations(model, gpus: Sequence[str], max_gpus: int, base: EngineArgs, vllm_version: str | None):
+def configurations(model, gpus: Sequence[str], max_gpus: int, base: EngineArgs,
+                   vllm_version: str | None):
     """Every (gpu, tp, args) whose deployment vLLM would start (the rest are skipped)."""
     seen = set()
     for gpu in gpus:
@@ -97,9 +105,11 @@ def configurations(model, gpus: Sequence[str], max_gpus: int, base: EngineArgs, 
                 args = dataclasses.replace(base, max_num_seqs=seqs or base.max_num_seqs,
                                             max_num_batched_tokens=budget or base.max_num_batched_tokens)
                 try:
-                    resolved = Deployment(model, gpu, tp, args=args, vllm_version=vllm_version).resolved_args
+                    resolved = Deployment(model, gpu, tp, args=args,
+                                          vllm_version=vllm_version).resolved_args
                 except ValueError:
-                    continue                         # does not split, does not fit, or vLLM would refuse
+                    # does not split, does not fit, or vLLM would refuse
+                    continue
                 if (gpu, tp, resolved) not in seen:
                     seen.add((gpu, tp, resolved))
                     yield gpu, tp, resolved
@@ -119,15 +129,18 @@ def cheapest_split(deployment: Deployment, traffic: Traffic, slo: SLO, max_gpus:
     return None, runs
 
 
-def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: int = 8, top: int = 5,
+def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: int = 8,
+              top: int = 5,
               args: EngineArgs | None = None, usd_per_gpu_hour: Mapping[str, float] | None = None,
-              vllm_version: str | None = None, pd_link: str | None = None) -> tuple[pd.DataFrame, dict]:
+              vllm_version: str | None = None,
+              pd_link: str | None = None) -> tuple[pd.DataFrame, dict]:
     """The ``top`` cheapest deployments meeting ``slo`` for ``traffic`` (see the module docstring),
     and what the search did (candidates predicted, seconds)."""
     check_int("max_gpus", max_gpus, hint="--max-gpus")
     check_int("top", top)
     presets = sorted(load_device_presets())
-    for gpu in gpus:                                       # named here: a bad one would only find nothing
+    # named here: a bad one would only find nothing
+    for gpu in gpus:
         check_choice("gpu", gpu, presets, hint="--gpu, comma-separated presets")
     if isinstance(model, str):
         model_shape(model)                                 # an unknown model, named
@@ -142,7 +155,8 @@ def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: 
         if replicas is not None:
             found.append((tp * replicas, gpu, tp, replicas, f, make))
     if not found:
-        fail("slo", slo.describe(), f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
+        fail("slo", slo.describe(),
+             f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
              f"at {traffic.describe().split(' (')[0]}; raise --max-gpus or loosen the SLO")
     rows = []
     for num_gpus, gpu, tp, replicas, f, make in sorted(found, key=lambda c: c[0])[:3 * top]:
@@ -154,16 +168,19 @@ def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: 
             if ok:
                 rows.append(row(gpu, tp, r, f, result, slo, usd_per_gpu_hour, "replicas"))
                 break
-    if pd_link is not None:                                  # prefill/decode splits, vLLM's default knobs
+    # prefill/decode splits, vLLM's default knobs
+    if pd_link is not None:
         for gpu, tp in sorted({(gpu, tp) for _, gpu, tp, *_ in found}):
-            deployment = Deployment(model, gpu, tp, args=args or EngineArgs(), vllm_version=vllm_version)
+            deployment = Deployment(model, gpu, tp, args=args or EngineArgs(),
+                                    vllm_version=vllm_version)
             split, n = cheapest_split(deployment, traffic, slo, max_gpus, pd_link)
             runs += n
             if split is not None:
-                rows.append(row(gpu, tp, split[0] + split[1], deployment.resolved_args, split[2], slo,
-                                usd_per_gpu_hour, f"P/D {split[0]}:{split[1]}"))
+                rows.append(row(gpu, tp, split[0] + split[1], deployment.resolved_args, split[2],
+                                slo, usd_per_gpu_hour, f"P/D {split[0]}:{split[1]}"))
     if not rows:
-        fail("slo", slo.describe(), f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
+        fail("slo", slo.describe(),
+             f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
              "whole, behind the router (its replicas' shares met it alone); raise --max-gpus")
     table = pd.DataFrame(rows)
     cost = "usd_per_M_tokens" if "usd_per_M_tokens" in table and table["usd_per_M_tokens"].notna().all() else \

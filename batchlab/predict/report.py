@@ -16,7 +16,8 @@ from batchlab.trace import Trace
 
 SATURATION_SLOPE = 0.02
 SATURATION_WAIT_S = 0.5
-METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}   # vLLM's name -> batchlab's
+# vLLM's name -> batchlab's
+METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 
 
 @dataclass
@@ -64,7 +65,8 @@ class Prediction:
         rate = (df["num_output_tokens"].to_numpy(float) - 1) / np.maximum(end - first, 1e-12)
         held = [np.where((t >= start) & (t < end), prompt + np.clip(t - first, 0, None) * rate,
                          0.0).sum() for t in np.linspace(start.min(), end.max(), num_samples)]
-        share = np.asarray(held) / self.kv_capacity_tokens       # one instant at a time: memory stays O(requests)
+        # one instant at a time: memory stays O(requests)
+        share = np.asarray(held) / self.kv_capacity_tokens
         return {"mean": float(share.mean()), "peak": float(share.max())}
 
     def bench_result(self) -> dict:
@@ -72,10 +74,11 @@ class Prediction:
         counts, df = request_counts(self.trace), self.per_request
         duration = float(df["last_token_time"].max() - self.trace.requests[0].arrival_time) if len(df) else 0.0
         inputs, outputs = int(df["prompt_len"].sum()), int(df["num_output_tokens"].sum())
-        out = {"backend": "batchlab.predict", "model_id": self.setup["model"], "num_prompts": counts["num_requests"],
-               "request_rate": self.setup.get("request_rate", "trace"), "burstiness": self.setup.get("burstiness"),
-               **rate_fields(duration, counts["num_finished"], counts["num_requests"] - counts["num_finished"],
-                             inputs, outputs)}
+        out = {"backend": "batchlab.predict", "model_id": self.setup["model"],
+               "num_prompts": counts["num_requests"], "request_rate": self.setup.get("request_rate",
+                                              "trace"), "burstiness": self.setup.get("burstiness"),
+               **rate_fields(duration, counts["num_finished"],
+                             counts["num_requests"] - counts["num_finished"], inputs, outputs)}
         for name in METRICS:
             out.update(metric_stats(name, self.values(name), self.percentiles, empty=float("nan")))
         return out

@@ -81,8 +81,10 @@ class TrafficSpec:
 
     def __post_init__(self) -> None:
         check_int("num_prompts", self.num_prompts, hint="--num-prompts")
-        check_number("request_rate", self.request_rate, strict=True, allow_inf=True, hint="--request-rate, req/s")
-        check_number("burstiness", self.burstiness, strict=True, hint="--burstiness: 1 = Poisson, < 1 burstier")
+        check_number("request_rate", self.request_rate, strict=True, allow_inf=True,
+                     hint="--request-rate, req/s")
+        check_number("burstiness", self.burstiness, strict=True,
+                     hint="--burstiness: 1 = Poisson, < 1 burstier")
         check_choice("arrival", self.arrival, ARRIVAL_KINDS)
         if self.burstiness != 1.0 and self.arrival == "poisson":
             object.__setattr__(self, "arrival", "gamma")
@@ -106,8 +108,9 @@ class TrafficSpec:
 
         inputs, outputs = lengths(self.input_len), lengths(self.output_len)
         groups = np.arange(n) % self.num_prefix_groups if self.prefix_len else np.full(n, -1)
-        return Traffic(arrivals, inputs + (self.prefix_len if self.prefix_len else 0), outputs, groups,
-                       np.full(n, self.prefix_len), f"generated: {self.arrival} at {self.request_rate:g} req/s, "
+        return Traffic(arrivals, inputs + (self.prefix_len if self.prefix_len else 0), outputs,
+                       groups, np.full(n, self.prefix_len),
+                       f"generated: {self.arrival} at {self.request_rate:g} req/s, "
                        f"seed {self.seed}")
 
 
@@ -123,7 +126,8 @@ def _rows(path: Path):
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path.name} row {number}: not a JSON object ({e.msg})") from None
                 if not isinstance(row, dict):
-                    fail(f"{path.name} row {number}", row, "a JSON object with fields " + ", ".join(TRACE_FIELDS))
+                    fail(f"{path.name} row {number}", row,
+                         "a JSON object with fields " + ", ".join(TRACE_FIELDS))
                 yield number, row
         return
     reader = csv.DictReader(text.splitlines())
@@ -138,7 +142,8 @@ def _rows(path: Path):
 def _field(path: Path, number: int, row: dict, name: str, kind: type, minimum: float, default=None):
     value = row.get(name, default)
     if value is None:
-        fail(f"{path.name} row {number}: {name}", None, f"present (fields: {', '.join(TRACE_FIELDS)})")
+        fail(f"{path.name} row {number}: {name}", None,
+             f"present (fields: {', '.join(TRACE_FIELDS)})")
     try:
         number_value = kind(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError):
@@ -154,7 +159,8 @@ def read_trace(path: str | Path) -> Traffic:
     """A logged trace (see the module docstring), sorted by arrival; arrivals shifted to start at 0."""
     path = Path(path)
     if not path.is_file():
-        fail("trace", str(path), "an existing CSV or JSONL file", f"fields {', '.join(TRACE_FIELDS)}")
+        fail("trace", str(path), "an existing CSV or JSONL file",
+             f"fields {', '.join(TRACE_FIELDS)}")
     columns: dict[str, list] = {k: [] for k in TRACE_FIELDS + OPTIONAL_FIELDS}
     for number, row in _rows(path):
         columns["arrival_s"].append(_field(path, number, row, "arrival_s", float, 0))
@@ -176,4 +182,5 @@ def read_trace(path: str | Path) -> Traffic:
     return Traffic(**arrays, source=f"trace {path.name}")
 
 
-__all__ = ["ARRIVAL_KINDS", "OPTIONAL_FIELDS", "TRACE_FIELDS", "Traffic", "TrafficSpec", "read_trace"]
+__all__ = ["ARRIVAL_KINDS", "OPTIONAL_FIELDS", "TRACE_FIELDS", "Traffic", "TrafficSpec",
+           "read_trace"]

@@ -53,7 +53,8 @@ class Scheduler(ABC):
         self.kv: KVSpace | None = None
         self.waiting: deque[Request] = deque()          # arrived, not admitted yet, in queue order
         self.draining: bool = False
-        self.preemptions: list[PreemptionRecord] = []   # a policy that preempts (paged KV) logs here
+        # a policy that preempts (paged KV) logs here
+        self.preemptions: list[PreemptionRecord] = []
 
     def bind(self, kv: KVSpace) -> None:
         """Attach the KV space this scheduler admits against (the backend's cache); a run starts."""

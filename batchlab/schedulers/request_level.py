@@ -92,7 +92,8 @@ class RequestLevelBatcher(Scheduler, SteadyDecodes):
         return released
 
     # --- what the fast path asks: a batch's members decode together until one finishes ----------
-    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int, batch_id: int | None) -> bool:
+    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int,
+                         batch_id: int | None) -> bool:
         unfinished = self._unfinished
         return bool(unfinished) and batch_id == self.current_batch_id and len(request_ids) == len(unfinished)
 

@@ -1,4 +1,4 @@
-"""What the simulator's fast path (``fast_path.py``) asks a policy and its KV space.
+"""What the simulator's fast path (``sim/fast_path.py``) asks a policy and its KV space.
 
 A policy that can promise steady decodes (after a step that decoded these requests and ended
 nobody, every next step decodes each of them once, until a request arrives or finishes) mixes in
@@ -22,7 +22,8 @@ class SteadyDecodes(ABC):
     kv: KVSpace
 
     @abstractmethod
-    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int, batch_id: int | None) -> bool:
+    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int,
+                         batch_id: int | None) -> bool:
         """After a step that decoded ``request_ids`` (in that order) and ended nobody, is every next
         step one decode for each of them, until a request arrives or finishes?"""
 
@@ -47,7 +48,8 @@ def steps_with_room(kv: KVSpace, request_ids: Sequence[str], wanted: int) -> int
     free, size = kv.num_free_blocks, kv.block_size
     if free >= len(request_ids) * (wanted // size + 2):   # plenty: each one's growth, and one more
         return wanted
-    return min(wanted, steps_before_blocks_run_out([kv.num_tokens_of[r] for r in request_ids], size, free))
+    return min(wanted,
+               steps_before_blocks_run_out([kv.num_tokens_of[r] for r in request_ids], size, free))
 
 
 def reuses_unheld_blocks(kv: KVSpace, prompt_ids: Sequence[int] | None, max_tokens: int) -> bool:

@@ -63,9 +63,11 @@ class ProtocolMiddleware:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         if self.api_key is not None and scope["path"].startswith("/v1") \
-                and headers.get(b"authorization", b"").decode(errors="replace") != f"Bearer {self.api_key}":
+                and headers.get(b"authorization",
+                                b"").decode(errors="replace") != f"Bearer {self.api_key}":
             response = error_response(APIError(401, "a valid API key is required: send the header "
-                                            "'Authorization: Bearer <key>'", None, "authentication_error"))
+                                            "'Authorization: Bearer <key>'", None,
+                                            "authentication_error"))
             return await response(scope, receive, send)
         request_id = headers.get(b"x-request-id")
         if request_id is None:

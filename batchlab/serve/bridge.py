@@ -65,7 +65,8 @@ class Bridge(EngineListener):
 
     def __init__(self, runner: "EngineRunner") -> None:
         self.runner = runner
-        self.cached: dict[str, int] = {}       # request id -> prompt tokens it did not compute, until it ends
+        # request id -> prompt tokens it did not compute, until it ends
+        self.cached: dict[str, int] = {}
 
     def _post(self, request_id: str, event: Event) -> None:
         handle = self.runner.handles.get(request_id)
@@ -82,7 +83,8 @@ class Bridge(EngineListener):
         metrics.step(out.step.num_tokens)                      # vllm:iteration_tokens_total
         for p in out.preempted:
             handle = runner.handles.get(p.request_id)
-            metrics.preempted((handle.req.prompt_len if handle else 0) + p.num_output_tokens, prefix_caching)
+            metrics.preempted((handle.req.prompt_len if handle else 0) + p.num_output_tokens,
+                              prefix_caching)
         for o in out.outputs:
             if o.num_cached_tokens is not None:
                 self.cached[o.request_id] = o.num_cached_tokens
@@ -98,14 +100,16 @@ class Bridge(EngineListener):
         times = req.token_times
         previous = times[-len(tokens) - 1] if len(times) > len(tokens) else None
         runner.metrics.token(req.prompt_len, req.arrival_time, t, previous, runner.streams,
-                             runner.config.engine.enable_prefix_caching, start - external, external, len(tokens))
+                             runner.config.engine.enable_prefix_caching, start - external, external,
+                             len(tokens))
         if o.spec is not None:
             runner.metrics.checked(*o.spec)
         if runner.streams:
             self._post(req.request_id, TokenEvent(list(tokens), o.finish_reason is not None))
 
     def on_kv_export(self, req: Request, kv: KVCopy) -> None:
-        self.runner.connector.export(kv, req)      # a prefill part finished: its KV waits for the decode part
+        # a prefill part finished: its KV waits for the decode part
+        self.runner.connector.export(kv, req)
 
     def on_end(self, req: Request, t: float) -> None:
         runner = self.runner
@@ -113,8 +117,9 @@ class Bridge(EngineListener):
         handle = runner.handles.get(req.request_id)
         if handle is not None:
             timings = runner.timings(handle, req, t)
-            runner.metrics.finished(timings["finish_reason"], timings, req.prompt_len, req.max_new_tokens,
-                                    runner.streams)
-            self._post(req.request_id, EndEvent(timings, None if runner.streams else list(req.output_ids)))
+            runner.metrics.finished(timings["finish_reason"], timings, req.prompt_len,
+                                    req.max_new_tokens, runner.streams)
+            self._post(req.request_id,
+                       EndEvent(timings, None if runner.streams else list(req.output_ids)))
             runner.handles.pop(req.request_id, None)
         runner.window.note_end()

@@ -21,10 +21,12 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # vLLM's flags the server honours, and its own values for those an EngineArgs leaves at None: a
 # small batch and context (32 slots of 1,024 fp32 tokens are 1.5 GB), a budget small enough to show
 # chunking, prefix caching off (it needs paged=True).
-SERVER_ENGINE_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "enable_chunked_prefill",
+SERVER_ENGINE_FLAGS = ("max_num_seqs", "max_model_len", "max_num_batched_tokens",
+                       "enable_chunked_prefill",
                        "long_prefill_token_threshold", "enable_prefix_caching", "block_size")
 SERVER_DEFAULTS = EngineArgs(max_num_seqs=32, max_model_len=1024, max_num_batched_tokens=512,
-                             enable_chunked_prefill=True, enable_prefix_caching=False, block_size=16)
+                             enable_chunked_prefill=True, enable_prefix_caching=False,
+                             block_size=16)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ class ServerConfig:
     simulate: str | None = None
     kv_transfer_config: KVTransferConfig | None = None
     speculative_config: SpeculativeConfig | None = None
-    device: SimulatedDevice | None = field(init=False, default=None, repr=False, compare=False)  # simulate, parsed
+    # simulate, parsed
+    device: SimulatedDevice | None = field(init=False, default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, **knobs) -> "ServerConfig":
@@ -81,7 +84,8 @@ class ServerConfig:
         own = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "engine"}
         for name, value in knobs.items():
             if name not in own and name not in SERVER_ENGINE_FLAGS:
-                fail(name, value, f"a ServerConfig field ({', '.join(sorted(own))}) or one of vLLM's flags the "
+                fail(name, value,
+                     f"a ServerConfig field ({', '.join(sorted(own))}) or one of vLLM's flags the "
                      f"server takes ({', '.join(SERVER_ENGINE_FLAGS)})")
         engine = EngineArgs(**{k: v for k, v in knobs.items() if k in SERVER_ENGINE_FLAGS})
         return cls(engine=engine, **{k: v for k, v in knobs.items() if k in own})
@@ -91,14 +95,17 @@ class ServerConfig:
         unhonoured = [f.name for f in dataclasses.fields(EngineArgs) if f.name not in SERVER_ENGINE_FLAGS
                       and getattr(self.engine, f.name) not in (None, "auto")]
         if unhonoured:
-            fail(unhonoured[0], getattr(self.engine, unhonoured[0]), "None: batchlab's server takes only "
+            fail(unhonoured[0], getattr(self.engine, unhonoured[0]),
+                 "None: batchlab's server takes only "
                  f"{', '.join(SERVER_ENGINE_FLAGS)} of vLLM's flags")
         object.__setattr__(self, "engine", self.engine.with_defaults(SERVER_DEFAULTS))
         self._check_policy()
         self._check_kv_cache()
-        check_instance("kv_transfer_config", self.kv_transfer_config, KVTransferConfig, "a KVTransferConfig",
+        check_instance("kv_transfer_config", self.kv_transfer_config, KVTransferConfig,
+                       "a KVTransferConfig",
                        allow_none=True, hint="KVTransferConfig.parse(text) reads vLLM's JSON")
-        check_instance("speculative_config", self.speculative_config, SpeculativeConfig, "a SpeculativeConfig",
+        check_instance("speculative_config", self.speculative_config, SpeculativeConfig,
+                       "a SpeculativeConfig",
                        allow_none=True, hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
         if self.kv_transfer_config is not None:
             if self.policy != "continuous" or not self.paged:
@@ -155,15 +162,18 @@ class ServerConfig:
             raise ValueError("enable_prefix_caching=True; must come with paged=True (prefix caching "
                              "shares whole KV blocks)")
         if self.simulate is not None:
-            device = SimulatedDevice.parse(self.simulate)                 # a bad spec fails here, once
-            device.kv_capacity_tokens(self.kv_cache_memory_bytes, self.engine.max_num_seqs, self.engine.max_model_len)
+            # a bad spec fails here, once
+            device = SimulatedDevice.parse(self.simulate)
+            device.kv_capacity_tokens(self.kv_cache_memory_bytes, self.engine.max_num_seqs,
+                                      self.engine.max_model_len)
             object.__setattr__(self, "device", device)
 
     def make_backend(self, lm) -> ModelBackend:
         e = self.engine
         return ModelBackend(lm, num_slots=e.max_num_seqs, max_seq_len=e.max_model_len,
-                            kv_memory_bytes=self.kv_cache_memory_bytes, paged=self.paged, block_size=e.block_size,
-                            enable_prefix_caching=e.enable_prefix_caching, speculative_config=self.speculative_config)
+                            kv_memory_bytes=self.kv_cache_memory_bytes, paged=self.paged,
+                            block_size=e.block_size, enable_prefix_caching=e.enable_prefix_caching,
+                            speculative_config=self.speculative_config)
 
     def make_scheduler(self) -> Scheduler:
         stream = self.release == "request"

@@ -22,7 +22,8 @@ class Detokenizer:
         self.stop_token_ids = frozenset(stop_token_ids)    # never shown (vLLM drops them too)
         self.hold = max((len(s) for s in self.stop), default=1) - 1
         self.min_tokens = min_tokens
-        self.pending = ""          # decoded, not handed out yet (at most ``hold`` chars + one token)
+        # decoded, not handed out yet (at most ``hold`` chars + one token)
+        self.pending = ""
         self.undecoded: list[int] = []   # tokens of a character not complete yet
         self.num_tokens = 0        # tokens added (those after a stop string included)
         self.num_used = 0          # tokens whose text was used (up to the stop string)

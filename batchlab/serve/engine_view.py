@@ -49,7 +49,8 @@ class EngineStats:
     num_waiting: int
     kv_used_tokens: int
     kv_capacity_tokens: int
-    prefix_cache_hit_tokens: int       # prompt tokens found in the prefix cache, over the server's life
+    # prompt tokens found in the prefix cache, over the server's life
+    prefix_cache_hit_tokens: int
 
 
 def read_engine_stats(scheduler, kv) -> EngineStats:

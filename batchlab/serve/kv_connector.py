@@ -58,8 +58,10 @@ class KVExports:
             self._expire(time.monotonic())
             export = self._items.pop(request_id, None)
             if export is None:
-                return self._gone.get(request_id, f"no KV is kept for request {request_id!r} on this server")
-            self._forget(request_id, f"the KV of request {request_id!r} was already read (a read frees it)")
+                return self._gone.get(request_id,
+                                      f"no KV is kept for request {request_id!r} on this server")
+            self._forget(request_id,
+                         f"the KV of request {request_id!r} was already read (a read frees it)")
             return export
 
     def meta_of(self, request_id: str) -> dict | None:
@@ -94,9 +96,10 @@ class KVExports:
 
 def export_meta(req, kv, cache_shape: dict, block_ids: list[int], num_bytes: int) -> dict:
     """What a decode worker needs to know about a prefill's KV (the ``X-Batchlab-KV`` header)."""
-    return {"request_id": req.request_id, "num_tokens": req.prompt_len, "prompt_sha": prompt_hash(req.prompt_ids),
-            "shape": None if kv is None else list(kv.shape), "bytes": num_bytes, "block_ids": block_ids,
-            **cache_shape}
+    return {"request_id": req.request_id, "num_tokens": req.prompt_len,
+            "prompt_sha": prompt_hash(req.prompt_ids),
+            "shape": None if kv is None else list(kv.shape), "bytes": num_bytes,
+            "block_ids": block_ids, **cache_shape}
 
 
 def to_bytes(kv) -> bytes:
@@ -147,7 +150,8 @@ async def pull_kv(ask: TransferAsk, timeout_s: float, client) -> tuple[bytes, di
         response = await asyncio.wait_for(client.get(url), timeout_s)
     except asyncio.TimeoutError:
         raise APIError(504, f"the KV of request {ask.remote_request_id!r} did not arrive from the prefill worker at "
-                            f"{ask.url} within kv_fetch_timeout={timeout_s:g} s", "kv_transfer_params",
+                            f"{ask.url} within kv_fetch_timeout={timeout_s:g} s",
+                            "kv_transfer_params",
                        "kv_transfer_error") from None
     except httpx.HTTPError as e:
         raise APIError(502, f"the prefill worker at {ask.url} did not deliver the KV of request "
@@ -159,12 +163,14 @@ async def pull_kv(ask: TransferAsk, timeout_s: float, client) -> tuple[bytes, di
         except (ValueError, KeyError, TypeError):
             why = response.text[:200]
         raise APIError(502, f"the prefill worker at {ask.url} answered HTTP {response.status_code} for the KV of "
-                            f"request {ask.remote_request_id!r}: {why}", "kv_transfer_params", "kv_transfer_error")
+                            f"request {ask.remote_request_id!r}: {why}", "kv_transfer_params",
+                            "kv_transfer_error")
     try:
         meta = json.loads(response.headers[META_HEADER])
     except (KeyError, ValueError):
         raise APIError(502, f"the answer from {ask.url} has no valid {META_HEADER} header: it is not a batchlab "
-                            "prefill worker's KV", "kv_transfer_params", "kv_transfer_error") from None
+                            "prefill worker's KV", "kv_transfer_params",
+                            "kv_transfer_error") from None
     if len(response.content) != (meta["bytes"] if meta.get("shape") else 0):
         raise APIError(502, f"the KV of request {ask.remote_request_id!r} arrived cut short ({len(response.content)} "
                             f"of {meta['bytes']} bytes); the prefill worker may have died mid-transfer",
@@ -208,17 +214,19 @@ class KVConnector:
     def params_for_decode(self, request_id: str, host: str, port: int) -> dict:
         """The prefill part's answer: where its KV waits (vLLM's NixlConnector's fields)."""
         meta = self.exports.meta_of(request_id)
-        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.config.engine_id,
-                "remote_request_id": request_id, "remote_block_ids": meta["block_ids"] if meta else [],
-                "remote_host": host, "remote_port": port, "remote_num_tokens": meta["num_tokens"] if meta else 0,
-                "tp_size": 1}
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_engine_id": self.config.engine_id, "remote_request_id": request_id,
+                "remote_block_ids": meta["block_ids"] if meta else [],
+                "remote_host": host, "remote_port": port,
+                "remote_num_tokens": meta["num_tokens"] if meta else 0, "tp_size": 1}
 
     async def receive(self, ask: TransferAsk, prompt_ids: list[int]) -> Received | None:
         """Pull and check the KV for a decode part; None (compute the prompt here) when it fails
         under ``"recompute"``, an APIError saying why under ``"fail"``."""
         import httpx
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
+            self._client = httpx.AsyncClient(timeout=None,
+                                             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
         start = time.perf_counter()
         try:
             data, meta = await pull_kv(ask, self.config.fetch_timeout_s, self._client)
@@ -228,9 +236,11 @@ class KVConnector:
         except APIError as e:
             if self.config.kv_load_failure_policy == "fail":
                 raise
-            LOG.warning("kv_load_failure_policy='recompute': computing the prompt here: %s", e.message)
+            LOG.warning("kv_load_failure_policy='recompute': computing the prompt here: %s",
+                        e.message)
             return None
-        if meta["shape"] is None:   # simulated: the engine holds the blocks for the link's time (KVTransfer.seconds)
+        # simulated: the engine holds the blocks for the link's time (KVTransfer.seconds)
+        if meta["shape"] is None:
             return Received(None, meta, simulated_transfer_s(self.config.link_name, meta["bytes"]))
         return Received(from_bytes(data, meta), meta, time.perf_counter() - start)
 
@@ -239,5 +249,5 @@ class KVConnector:
             await self._client.aclose()
 
 
-__all__ = ["KVConnector", "KVExports", "Received", "export_meta", "from_bytes", "prompt_hash", "pull_kv", "to_bytes",
-           "why_not_fits"]
+__all__ = ["KVConnector", "KVExports", "Received", "export_meta", "from_bytes", "prompt_hash",
+           "pull_kv", "to_bytes", "why_not_fits"]

@@ -42,7 +42,8 @@ class KVTransferConfig:
 
     def __post_init__(self) -> None:
         if self.kv_connector != CONNECTOR:
-            fail("kv_connector", self.kv_connector, f"{CONNECTOR!r} (batchlab's servers speak vLLM's NIXL "
+            fail("kv_connector", self.kv_connector,
+                 f"{CONNECTOR!r} (batchlab's servers speak vLLM's NIXL "
                  "parameters, and move the KV over loopback HTTP)")
         check_choice("kv_role", self.kv_role, KV_ROLES)
         check_choice("kv_load_failure_policy", self.kv_load_failure_policy, FAILURE_POLICIES)
@@ -77,7 +78,8 @@ class KVTransferConfig:
 
     def to_json(self) -> str:
         return json.dumps({"kv_connector": self.kv_connector, "kv_role": self.kv_role,
-                           "kv_load_failure_policy": self.kv_load_failure_policy, "engine_id": self.engine_id,
+                           "kv_load_failure_policy": self.kv_load_failure_policy,
+                           "engine_id": self.engine_id,
                            "kv_connector_extra_config": self.kv_connector_extra_config})
 
     @property
@@ -113,12 +115,14 @@ def parse_transfer_params(params: object) -> TransferAsk | None:
     if params is None:
         return None
     if not isinstance(params, dict):
-        raise APIError(400, f"kv_transfer_params={params!r}; must be an object (vLLM's NIXL fields)",
+        raise APIError(400,
+                       f"kv_transfer_params={params!r}; must be an object (vLLM's NIXL fields)",
                        "kv_transfer_params")
     decode_there, prefill_there = params.get("do_remote_decode"), params.get("do_remote_prefill")
     for name, value in (("do_remote_decode", decode_there), ("do_remote_prefill", prefill_there)):
         if value not in (None, True, False):
-            raise APIError(400, f"kv_transfer_params.{name}={value!r}; must be true or false", "kv_transfer_params")
+            raise APIError(400, f"kv_transfer_params.{name}={value!r}; must be true or false",
+                           "kv_transfer_params")
     if decode_there and prefill_there:
         raise APIError(400, "kv_transfer_params asks for both do_remote_decode and do_remote_prefill; a request "
                             "is either the prefill part or the decode part", "kv_transfer_params")
@@ -139,4 +143,5 @@ def simulated_transfer_s(link_name: str, num_bytes: int) -> float:
     return KV_LINKS[link_name].transfer_time(num_bytes)
 
 
-__all__ = ["CONNECTOR", "KVTransferConfig", "TransferAsk", "parse_transfer_params", "simulated_transfer_s"]
+__all__ = ["CONNECTOR", "KVTransferConfig", "TransferAsk", "parse_transfer_params",
+           "simulated_transfer_s"]

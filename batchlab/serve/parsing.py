@@ -8,9 +8,10 @@ import math
 
 from batchlab.checks import is_int, is_number
 from batchlab.requests import SamplingParams
-from batchlab.serve.protocol import (CHAT_ROLES, DEFAULT_COMPLETION_MAX_TOKENS, IMPLEMENTED_FIELDS, MAX_LOGPROBS,
-                                     MAX_STOP_STRINGS, GenerationRequest, bad, check_fields, check_model,
-                                     number_field, optional, short)
+from batchlab.serve.protocol import (CHAT_ROLES, DEFAULT_COMPLETION_MAX_TOKENS, IMPLEMENTED_FIELDS,
+                                     MAX_LOGPROBS,
+                                     MAX_STOP_STRINGS, GenerationRequest, bad, check_fields,
+                                     check_model, number_field, optional, short)
 
 
 def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max_model_len: int,
@@ -35,10 +36,12 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
         prompt = body["prompt"]
         echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
     return GenerationRequest(kind, prompt_ids, max_tokens, sampling, stop,
-                             flags["ignore_eos"], flags["stream"], bool(options.get("include_usage")),
-                             bool(options.get("continuous_usage_stats")), served_model, tuple(stop_token_ids),
-                             flags["include_stop_str_in_output"], flags["skip_special_tokens"], echo_text,
-                             body.get("kv_transfer_params"))
+                             flags["ignore_eos"], flags["stream"],
+                             bool(options.get("include_usage")),
+                             bool(options.get("continuous_usage_stats")), served_model,
+                             tuple(stop_token_ids),
+                             flags["include_stop_str_in_output"], flags["skip_special_tokens"],
+                             echo_text, body.get("kv_transfer_params"))
 
 
 def _prompt(body: dict, kind: str, tokenizer, max_model_len: int) -> list[int]:
@@ -49,10 +52,12 @@ def _prompt(body: dict, kind: str, tokenizer, max_model_len: int) -> list[int]:
     else:
         flag = optional(body, "add_generation_prompt", True)
         if not isinstance(flag, bool):
-            raise bad("add_generation_prompt", f"add_generation_prompt={flag!r}; must be true or false")
+            raise bad("add_generation_prompt",
+                      f"add_generation_prompt={flag!r}; must be true or false")
         prompt_ids, prompt_field = _chat_prompt(body, tokenizer, flag), "messages"
     if len(prompt_ids) >= max_model_len:
-        raise bad(prompt_field, f"This model's maximum context length is {max_model_len} tokens. However, your "
+        raise bad(prompt_field,
+                  f"This model's maximum context length is {max_model_len} tokens. However, your "
                                 f"prompt is {len(prompt_ids)} tokens, and it must leave room for at least one "
                                 "output token (max_model_len, as vLLM words it)")
     return prompt_ids
@@ -72,7 +77,8 @@ def _max_tokens(body: dict, kind: str, prompt_len: int, max_model_len: int) -> i
     if not is_int(max_tokens) or max_tokens < 1:
         raise bad(max_field, f"{max_field}={max_tokens!r}; must be an integer >= 1")
     if prompt_len + max_tokens > max_model_len:
-        raise bad(max_field, f"This model's maximum context length is {max_model_len} tokens. However, you "
+        raise bad(max_field,
+                  f"This model's maximum context length is {max_model_len} tokens. However, you "
                              f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
                              f"{max_tokens} in the completion): {max_field}={max_tokens}; ask for at most "
                              f"{max_model_len - prompt_len}")
@@ -90,7 +96,8 @@ def _stops(body: dict, vocab: int) -> tuple[list[str], list[int]]:
                           f"{MAX_STOP_STRINGS} non-empty strings")
     stop_token_ids = optional(body, "stop_token_ids", [])
     if not isinstance(stop_token_ids, list) or not all(is_int(t) and 0 <= t < vocab for t in stop_token_ids):
-        raise bad("stop_token_ids", f"stop_token_ids={short(stop_token_ids)}; must be a list of token ids "
+        raise bad("stop_token_ids",
+                  f"stop_token_ids={short(stop_token_ids)}; must be a list of token ids "
                                     f"in [0, {vocab})")
     return stop, stop_token_ids
 
@@ -113,7 +120,8 @@ def _stream_options(body: dict) -> dict:
         raise bad("stream_options", f"stream_options={options!r}; must be an object")
     for name in ("include_usage", "continuous_usage_stats"):
         if not isinstance(options.get(name, False), bool):
-            raise bad(f"stream_options.{name}", f"stream_options.{name}={options[name]!r}; must be true or false")
+            raise bad(f"stream_options.{name}",
+                      f"stream_options.{name}={options[name]!r}; must be true or false")
     unknown = set(options) - {"include_usage", "continuous_usage_stats"}
     if unknown:
         name = sorted(unknown)[0]
@@ -129,7 +137,8 @@ def _sampling(body: dict, kind: str, max_tokens: int, vocab: int) -> SamplingPar
     min_p = number_field(body, "min_p", 0.0, 0, 1)
     presence, frequency = (number_field(body, name, 0.0, -2, 2, hint="0 = off")
                            for name in ("presence_penalty", "frequency_penalty"))
-    repetition = number_field(body, "repetition_penalty", 1.0, 0, math.inf, open_low=True, hint="1 = off")
+    repetition = number_field(body, "repetition_penalty", 1.0, 0, math.inf, open_low=True,
+                              hint="1 = off")
     seed = body.get("seed")
     if seed is not None and not is_int(seed):
         raise bad("seed", f"seed={seed!r}; must be an integer or null")
@@ -138,7 +147,8 @@ def _sampling(body: dict, kind: str, max_tokens: int, vocab: int) -> SamplingPar
         raise bad("top_k", f"top_k={top_k!r}; must be an integer >= 1, or 0 or -1 (every token)")
     min_tokens = optional(body, "min_tokens", 0)
     if not is_int(min_tokens) or not 0 <= min_tokens <= max_tokens:
-        raise bad("min_tokens", f"min_tokens={min_tokens!r}; must be an integer in [0, max_tokens={max_tokens}]")
+        raise bad("min_tokens",
+                  f"min_tokens={min_tokens!r}; must be an integer in [0, max_tokens={max_tokens}]")
     bias = optional(body, "logit_bias", {})
     pairs = []
     if not isinstance(bias, dict):
@@ -149,11 +159,12 @@ def _sampling(body: dict, kind: str, max_tokens: int, vocab: int) -> SamplingPar
         except ValueError:
             token = -1
         if not 0 <= token < vocab or not is_number(value):
-            raise bad("logit_bias", f"logit_bias[{key!r}]={short(value)}; keys must be token ids in [0, {vocab}) "
+            raise bad("logit_bias",
+                      f"logit_bias[{key!r}]={short(value)}; keys must be token ids in [0, {vocab}) "
                                     "and values numbers (clamped to [-100, 100])")
         pairs.append((token, max(-100.0, min(100.0, float(value)))))
-    return SamplingParams(temperature, top_p, seed, max(top_k, 0), min_p, presence, frequency, repetition,
-                          min_tokens, tuple(pairs), _logprobs(body, kind))
+    return SamplingParams(temperature, top_p, seed, max(top_k, 0), min_p, presence, frequency,
+                          repetition, min_tokens, tuple(pairs), _logprobs(body, kind))
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
@@ -169,10 +180,12 @@ def _logprobs(body: dict, kind: str) -> int | None:
         return n
     on = optional(body, "logprobs", False)
     if not isinstance(on, bool):
-        raise bad("logprobs", f"logprobs={on!r}; must be true or false (top_logprobs says how many)")
+        raise bad("logprobs",
+                  f"logprobs={on!r}; must be true or false (top_logprobs says how many)")
     top = body.get("top_logprobs")
     if top is not None and (not is_int(top) or not 0 <= top <= MAX_LOGPROBS):
-        raise bad("top_logprobs", f"top_logprobs={top!r}; must be null or an integer in [0, {MAX_LOGPROBS}]")
+        raise bad("top_logprobs",
+                  f"top_logprobs={top!r}; must be null or an integer in [0, {MAX_LOGPROBS}]")
     if top and not on:
         raise bad("top_logprobs", f"top_logprobs={top}; needs logprobs=true")
     return (top or 0) if on else None
@@ -203,10 +216,12 @@ def _chat_prompt(body: dict, tokenizer, add_generation_prompt: bool = True) -> l
     clean = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise bad(f"messages[{i}]", f"messages[{i}] is {short(m)}; must be an object with role and content")
+            raise bad(f"messages[{i}]",
+                      f"messages[{i}] is {short(m)}; must be an object with role and content")
         role, content = m.get("role"), m.get("content")
         if role not in CHAT_ROLES:
-            raise bad(f"messages[{i}].role", f"messages[{i}].role={role!r}; allowed: {list(CHAT_ROLES)}")
+            raise bad(f"messages[{i}].role",
+                      f"messages[{i}].role={role!r}; allowed: {list(CHAT_ROLES)}")
         if isinstance(content, list):       # [{"type": "text", "text": ...}, ...]
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -214,14 +229,17 @@ def _chat_prompt(body: dict, tokenizer, add_generation_prompt: bool = True) -> l
                                                     "({\"type\": \"text\", \"text\": ...}) are supported")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
-            raise bad(f"messages[{i}].content", f"messages[{i}].content={short(content)}; must be a string")
+            raise bad(f"messages[{i}].content",
+                      f"messages[{i}].content={short(content)}; must be a string")
         clean.append({"role": role, "content": content})
-    text = tokenizer.apply_chat_template(clean, add_generation_prompt=add_generation_prompt, tokenize=False)
+    text = tokenizer.apply_chat_template(clean, add_generation_prompt=add_generation_prompt,
+                                         tokenize=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 # --- /tokenize and /detokenize (vLLM's routes) ----------------------------------------------------
-def parse_tokenize(body: dict, *, served_model: str, tokenizer, root: str | None = None) -> tuple[list[int], bool]:
+def parse_tokenize(body: dict, *, served_model: str, tokenizer,
+                   root: str | None = None) -> tuple[list[int], bool]:
     """``(token ids, return_token_strs)`` for a ``/tokenize`` body: ``prompt`` (a string) or ``messages``."""
     chat = "messages" in body
     names = ("model", "return_token_strs") + (
@@ -246,7 +264,8 @@ def parse_tokenize(body: dict, *, served_model: str, tokenizer, root: str | None
     return ids, flags["return_token_strs"]
 
 
-def parse_detokenize(body: dict, *, served_model: str, tokenizer, root: str | None = None) -> list[int]:
+def parse_detokenize(body: dict, *, served_model: str, tokenizer,
+                     root: str | None = None) -> list[int]:
     """The token ids of a ``/detokenize`` body (``tokens``)."""
     for name in body:
         if name not in ("model", "tokens"):

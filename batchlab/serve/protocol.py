@@ -20,25 +20,29 @@ MAX_STOP_STRINGS = 4
 CHAT_ROLES = ("system", "user", "assistant")
 
 COMMON_FIELDS = ("model", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p",
-                 "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "seed", "stop",
-                 "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "ignore_eos", "n",
-                 "stream", "stream_options", "user", "kv_transfer_params")
+                 "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                 "seed", "stop",
+                 "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+                 "ignore_eos", "n", "stream", "stream_options", "user", "kv_transfer_params")
 IMPLEMENTED_FIELDS = {
     "completion": COMMON_FIELDS + ("prompt", "echo", "logprobs"),
-    "chat": COMMON_FIELDS + ("messages", "max_completion_tokens", "add_generation_prompt", "logprobs",
-                             "top_logprobs"),
+    "chat": COMMON_FIELDS + ("messages", "max_completion_tokens", "add_generation_prompt",
+                             "logprobs", "top_logprobs"),
 }
 MAX_LOGPROBS = 20                        # vLLM's default --max-logprobs
 # Known to vLLM, not done by batchlab's engine: accepted at the value that asks for nothing
 # (what clients send by default), refused otherwise.
 DO_NOTHING_VALUES = {
-    "prompt_logprobs": (None,), "best_of": (None, 1), "suffix": (None, ""), "use_beam_search": (None, False),
+    "prompt_logprobs": (None,), "best_of": (None, 1), "suffix": (None, ""),
+    "use_beam_search": (None, False),
     "length_penalty": (None, 1), "response_format": (None, {"type": "text"}), "tools": (None, []),
-    "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "priority": (None, 0),
-    "truncate_prompt_tokens": (None,), "echo": (None, False), "continue_final_message": (None, False),
+    "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False),
+    "priority": (None, 0), "truncate_prompt_tokens": (None,), "echo": (None, False),
+    "continue_final_message": (None, False),
     "chat_template": (None,), "chat_template_kwargs": (None, {}), "documents": (None,),
     "add_special_tokens": (None,), "store": (None, False), "metadata": (None, {}),
-    "bad_words": (None, []), "allowed_token_ids": (None, []), "guided_json": (None,), "guided_regex": (None,),
+    "bad_words": (None, []), "allowed_token_ids": (None, []), "guided_json": (None,),
+    "guided_regex": (None,),
     "guided_choice": (None,), "guided_grammar": (None,), "structured_outputs": (None,),
     "return_tokens_as_token_ids": (None, False), "spaces_between_special_tokens": (None, True),
     # vllm-router re-serializes each request with its own defaults of these SGLang fields (the
@@ -56,7 +60,8 @@ WHY_NOT = {
     "tools": "the server parses no tool calls out of the model's text",
     "tool_choice": "the server parses no tool calls out of the model's text",
     **{name: "there is no structured decoding (no grammar masks the logits)"
-       for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")},
+       for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                    "structured_outputs")},
 }
 IGNORED_LOG = logging.getLogger("batchlab.serve")
 
@@ -65,7 +70,8 @@ class APIError(Exception):
     """An error answered to the client: HTTP status, message, the field at fault, and its type."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 type: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+                 type: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type = status, message, param, type
         self.headers = headers or {}
@@ -86,7 +92,8 @@ class GenerationRequest:
     kind: str                        # "completion" or "chat"
     prompt_ids: list[int]
     max_tokens: int
-    sampling: SamplingParams         # temperature, top_p, top_k, penalties, min_tokens, logprobs, ...
+    # temperature, top_p, top_k, penalties, min_tokens, logprobs, ...
+    sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     stream: bool = False
@@ -96,8 +103,10 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     include_stop: bool = False
     skip_special_tokens: bool = True
-    echo_text: str | None = None           # completions with echo: the prompt, put before the answer
-    kv_transfer_params: dict | None = None  # disaggregated serving's hand-off (serve/kv_transfer.py)
+    # completions with echo: the prompt, put before the answer
+    echo_text: str | None = None
+    # disaggregated serving's hand-off (serve/kv_transfer.py)
+    kv_transfer_params: dict | None = None
 
 
 # --- field checks -------------------------------------------------------------------------------
@@ -108,7 +117,8 @@ def parse_json(raw: bytes) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise bad(None, f"the request body is not valid JSON ({e}); send a JSON object") from None
     if not isinstance(body, dict):
-        raise bad(None, f"the request body is a JSON {type(body).__name__}; it must be a JSON object")
+        raise bad(None,
+                  f"the request body is a JSON {type(body).__name__}; it must be a JSON object")
     return body
 
 
@@ -132,7 +142,8 @@ def check_fields(body: dict, implemented: tuple[str, ...]) -> list[str]:
             why = WHY_NOT.get(name, f"batchlab does not implement {name}")
             raise bad(name, f"{name}={short(value)}; must be one of {list(allowed)} ({why})")
     if ignored:
-        IGNORED_LOG.warning("The following fields were present in the request but ignored: %s", sorted(ignored))
+        IGNORED_LOG.warning("The following fields were present in the request but ignored: %s",
+                            sorted(ignored))
     return ignored
 
 
@@ -159,7 +170,8 @@ def short(value: object) -> str:
 # --- responses ----------------------------------------------------------------------------------
 
 
-def number_field(body: dict, name: str, default: float, low: float, high: float, *, open_low: bool = False,
+def number_field(body: dict, name: str, default: float, low: float, high: float, *,
+                 open_low: bool = False,
             hint: str = "") -> float:
     value = optional(body, name, default)
     if not is_number(value) or not (low < value if open_low else low <= value) or value > high:

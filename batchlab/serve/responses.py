@@ -47,7 +47,8 @@ def completion_logprobs(logprobs: list, num_top: int, decode, text_offset: int =
         tops.append({decode(t): _logprob(v) for t, v in _entries(lp)[:num_top + 1]})
         offsets.append(text_offset)
         text_offset += len(token)
-    return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}
+    return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
+            "top_logprobs": tops}
 
 
 def chat_logprobs(logprobs: list, num_top: int, decode) -> dict:
@@ -55,7 +56,8 @@ def chat_logprobs(logprobs: list, num_top: int, decode) -> dict:
     builds it: ``top_logprobs`` lists the first ``num_top`` of (sampled, most likely, ...)."""
     def item(token_id: int, value: float) -> dict:
         token = decode(token_id)
-        return {"token": token, "logprob": _logprob(value), "bytes": list(token.encode("utf-8", errors="replace"))}
+        return {"token": token, "logprob": _logprob(value),
+                "bytes": list(token.encode("utf-8", errors="replace"))}
     return {"content": [{**item(lp.token_id, lp.logprob),
                          "top_logprobs": [item(t, v) for t, v in _entries(lp)[:num_top]]} for lp in logprobs]}
 
@@ -67,14 +69,16 @@ def response_body(gen: GenerationRequest, request_id: str, text: str, finish_rea
         choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                  "finish_reason": finish_reason}
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "chat.completion"
     return {"id": request_id, "object": obj, "created": int(time.time()), "model": gen.model,
-            "choices": [choice], "usage": usage(len(gen.prompt_ids), num_tokens), "batchlab": timings}
+            "choices": [choice], "usage": usage(len(gen.prompt_ids), num_tokens),
+            "batchlab": timings}
 
 
-def chunk_body(gen: GenerationRequest, request_id: str, text: str | None, finish_reason: str | None = None,
+def chunk_body(gen: GenerationRequest, request_id: str, text: str | None,
+               finish_reason: str | None = None,
                first: bool = False, logprobs: dict | None = None) -> dict:
     """One streamed chunk with ``text`` (None: no choice, e.g. the usage-only chunk)."""
     if gen.kind == "completion":

@@ -34,12 +34,14 @@ async def health(request: Request):
     runner = runner_of(request)
     if runner.healthy:
         return Response(status_code=200)
-    return error_response(APIError(503, runner.error or "the engine is not running", None, "service_unavailable"))
+    return error_response(APIError(503, runner.error or "the engine is not running", None,
+                                   "service_unavailable"))
 
 
 @router.api_route("/ping", methods=["GET", "POST"])
 async def ping(request: Request):
-    return await health(request)          # vLLM's /ping (the SageMaker route) answers as /health does
+    # vLLM's /ping (the SageMaker route) answers as /health does
+    return await health(request)
 
 
 @router.get("/version")
@@ -49,15 +51,16 @@ async def version():
 
 @router.get("/load")
 async def load(request: Request):
-    return {"server_load": runner_of(request).stats()["in_flight"]}      # vLLM's name: requests in flight
+    # vLLM's name: requests in flight
+    return {"server_load": runner_of(request).stats()["in_flight"]}
 
 
 def _permission(created: int) -> dict:
     """vLLM's ``ModelPermission`` card (clients that read ``permission`` find its fields)."""
     return {"id": f"modelperm-{created}", "object": "model_permission", "created": created,
             "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
-            "group": None, "is_blocking": False}
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+            "organization": "*", "group": None, "is_blocking": False}
 
 
 @router.get("/v1/models")
@@ -79,9 +82,11 @@ async def prometheus_metrics(request: Request):
 @router.post("/tokenize")
 async def tokenize(request: Request):
     runner = runner_of(request)
-    ids, with_strs = parse_tokenize(parse_json(await request.body()), served_model=runner.config.model_name,
+    ids, with_strs = parse_tokenize(parse_json(await request.body()),
+                                    served_model=runner.config.model_name,
                                     tokenizer=runner.tokenizer, root=runner.model_root)
-    out = {"count": len(ids), "max_model_len": runner.config.engine.max_model_len, "tokens": ids, "token_strs": None}
+    out = {"count": len(ids), "max_model_len": runner.config.engine.max_model_len, "tokens": ids,
+           "token_strs": None}
     if with_strs:
         out["token_strs"] = runner.tokenizer.convert_ids_to_tokens(ids)
     return out
@@ -115,8 +120,9 @@ async def kv_export(request_id: str, request: Request):
     runner = runner_of(request)
     export = None if runner.connector is None else runner.connector.exports.take(request_id)
     if not isinstance(export, Export):
-        raise APIError(404, export or "this server keeps no KV for others (no --kv-transfer-config)", None,
-                       "not_found_error")
+        raise APIError(404,
+                       export or "this server keeps no KV for others (no --kv-transfer-config)",
+                       None, "not_found_error")
     return Response(export.data, media_type="application/octet-stream",
                     headers={META_HEADER: json.dumps(export.meta)})
 
@@ -137,7 +143,8 @@ async def generate(request: Request, kind: str):
     runner = runner_of(request)
     x_request_id = client_request_id(request)
     body = parse_json(await request.body())
-    gen = parse_generation(body, kind, served_model=runner.config.model_name, tokenizer=runner.tokenizer,
+    gen = parse_generation(body, kind, served_model=runner.config.model_name,
+                           tokenizer=runner.tokenizer,
                            max_model_len=runner.config.engine.max_model_len, root=runner.model_root)
     transfer, kv = await _hand_off(runner, gen)
     handle = runner.submit(gen, received, x_request_id, transfer, kv)
@@ -158,7 +165,8 @@ def client_request_id(request: Request) -> str | None:
     return value
 
 
-async def _hand_off(runner: EngineRunner, gen: GenerationRequest) -> tuple[TransferAsk | None, Received | None]:
+async def _hand_off(runner: EngineRunner,
+                    gen: GenerationRequest) -> tuple[TransferAsk | None, Received | None]:
     """Disaggregated serving (``kv_transfer.py``): the part this request asks this server to play,
     and for the decode part the KV pulled from the prefill worker before the request is admitted."""
     if gen.kv_transfer_params is None:

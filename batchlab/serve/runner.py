@@ -28,10 +28,12 @@ def _transfer_timings(handle: Handle) -> dict | None:
     if handle.transfer is None:
         return None
     got = handle.received
-    return {"part": handle.transfer.part, "from": handle.transfer.url, "kv_tokens": handle.req.kv_transfer.tokens
+    return {"part": handle.transfer.part, "from": handle.transfer.url,
+            "kv_tokens": handle.req.kv_transfer.tokens
             if handle.req.kv_transfer is not None else 0,
             "kv_bytes": None if got is None else got.meta["bytes"],
-            "transfer_s": None if got is None else got.transfer_s, "recomputed": handle.transfer.part == "decode"
+            "transfer_s": None if got is None else got.transfer_s,
+            "recomputed": handle.transfer.part == "decode"
             and got is None}
 
 
@@ -48,7 +50,8 @@ class EngineRunner:
             self.lm = lm if lm is not None else load_model()
             self.tokenizer = self.lm.tokenizer
             self.backend = config.make_backend(self.lm)
-        else:                       # no weights: the tokenizer, and a backend that predicts step times
+        else:
+            # no weights: the tokenizer, and a backend that predicts step times
             self.lm = None
             self.tokenizer = lm.tokenizer if lm is not None else load_tokenizer()
             self.backend = self.device.backend(config, placeholder_token_id(self.tokenizer))
@@ -80,13 +83,13 @@ class EngineRunner:
         transfer = config.kv_transfer_config
         if self.device is None:
             kv = self.backend.kv
-            cache = {"kv_shape": [kv.num_layers, kv.num_kv_heads, kv.head_dim], "dtype": str(kv.kv.dtype)[6:],
-                     "simulated": None}
+            cache = {"kv_shape": [kv.num_layers, kv.num_kv_heads, kv.head_dim],
+                     "dtype": str(kv.kv.dtype)[6:], "simulated": None}
             per_token = kv.bytes_per_token
         else:
             shape, nbytes = self.device.shape, self.device.dtype_bytes
-            cache = {"kv_shape": [shape.num_layers, shape.num_kv_heads, shape.head_dim], "dtype": f"{nbytes}-byte",
-                     "simulated": shape.name}
+            cache = {"kv_shape": [shape.num_layers, shape.num_kv_heads, shape.head_dim],
+                     "dtype": f"{nbytes}-byte", "simulated": shape.name}
             per_token = shape.kv_bytes_per_token(nbytes)
         return KVConnector(transfer, {**cache, "block_size": config.engine.block_size}, per_token)
 
@@ -110,7 +113,8 @@ class EngineRunner:
                     self.metrics.failed(1)          # request_success{finished_reason="error"}
                 if handle is not None and self.loop is not None:
                     try:
-                        self.loop.call_soon_threadsafe(handle.events.put_nowait, ErrorEvent(self.error))
+                        self.loop.call_soon_threadsafe(handle.events.put_nowait,
+                                                       ErrorEvent(self.error))
                     except RuntimeError:
                         pass
 
@@ -155,7 +159,8 @@ class EngineRunner:
         if reason is not None:
             raise APIError(400, f"this server can never run this request: {reason}",
                            "messages" if gen.kind == "chat" else "prompt")
-        handle = Handle(req.request_id, gen, req, time.time() if received_unix is None else received_unix,
+        handle = Handle(req.request_id, gen, req,
+                        time.time() if received_unix is None else received_unix,
                         x_request_id, transfer=transfer, received=received)
         self.handles[req.request_id] = handle
         try:
@@ -177,12 +182,14 @@ class EngineRunner:
         if self.num_waiting() >= self.config.max_waiting:
             self.num_refused += 1
             self.metrics.refused()
-            raise APIError(429, f"{self.config.max_waiting} requests are already waiting for admission "
+            raise APIError(429,
+                           f"{self.config.max_waiting} requests are already waiting for admission "
                                 f"(--max-waiting {self.config.max_waiting}); retry later", None,
                            "rate_limit_exceeded", headers={"Retry-After": "1"})
         if self.config.simulate and gen.sampling.logprobs is not None:
             raise APIError(400, "logprobs: a simulated server draws placeholder tokens, not the model's, so it has "
-                                "no log-probabilities; ask a server that runs the model", "logprobs")
+                                "no log-probabilities; ask a server that runs the model",
+                                "logprobs")
 
     def _engine_request(self, gen: GenerationRequest, transfer: TransferAsk | None,
                         received: Received | None) -> Request:
@@ -191,10 +198,11 @@ class EngineRunner:
         eos = () if gen.ignore_eos or self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,)
         stop_ids = tuple(dict.fromkeys(eos + tuple(gen.stop_token_ids)))
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
-        n = len(gen.prompt_ids) - 1 if received is not None else 0    # KV received: all but the last token's
+        # KV received: all but the last token's
+        n = len(gen.prompt_ids) - 1 if received is not None else 0
         kv = KVTransfer(n, received.kv, received.transfer_s if self.device is not None else 0.0) if n else None
-        return Request(f"{prefix}-{uuid.uuid4().hex[:24]}", gen.prompt_ids, gen.max_tokens, 0.0, gen.sampling,
-                       stop_token_ids=stop_ids, kv_transfer=kv,
+        return Request(f"{prefix}-{uuid.uuid4().hex[:24]}", gen.prompt_ids, gen.max_tokens, 0.0,
+                       gen.sampling, stop_token_ids=stop_ids, kv_transfer=kv,
                        kv_export=transfer is not None and transfer.part == "prefill")
 
     def abort(self, request_id: str, reason: str) -> None:
@@ -236,7 +244,8 @@ class EngineRunner:
             "token_times": list(req.token_times),
             "token_ids": list(req.output_ids),
             "status": end.status,
-            "finish_reason": "stop" if handle.stop_string_matched else end.finish_reason,   # (an abort of ours)
+            # (an abort of ours)
+            "finish_reason": "stop" if handle.stop_string_matched else end.finish_reason,
             "finish_detail": end.detail,
             "policy": self.config.policy,
             "simulated": self.config.simulate,
@@ -250,7 +259,8 @@ class EngineRunner:
                 "in_flight": len(self.handles), "waiting": self.num_waiting(),
                 "accepted": self.num_accepted, "refused_429": self.num_refused,
                 "kv_used_tokens": kv.used_tokens, "kv_capacity_tokens": kv.capacity_tokens,
-                "max_model_len": self.config.engine.max_model_len, "trace_window": self.config.trace_window,
+                "max_model_len": self.config.engine.max_model_len,
+                "trace_window": self.config.trace_window,
                 "trace_forgotten": self.window.num_forgotten, "simulated": self.config.simulate,
                 "kv_exports_held": None if self.connector is None else len(self.connector.exports),
                 "kv_exports_expired": None if self.connector is None else self.connector.exports.num_expired}

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel, StepTimeModel
 from batchlab.steptime.device_presets import load_device_presets
 from batchlab.steptime.roofline import RooflineCostModel
@@ -68,7 +68,8 @@ class SimulatedDevice:
             return cls(spec, model, model.shape, model.dtype_bytes)
         return cls(spec, CostModel.from_dict(data), model_shape(ADDITIVE_FIT_SHAPE), 4)
 
-    def kv_capacity_tokens(self, kv_cache_memory_bytes: int | None, max_num_seqs: int, max_model_len: int) -> int:
+    def kv_capacity_tokens(self, kv_cache_memory_bytes: int | None, max_num_seqs: int,
+                           max_model_len: int) -> int:
         if kv_cache_memory_bytes is None:
             return max_num_seqs * max_model_len
         tokens = kv_cache_memory_bytes // self.shape.kv_bytes_per_token(self.dtype_bytes)
@@ -81,8 +82,10 @@ class SimulatedDevice:
     def backend(self, config, placeholder_token: int) -> SimBackend:
         """The engine's backend for a ``ServerConfig`` (its KV cache knobs)."""
         e = config.engine
-        tokens = self.kv_capacity_tokens(config.kv_cache_memory_bytes, e.max_num_seqs, e.max_model_len)
-        return SimBackend.for_args(self.cost_model, tokens, e, paged=config.paged, placeholder_token=placeholder_token)
+        tokens = self.kv_capacity_tokens(config.kv_cache_memory_bytes, e.max_num_seqs,
+                                         e.max_model_len)
+        return SimBackend.for_args(self.cost_model, tokens, e, paged=config.paged,
+                                   placeholder_token=placeholder_token)
 
     def card(self) -> dict:
         """What ``/v1/models`` says about the simulation."""
@@ -98,4 +101,5 @@ def placeholder_token_id(tokenizer) -> int:
     return ids[0]
 
 
-__all__ = ["SimulatedDevice", "placeholder_token_id", "allowed_specs", "DEFAULT_SHAPE", "PLACEHOLDER_TEXT", "NOTE"]
+__all__ = ["SimulatedDevice", "placeholder_token_id", "allowed_specs", "DEFAULT_SHAPE",
+           "PLACEHOLDER_TEXT", "NOTE"]

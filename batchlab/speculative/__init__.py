@@ -18,5 +18,5 @@ from batchlab.speculative.acceptance import AcceptanceModel, AcceptanceStream, e
 from batchlab.speculative.config import SpeculativeConfig, check_runs_on_the_model
 from batchlab.speculative.ngram import propose_ngram
 
-__all__ = ["AcceptanceModel", "AcceptanceStream", "SpeculativeConfig", "check_runs_on_the_model", "expected_accepted",
-           "propose_ngram"]
+__all__ = ["AcceptanceModel", "AcceptanceStream", "SpeculativeConfig", "check_runs_on_the_model",
+           "expected_accepted", "propose_ngram"]

@@ -29,16 +29,20 @@ class AcceptanceModel:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_fraction("rate", self.rate, "(0, 1)", hint="the mean chance a drafted token is accepted")
-        check_number("concentration", self.concentration, strict=True, hint="Beta a + b; large = all alike")
-        check_fraction("draft_rate", self.draft_rate, "[0, 1]", hint="the share of decodes that carry a draft")
+        check_fraction("rate", self.rate, "(0, 1)",
+                       hint="the mean chance a drafted token is accepted")
+        check_number("concentration", self.concentration, strict=True,
+                     hint="Beta a + b; large = all alike")
+        check_fraction("draft_rate", self.draft_rate, "[0, 1]",
+                       hint="the share of decodes that carry a draft")
         check_int("seed", self.seed, minimum=0)
 
     def stream(self, request_id: str) -> "AcceptanceStream":
         """One request's draws: its own ``alpha``, and a generator seeded from its id."""
         rng = np.random.default_rng([self.seed, zlib.crc32(request_id.encode())])
         c = self.concentration
-        return AcceptanceStream(float(rng.beta(self.rate * c, (1 - self.rate) * c)), self.draft_rate, rng)
+        return AcceptanceStream(float(rng.beta(self.rate * c, (1 - self.rate) * c)),
+                                self.draft_rate, rng)
 
     @classmethod
     def fit(cls, checks_by_request: Sequence[Sequence[tuple[int, int]]], num_outputs: Sequence[int],
@@ -52,7 +56,8 @@ class AcceptanceModel:
             raise ValueError("no checks to fit: the runs drafted nothing")
         accepted = sum(a for _, a in checks)
         low, high = 1e-6, 1 - 1e-6
-        for _ in range(60):                                   # bisection: expected_accepted rises with alpha
+        # bisection: expected_accepted rises with alpha
+        for _ in range(60):
             mid = (low + high) / 2
             low, high = (mid, high) if sum(expected_accepted(mid, d) for d, _ in checks) < accepted else (low, mid)
         fractions = [sum(a for _, a in cs) / sum(d for d, _ in cs) for cs in checks_by_request if cs]
@@ -60,8 +65,8 @@ class AcceptanceModel:
         concentration = float(np.clip(m * (1 - m) / v - 1, 1.0, 1000.0)) if v > 0 else 1000.0
         # each sampling step emits 1 + accepted tokens; the first (the prompt's) cannot carry a draft
         decodes = sum(n - sum(a for _, a in cs) - 1 for cs, n in zip(checks_by_request, num_outputs))
-        return cls(round((low + high) / 2, 4), round(concentration, 2), min(1.0, round(len(checks) / max(decodes, 1), 4)),
-                   seed)
+        return cls(round((low + high) / 2, 4), round(concentration, 2),
+                   min(1.0, round(len(checks) / max(decodes, 1), 4)), seed)
 
 
 class AcceptanceStream:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from batchlab.checks import check_choice, check_int, fail, is_int
 
 METHODS = ("ngram", "early_exit", "draft_model")
-CPU_METHODS = ("ngram", "early_exit")   # the drafters the course's engine runs on its one real model
+# the drafters the course's engine runs on its one real model
+CPU_METHODS = ("ngram", "early_exit")
 DEFAULT_PROMPT_LOOKUP = 5          # vLLM 0.32's value when neither bound is given
 
 
@@ -30,7 +31,8 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS, hint="the drafters batchlab has")
-        check_int("num_speculative_tokens", self.num_speculative_tokens, hint="k, the tokens drafted per step")
+        check_int("num_speculative_tokens", self.num_speculative_tokens,
+                  hint="k, the tokens drafted per step")
         check_int("prompt_lookup_min", self.prompt_lookup_min, allow_none=True)
         check_int("prompt_lookup_max", self.prompt_lookup_max, allow_none=True)
         check_int("early_exit_layer", self.early_exit_layer, allow_none=True,
@@ -44,7 +46,8 @@ class SpeculativeConfig:
                                  "config.json path (e.g. \"Llama-3.2-1B\")")
             raise ValueError(f'model={self.model!r} belongs to method "draft_model", not {self.method!r}')
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
-            fail("model", self.model, "the drafter's name: a MODEL_SHAPES name or a config.json path")
+            fail("model", self.model,
+                 "the drafter's name: a MODEL_SHAPES name or a config.json path")
         if (self.method == "early_exit") != (self.early_exit_layer is not None):
             if self.early_exit_layer is None:
                 raise ValueError('method "early_exit" needs early_exit_layer: how many of the model\'s '
@@ -131,7 +134,8 @@ def _check_schedule(schedule: object) -> tuple[tuple[int, int, int], ...]:
         if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(is_int(x) for x in entry):
             fail(name, schedule, allowed, f"entry {entry!r} is not three ints")
         if entry[0] < 1 or entry[1] < entry[0] or entry[2] < 0:
-            fail(name, schedule, allowed, f"entry {tuple(entry)}: need 1 <= first <= last and k >= 0")
+            fail(name, schedule, allowed,
+                 f"entry {tuple(entry)}: need 1 <= first <= last and k >= 0")
     ranges = tuple(sorted((tuple(map(int, e)) for e in schedule), key=lambda e: e[0]))
     for (_, last, _), (first, _, _) in zip(ranges, ranges[1:]):
         if first <= last:

@@ -18,13 +18,15 @@ from batchlab.checks import fail
 QUERY_TILE = 128
 
 
-def phase_features(phase: str, seqs, tokens, pairs, heads: int, kv_heads: int, head_dim: int) -> np.ndarray:
+def phase_features(phase: str, seqs, tokens, pairs, heads: int, kv_heads: int,
+                   head_dim: int) -> np.ndarray:
     """One row per kernel call: 1, sequences, bytes moved, q·k and p·v FLOPs over every query-key
     pair. A decode's bytes are the cached keys and values it reads (one per pair); a prompt's are
     its own queries, keys, values and outputs (the causal pairs reuse them from on-chip memory)."""
     seqs, tokens, pairs = (np.asarray(x, dtype=float) for x in (seqs, tokens, pairs))
     moved = pairs * 2 * kv_heads if phase == "decode" else tokens * (2 * heads + 2 * kv_heads)
-    return np.stack([np.ones_like(seqs), seqs, moved * head_dim * 2, pairs * 4 * heads * head_dim], axis=-1)
+    return np.stack([np.ones_like(seqs), seqs, moved * head_dim * 2, pairs * 4 * heads * head_dim],
+                    axis=-1)
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,12 @@ class AttentionFit:
         kv, h, d = self.kv_heads, self.heads, self.head_dim
         dec, pre = self.decode, self.prefill
         object.__setattr__(self, "_dec", (dec[0], dec[1], dec[2] * 4 * kv * d + dec[3] * 4 * h * d))
-        object.__setattr__(self, "_pre", (pre[0], pre[1], pre[2] * (4 * h + 4 * kv) * d, pre[3] * 4 * h * d,
+        object.__setattr__(self, "_pre",
+                           (pre[0], pre[1], pre[2] * (4 * h + 4 * kv) * d, pre[3] * 4 * h * d,
                                           pre[2] * 4 * kv * d))
 
-    def seconds(self, seqs: int, tokens: int, pairs: int, decode_seqs: int, decode_pairs: int) -> float:
+    def seconds(self, seqs: int, tokens: int, pairs: int, decode_seqs: int,
+                decode_pairs: int) -> float:
         """One layer's attention for a step of ``seqs`` sequences (``decode_seqs`` of them one-token
         decodes with ``decode_pairs`` pairs), ``tokens`` tokens and ``pairs`` query-key pairs."""
         t = 0.0
@@ -64,7 +68,8 @@ class AttentionFit:
         chunks, n, chunk_pairs = seqs - decode_seqs, tokens - decode_seqs, pairs - decode_pairs
         if chunks:
             fixed, per_seq, per_token, per_pair, per_key = self._pre
-            cached = max(0.0, chunk_pairs - n * (n / chunks + 1) / 2)      # beyond the causal triangles
+            # beyond the causal triangles
+            cached = max(0.0, chunk_pairs - n * (n / chunks + 1) / 2)
             keys = cached / min(QUERY_TILE, max(1.0, n / chunks))
             t = max(t, fixed) + per_seq * chunks + per_token * n + per_pair * chunk_pairs + per_key * keys
         return t
@@ -84,11 +89,14 @@ def guess_split(seqs: int, tokens: int, pairs: int) -> tuple[int, int]:
 
 def fit_phase(table, phase: str, heads: int, kv_heads: int, head_dim: int):
     """Coefficients of one phase's line, its median error, and the (heads, kv heads) it used."""
-    window = table.window_size if "window_size" in table else 0     # older tables: no sliding window column
+    # older tables: no sliding window column
+    window = table.window_size if "window_size" in table else 0
     t = table[(table.head_dim == head_dim) & (table.kv_cache_dtype == "bfloat16") & (window == 0)]
     if t.empty:
-        fail("head_dim", head_dim, f"one of {sorted(table.head_dim.unique())}", "the attention kernels measured")
-    other = "prefill" if phase == "decode" else "decode"          # a table may hold the other phase's kernel too
+        fail("head_dim", head_dim, f"one of {sorted(table.head_dim.unique())}",
+             "the attention kernels measured")
+    # a table may hold the other phase's kernel too
+    other = "prefill" if phase == "decode" else "decode"
     sources = [name for name in t.kernel_source.value_counts().index if other not in name] or list(t.kernel_source)
     t = t[t.kernel_source == sources[0]]
     configs = t[["num_heads", "num_key_value_heads"]].drop_duplicates().to_numpy()
@@ -98,14 +106,16 @@ def fit_phase(table, phase: str, heads: int, kv_heads: int, head_dim: int):
     b = t.batch_size.to_numpy(float)
     if phase == "prefill":
         s = t.isl.to_numpy(float)
-        tokens, pairs, keep = b * s, b * s * (s + 1) / 2, b * s <= 16384       # a step's token budget
+        # a step's token budget
+        tokens, pairs, keep = b * s, b * s * (s + 1) / 2, b * s <= 16384
     else:
         s = t.step.to_numpy(float)
         tokens, pairs, keep = b, b * (s + 1), b * (s + 1) <= 4 * 2**20    # up to 4M cached tokens
     a = phase_features(phase, b, tokens, pairs, h, kv, head_dim)[keep]
     y = t.latency.to_numpy()[keep] * 1e-3
     a_rel = a / y[:, None]                                  # relative errors
-    scale = np.where(a_rel.max(axis=0) > 0, a_rel.max(axis=0), 1.0)   # columns of like size for NNLS
+    # columns of like size for NNLS
+    scale = np.where(a_rel.max(axis=0) > 0, a_rel.max(axis=0), 1.0)
     coef = nnls(a_rel / scale, np.ones_like(y)) / scale
     return tuple(float(c) for c in coef), float(np.median(np.abs(a @ coef / y - 1))), (h, kv)
 
@@ -114,7 +124,8 @@ def fit_attention(context, generation, heads: int, kv_heads: int, head_dim: int)
     """``AttentionFit`` for ``heads`` query and ``kv_heads`` KV heads of ``head_dim`` on one GPU."""
     dec, dec_err, dec_heads = fit_phase(generation, "decode", heads, kv_heads, head_dim)
     pre, pre_err, pre_heads = fit_phase(context, "prefill", heads, kv_heads, head_dim)
-    return AttentionFit(dec, pre, heads, kv_heads, head_dim, {"decode": dec_err, "prefill": pre_err},
+    return AttentionFit(dec, pre, heads, kv_heads, head_dim,
+                        {"decode": dec_err, "prefill": pre_err},
                         {"decode": dec_heads, "prefill": pre_heads})
 
 

@@ -51,7 +51,8 @@ class AllReduceModel:
         slope = (y[-1] - y[-2]) / (x[-1] - x[-2])          # past the last measured size: its slope
         small = np.where(np.less_equal(num_bytes, x[-1]), np.interp(num_bytes, x, y),
                          y[-1] + slope * (np.asarray(num_bytes, dtype=float) - x[-1]))
-        return np.where(np.less(num_bytes, self.small_max_bytes), small, self.nccl_seconds(num_bytes))
+        return np.where(np.less(num_bytes, self.small_max_bytes), small,
+                        self.nccl_seconds(num_bytes))
 
 
 def fit_all_reduce(table: pd.DataFrame, num_gpus: int) -> tuple[AllReduceModel, dict]:
@@ -65,8 +66,8 @@ def fit_all_reduce(table: pd.DataFrame, num_gpus: int) -> tuple[AllReduceModel, 
     seconds = rows[TIME_COLUMN].to_numpy(float) * 1e-3
     moved = size * 2 * (num_gpus - 1) / num_gpus
     w = 1.0 / seconds
-    (latency, inverse), *_ = np.linalg.lstsq(np.c_[np.ones_like(moved), moved] * w[:, None], seconds * w,
-                                             rcond=None)
+    (latency, inverse), *_ = np.linalg.lstsq(np.c_[np.ones_like(moved), moved] * w[:, None],
+                                             seconds * w, rcond=None)
     model = AllReduceModel(num_gpus, max(float(latency), 0.0), 1.0 / float(inverse))
     errors = np.abs(model(size) / seconds - 1)
     return model, {"rows": int(len(rows)), "median_error": float(np.median(errors)),
@@ -77,7 +78,8 @@ def load_collectives(path: str | Path = COLLECTIVES_PATH) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def all_reduce_model(device: str, num_gpus: int, path: str | Path = COLLECTIVES_PATH) -> AllReduceModel:
+def all_reduce_model(device: str, num_gpus: int,
+                     path: str | Path = COLLECTIVES_PATH) -> AllReduceModel:
     """The stored fit for ``num_gpus`` GPUs of preset ``device`` in one node."""
     check_int("num_gpus", num_gpus, minimum=2)
     if device not in NODE_OF:
@@ -92,9 +94,11 @@ def all_reduce_model(device: str, num_gpus: int, path: str | Path = COLLECTIVES_
     custom = data.get("custom", {}).get(NODE_OF[device])
     small = {}
     if custom is not None and str(num_gpus) in custom["us"]:
-        small = {"small_bytes": tuple(custom["bytes"]), "small_max_bytes": float(custom["max_bytes"]),
+        small = {"small_bytes": tuple(custom["bytes"]),
+                 "small_max_bytes": float(custom["max_bytes"]),
                  "small_seconds": tuple(us * 1e-6 for us in custom["us"][str(num_gpus)])}
-    return AllReduceModel(num_gpus, entry["latency_us"] * 1e-6, entry["bus_bandwidth_GBps"] * 1e9, **small)
+    return AllReduceModel(num_gpus, entry["latency_us"] * 1e-6, entry["bus_bandwidth_GBps"] * 1e9,
+                          **small)
 
 
 __all__ = ["COLLECTIVES_PATH", "NODE_OF", "AllReduceModel", "all_reduce_model", "fit_all_reduce",

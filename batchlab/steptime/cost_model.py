@@ -214,7 +214,8 @@ class CostModel(StepTimeModel):
         if self.fit_stats:
             terms += (f"; fit on {self.fit_stats['num_steps']} steps, median error "
                       f"{self.fit_stats['median_rel_error']:.1%}")
-        if self.fit_stats and "checked_error" in self.fit_stats:   # a stored fit, checked (calibration)
+        # a stored fit, checked (calibration)
+        if self.fit_stats and "checked_error" in self.fit_stats:
             terms += (f"; stored {self.fit_stats['stored_minutes_ago']:.0f} min ago, checked on "
                       f"{self.fit_stats['checked_steps']} fresh steps: median error {self.fit_stats['checked_error']:.1%}")
         return f"CostModel({terms})"

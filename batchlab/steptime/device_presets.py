@@ -14,9 +14,11 @@ from batchlab.checks import check_int, check_number
 from batchlab.shapes import DTYPE_BYTES
 
 DEVICE_PRESETS_PATH = Path(__file__).resolve().parent / "device_presets.json"   # package data
-_PRESET_KEYS = {"memory_bandwidth_GBps", "peak_tflops", "dtype", "memory_GB", "num_sms", "source", "kernels"}
+_PRESET_KEYS = {"memory_bandwidth_GBps", "peak_tflops", "dtype", "memory_GB", "num_sms", "source",
+                "kernels"}
 _FITTED_KEYS = {"bandwidth_fraction", "compute_fraction", "transition_p", "matmul_latency_us",
-                "small_op_bandwidth_fraction", "small_op_latency_us", "tile_rows", "tile_cols", "source", "fit"}
+                "small_op_bandwidth_fraction", "small_op_latency_us", "tile_rows", "tile_cols",
+                "source", "fit"}
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,12 @@ class DevicePreset:
         """This device's kernels on its datasheet's roofs and SMs."""
         if self.kernels is None:
             raise ValueError(f"kernels=None; must be set for device {self.name!r} to model its kernels")
-        return KernelModel(self.memory_bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels, self.num_sms)
+        return KernelModel(self.memory_bandwidth_Bps, self.peak_flops, self.dtype_bytes,
+                           self.kernels, self.num_sms)
 
 
-def _check_keys(where: str, entry: object, keys: set[str], optional: set[str] = frozenset()) -> None:
+def _check_keys(where: str, entry: object, keys: set[str],
+                optional: set[str] = frozenset()) -> None:
     if not isinstance(entry, dict):
         raise ValueError(f"{where} must be an object with keys {sorted(keys)}")
     missing, extra = keys - optional - entry.keys(), entry.keys() - keys
@@ -74,9 +78,11 @@ def _fitted_kernels(where: str, entry: dict) -> KernelEfficiency:
     _check_keys(where, entry, _FITTED_KEYS, optional={"fit"})
     for key in ("matmul_latency_us", "small_op_latency_us"):
         check_number(key, entry[key], hint=where)
-    return KernelEfficiency(entry["bandwidth_fraction"], entry["compute_fraction"], entry["transition_p"],
+    return KernelEfficiency(entry["bandwidth_fraction"], entry["compute_fraction"],
+                            entry["transition_p"],
                             entry["matmul_latency_us"] * 1e-6, entry["small_op_bandwidth_fraction"],
-                            entry["small_op_latency_us"] * 1e-6, entry["tile_rows"], entry["tile_cols"])
+                            entry["small_op_latency_us"] * 1e-6, entry["tile_rows"],
+                            entry["tile_cols"])
 
 
 def _resolve_kernels(path, devices: dict) -> dict[str, tuple[KernelEfficiency, str]]:
@@ -121,9 +127,10 @@ def load_device_presets(path: str | Path = DEVICE_PRESETS_PATH) -> dict[str, Dev
         check_int("num_sms", entry["num_sms"], hint=f"{path}: device {name!r}")
     kernels = _resolve_kernels(path, devices)
     overhead_s, overhead_source = _step_overhead(path, data)
-    return {name: DevicePreset(name, entry["memory_bandwidth_GBps"] * 1e9, entry["peak_tflops"] * 1e12,
-                               entry["dtype"], entry["memory_GB"] * 1e9, entry["source"], *kernels[name],
-                               overhead_s, overhead_source, entry["num_sms"])
+    return {name: DevicePreset(name, entry["memory_bandwidth_GBps"] * 1e9,
+                               entry["peak_tflops"] * 1e12,
+                               entry["dtype"], entry["memory_GB"] * 1e9, entry["source"],
+                               *kernels[name], overhead_s, overhead_source, entry["num_sms"])
             for name, entry in devices.items()}
 
 

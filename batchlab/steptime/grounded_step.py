@@ -45,7 +45,8 @@ class GroundedStep:
         """Every layer's projections, small operators and all-reduces (remembered per token count)."""
         seconds = self._layers_by_tokens.get(num_tokens)
         if seconds is None:
-            layer = float(self.kernels.layer_seconds(self.shape.layer, num_tokens, self.tensor_parallel))
+            layer = float(self.kernels.layer_seconds(self.shape.layer, num_tokens,
+                                                     self.tensor_parallel))
             layer += ALL_REDUCES_PER_LAYER * self.all_reduce_seconds(num_tokens)
             seconds = self._layers_by_tokens[num_tokens] = self.shape.num_layers * layer
         return seconds
@@ -70,12 +71,14 @@ class GroundedStep:
         seconds = self._edges.get((num_seqs, num_tokens))
         if seconds is None:
             h = self.shape.hidden_size
-            head = self.kernels.matmul_seconds(h, -(-self.shape.vocab_size // self.tensor_parallel), num_seqs)
+            head = self.kernels.matmul_seconds(h, -(-self.shape.vocab_size // self.tensor_parallel),
+                                               num_seqs)
             seconds = self._edges[num_seqs, num_tokens] = float(
                 head + self.kernels.small_ops_seconds(2, 4 * num_tokens * h) + self.all_reduce_seconds(num_tokens))
         return seconds
 
-    def seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int, keys_read: float) -> float:
+    def seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int,
+                keys_read: float) -> float:
         """The step without the per-step overhead."""
         return (self.layers_seconds(num_tokens) + self.attention_seconds(keys_read, attention_pairs)
                 + self.edges_seconds(num_seqs, num_tokens))

@@ -45,7 +45,8 @@ def _fit_small_ops(tables, bandwidth: float, dtype_bytes: int) -> tuple[float, f
     cols, ys = [], []
     for _, table, layer, tokens, tps in _rows(tables):
         elements = np.array([layer.small_op_elements(int(tp)) for tp in tps]) * tokens
-        cols.append(np.c_[np.full(len(table), SMALL_OPS_PER_LAYER), dtype_bytes * elements / bandwidth])
+        cols.append(np.c_[np.full(len(table), SMALL_OPS_PER_LAYER),
+                          dtype_bytes * elements / bandwidth])
         ys.append(table[list(SMALL_OP_COLUMNS)].sum(axis=1).to_numpy() * 1e-3)
     latency, inverse = _weighted_line(np.vstack(cols), np.concatenate(ys))
     return float(latency), float(1.0 / inverse)
@@ -80,7 +81,8 @@ def _grid_minimum(f: Callable[[float, float], float], box: list[tuple[float, flo
     return float(best[0]), float(best[1])
 
 
-def _log_error(tables, make: Callable[[float, float], KernelModel]) -> Callable[[float, float], float]:
+def _log_error(tables,
+               make: Callable[[float, float], KernelModel]) -> Callable[[float, float], float]:
     measured = {name: np.log(measured_layer_ms(t).to_numpy()) for name, t in tables.items()}
 
     def f(compute_fraction: float, p: float) -> float:
@@ -109,8 +111,8 @@ def _fit_compute(tables, make: Callable[..., KernelModel], transition_p: float |
     return best[1], best[2], best[3]
 
 
-def fit_device(tables: Mapping[str, pd.DataFrame], bandwidth: float, peak: float, dtype_bytes: int = 2,
-               transition_p: float | None = None, num_sms: int | None = None,
+def fit_device(tables: Mapping[str, pd.DataFrame], bandwidth: float, peak: float,
+               dtype_bytes: int = 2, transition_p: float | None = None, num_sms: int | None = None,
                tile: tuple[int, int] | None = None) -> tuple[KernelEfficiency, dict]:
     """The efficiency fitted to one device's profiles (file name -> table) on its datasheet
     (bandwidth, peak, ``num_sms``) and, per file, its ``{"rows", "median_error", "worst_error"}``
@@ -124,7 +126,8 @@ def fit_device(tables: Mapping[str, pd.DataFrame], bandwidth: float, peak: float
                                min(small_fraction, 1.0), max(small_latency, 0.0), *tile)
         return KernelModel(bandwidth, peak, dtype_bytes, eff, num_sms)
 
-    kernels = make(*_fit_compute(tables, make, transition_p, TILE_CANDIDATES if tile is None else [tile]))
+    kernels = make(*_fit_compute(tables, make, transition_p,
+                                 TILE_CANDIDATES if tile is None else [tile]))
     stats = {}
     for name, table in tables.items():
         compared = compare_profile(table, kernels)

@@ -18,11 +18,13 @@ from batchlab.shapes import LayerShape
 
 SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp")
 PROJECTION_COLUMNS = ("attn_pre_proj_ms", "attn_post_proj_ms", "mlp_up_proj_ms", "mlp_down_proj_ms")
-SMALL_OP_COLUMNS = ("input_layernorm_ms", "post_attention_layernorm_ms", "attn_rope_ms", "mlp_act_ms", "add_ms")
+SMALL_OP_COLUMNS = ("input_layernorm_ms", "post_attention_layernorm_ms", "attn_rope_ms",
+                    "mlp_act_ms", "add_ms")
 LAYER_COLUMNS = PROJECTION_COLUMNS + SMALL_OP_COLUMNS
 REQUIRED_COLUMNS = SHAPE_COLUMNS + ("tensor_parallel", "num_tokens") + LAYER_COLUMNS
 MAX_TOKENS = 4096       # the token counts the presets are checked over: 1 to 4,096
-KERNEL_PROFILES_DIR = Path(batchlab.__file__).resolve().parents[1] / "data" / "gpu_kernels"   # the course's
+# the course's
+KERNEL_PROFILES_DIR = Path(batchlab.__file__).resolve().parents[1] / "data" / "gpu_kernels"
 
 
 def _check_numbers(path: Path, table: pd.DataFrame) -> None:
@@ -59,8 +61,8 @@ def read_kernel_profile(path: str | Path) -> pd.DataFrame:
     if table.empty:
         raise ValueError(f"rows=0; must be at least one in {path.name}")
     _check_numbers(path, table)
-    table = table.astype({c: int for c in ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size",
-                                           "tensor_parallel", "num_tokens")})
+    table = table.astype({c: int for c in ("n_head", "n_kv_head", "n_embd", "n_expanded_embd",
+                                           "vocab_size", "tensor_parallel", "num_tokens")})
     table["use_gated_mlp"] = table["use_gated_mlp"].map(lambda v: str(v).strip().lower() == "true")
     repeated = table.duplicated(["tensor_parallel", "num_tokens"])
     if repeated.any():
@@ -95,7 +97,8 @@ def measured_layer_ms(table: pd.DataFrame) -> pd.Series:
     return table[list(LAYER_COLUMNS)].sum(axis=1)
 
 
-def compare_profile(table: pd.DataFrame, kernels: KernelModel, max_tokens: int = MAX_TOKENS) -> pd.DataFrame:
+def compare_profile(table: pd.DataFrame, kernels: KernelModel,
+                    max_tokens: int = MAX_TOKENS) -> pd.DataFrame:
     """Each row up to ``max_tokens``: ``tensor_parallel``, ``num_tokens``, ``measured_ms``,
     ``predicted_ms`` (one layer on one GPU) and ``error`` (predicted / measured - 1)."""
     layer = layer_shape_of(table)
@@ -113,7 +116,8 @@ def compare_profile(table: pd.DataFrame, kernels: KernelModel, max_tokens: int =
     return compared
 
 
-def compare_projections(table: pd.DataFrame, gemm_seconds, max_tokens: int = MAX_TOKENS) -> pd.DataFrame:
+def compare_projections(table: pd.DataFrame, gemm_seconds,
+                        max_tokens: int = MAX_TOKENS) -> pd.DataFrame:
     """A per-kernel cross-check: each row's four projections as the profile measured them against
     ``gemm_seconds(m, n, k)`` (another source's GEMM times, e.g. ``KernelTables.gemm_seconds``):
     ``tensor_parallel``, ``num_tokens``, ``op``, ``measured_ms``, ``predicted_ms``, ``error``."""
@@ -123,8 +127,11 @@ def compare_projections(table: pd.DataFrame, gemm_seconds, max_tokens: int = MAX
     for _, row in rows.iterrows():
         tp, m = int(row["tensor_parallel"]), int(row["num_tokens"])
         for column, (k, n) in zip(PROJECTION_COLUMNS, layer.projections(tp)):
-            out.append((tp, m, column.removesuffix("_ms"), row[column], gemm_seconds(m, n, k) * 1e3))
-    compared = pd.DataFrame(out, columns=["tensor_parallel", "num_tokens", "op", "measured_ms", "predicted_ms"])
+            out.append((tp, m, column.removesuffix("_ms"), row[column],
+                        gemm_seconds(m, n, k) * 1e3))
+    compared = pd.DataFrame(out,
+                            columns=["tensor_parallel", "num_tokens", "op", "measured_ms",
+                                     "predicted_ms"])
     compared["error"] = compared["predicted_ms"] / compared["measured_ms"] - 1
     return compared
 

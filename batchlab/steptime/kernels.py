@@ -13,8 +13,10 @@ import numpy as np
 from batchlab.checks import check_int, check_number
 from batchlab.shapes import SMALL_OPS_PER_LAYER, LayerShape
 
-MMA_ROWS = 16               # rows of the smallest bf16 tensor-core MMA (mma.sync m16n8k16, sm_80 on; PTX ISA)
-SPLIT_K_MIN_DEPTH = 256     # assumption: a split-K slice keeps at least 256 of K (four 64-deep K steps)
+# rows of the smallest bf16 tensor-core MMA (mma.sync m16n8k16, sm_80 on; PTX ISA)
+MMA_ROWS = 16
+# assumption: a split-K slice keeps at least 256 of K (four 64-deep K steps)
+SPLIT_K_MIN_DEPTH = 256
 SPLIT_K_MAX_SLICES = 16     # assumption: K is split into at most 16 slices
 
 
@@ -36,7 +38,8 @@ def wave_tiles(tiles, num_sms: int, k: int):
     ``s <= split_k_slices(k)`` slices that round up least (``s`` slices make ``s`` times the
     tiles, each ``1/s`` as long)."""
     tiles = np.asarray(tiles, dtype=float)
-    s = np.arange(1, split_k_slices(k) + 1, dtype=float)        # every split at once, on a last axis
+    # every split at once, on a last axis
+    s = np.arange(1, split_k_slices(k) + 1, dtype=float)
     return (np.ceil(tiles[..., None] * s / num_sms) * num_sms / s).min(axis=-1)
 
 
@@ -52,13 +55,15 @@ def check_fraction(name: str, value: object) -> None:
 class KernelEfficiency:
     """A device's kernels as fractions of its datasheet, with the transition and fixed costs."""
 
-    bandwidth_fraction: float            # of the datasheet bandwidth, matrix multiplies (and attention)
+    # of the datasheet bandwidth, matrix multiplies (and attention)
+    bandwidth_fraction: float
     compute_fraction: float              # of the datasheet dense peak
     transition_p: float                  # the smooth maximum's exponent, >= 1
     matmul_latency_s: float              # fixed seconds per matrix-multiply (or attention) kernel
     small_op_bandwidth_fraction: float   # of the datasheet bandwidth, element-wise operators
     small_op_latency_s: float            # fixed seconds per element-wise kernel
-    tile_rows: int = 1                   # rows (tokens) of a matrix multiply's output tile; 1: unquantized
+    # rows (tokens) of a matrix multiply's output tile; 1: unquantized
+    tile_rows: int = 1
     tile_cols: int = 1                   # columns (output features) of the tile; 1: unquantized
 
     def __post_init__(self) -> None:

@@ -34,9 +34,11 @@ class KVLink:
 # transfer engine), not a measured figure: at these sizes (megabytes) bandwidth dominates.
 _LATENCY = 20e-6
 KV_LINKS: dict[str, KVLink] = {link.name: link for link in (
-    KVLink("nvlink4", 450e9, _LATENCY, "NVIDIA H100 SXM datasheet: NVLink 900 GB/s, both directions together"),
+    KVLink("nvlink4", 450e9, _LATENCY,
+           "NVIDIA H100 SXM datasheet: NVLink 900 GB/s, both directions together"),
     KVLink("pcie5-x16", 63e9, _LATENCY, "PCI-SIG PCIe 5.0: 32 GT/s x 16 lanes, 128b/130b coding"),
-    KVLink("infiniband-ndr", 50e9, _LATENCY, "InfiniBand NDR (NVIDIA ConnectX-7): 400 Gb/s per port"),
+    KVLink("infiniband-ndr", 50e9, _LATENCY,
+           "InfiniBand NDR (NVIDIA ConnectX-7): 400 Gb/s per port"),
     KVLink("ethernet-100g", 12.5e9, _LATENCY, "IEEE 802.3 100 Gb/s Ethernet"),
     KVLink("ethernet-25g", 3.125e9, _LATENCY, "IEEE 802.3 25 Gb/s Ethernet"),
 )}

@@ -62,7 +62,8 @@ def log_axis_weights(axis: np.ndarray, x: float) -> tuple[int, int, float, float
     """Bracketing indices of ``x`` on a sorted ``axis``, the log-space weight of the upper one, and
     the factor that scales past the edges (1 inside)."""
     if x <= axis[0]:
-        return 0, 0, 0.0, 1.0                                  # below the grid: the smallest measured
+        # below the grid: the smallest measured
+        return 0, 0, 0.0, 1.0
     if x >= axis[-1]:
         return len(axis) - 1, len(axis) - 1, 0.0, x / axis[-1]  # above: in proportion
     hi = int(np.searchsorted(axis, x))
@@ -143,7 +144,8 @@ class AllReduceTable:
         size, secs = self.curves[key]
         if num_bytes >= size[-1]:
             return float(secs[-1] * num_bytes / size[-1])
-        return float(np.exp(np.interp(math.log(max(num_bytes, size[0])), np.log(size), np.log(secs))))
+        return float(np.exp(np.interp(math.log(max(num_bytes, size[0])), np.log(size),
+                                      np.log(secs))))
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,7 +181,8 @@ class KernelTables:
 
     def all_reduce_seconds(self, num_bytes: float, num_gpus: int, graph: bool) -> float:
         if self.all_reduce is None:
-            fail("tensor_parallel_size", num_gpus, "1", f"no all-reduce was measured on {self.system}")
+            fail("tensor_parallel_size", num_gpus, "1",
+                 f"no all-reduce was measured on {self.system}")
         return self.all_reduce.seconds(num_bytes, num_gpus, graph)
 
     @functools.lru_cache(maxsize=None)
@@ -199,7 +202,8 @@ class KernelTables:
                  "with this TP/EP split")
         return t.num_tokens.to_numpy(float), t.latency.to_numpy() * 1e-3
 
-    def moe_seconds(self, tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int) -> float:
+    def moe_seconds(self, tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int,
+                    ep: int) -> float:
         x, y = self.moe_curve(hidden, inter, topk, experts, tp, ep)
         if tokens >= x[-1]:
             return float(y[-1] * tokens / x[-1])
@@ -209,14 +213,16 @@ class KernelTables:
 @functools.lru_cache(maxsize=None)
 def _load(gpu: str, vllm_version: str | None) -> KernelTables:
     if gpu not in SYSTEMS:
-        fail("gpu", gpu, f"one of {sorted(SYSTEMS)}", "a GPU whose vLLM kernels AIConfigurator measured")
+        fail("gpu", gpu, f"one of {sorted(SYSTEMS)}",
+             "a GPU whose vLLM kernels AIConfigurator measured")
     system = SYSTEMS[gpu]
     ops = {"gemm": ("gemm", "gemm"), "attention": ("attention", "context_attention"),
            "all_reduce": ("comm", "custom_allreduce"), "moe": ("moe", "moe")}
     versions = {name: pick_version(system, folder, vllm_version) for name, (folder, _) in ops.items()}
     for name in ("gemm", "attention"):
         if versions[name] is None:
-            fail("gpu", gpu, f"one of {sorted(SYSTEMS)}", f"no measured vLLM {name} kernels in {system}")
+            fail("gpu", gpu, f"one of {sorted(SYSTEMS)}",
+                 f"no measured vLLM {name} kernels in {system}")
     gemm = read_table(system, "gemm", versions["gemm"], "gemm")
     gemm = gemm[gemm.gemm_dtype == "bfloat16"]
     if (gemm.kernel_source == GEMM_SOURCE).any():       # older tables name it vllm_default
@@ -227,7 +233,8 @@ def _load(gpu: str, vllm_version: str | None) -> KernelTables:
         read_table(system, "comm", versions["all_reduce"], "custom_allreduce"))
     moe = versions["moe"] and read_table(system, "moe", versions["moe"], "moe")
     moe = moe[moe.moe_dtype == "bfloat16"] if versions["moe"] else None
-    return KernelTables(gpu, system, versions, GemmTable.from_frame(gemm), comm or None, context, generation, moe)
+    return KernelTables(gpu, system, versions, GemmTable.from_frame(gemm), comm or None, context,
+                        generation, moe)
 
 
 __all__ = ["SYSTEMS", "AllReduceTable", "GemmTable", "KernelTables"]

@@ -35,9 +35,11 @@ class MeasuredStep:
         check_int("largest_graph", self.largest_graph, minimum=0)
         self.shape.layer.check_tensor_parallel(self.tensor_parallel)
         if self.expert_parallel and self.shape.moe is None:
-            fail("enable_expert_parallel", True, "False for a dense model", f"{self.shape.name} has no experts")
+            fail("enable_expert_parallel", True, "False for a dense model",
+                 f"{self.shape.name} has no experts")
         tp, layer = self.tensor_parallel, self.shape.layer
-        fit = self.tables.attention(layer.num_heads // tp, layer.kv_heads_per_gpu(tp), layer.head_dim)
+        fit = self.tables.attention(layer.num_heads // tp, layer.kv_heads_per_gpu(tp),
+                                    layer.head_dim)
         object.__setattr__(self, "_attention", fit)
         self.mlp_seconds(1)             # an MoE layer nobody measured is refused here, not mid-run
 
@@ -59,8 +61,8 @@ class MeasuredStep:
             (_, _), (_, _), (k_up, n_up), (k_down, n_down) = self.shape.layer.projections(tp)
             return self.tables.gemm_seconds(num_tokens, n_up, k_up) + self.tables.gemm_seconds(num_tokens, n_down, k_down)
         ep = tp if self.expert_parallel else 1
-        return self.tables.moe_seconds(num_tokens, h, moe.intermediate_size, moe.experts_per_token, moe.num_experts,
-                                       tp // ep, ep)
+        return self.tables.moe_seconds(num_tokens, h, moe.intermediate_size, moe.experts_per_token,
+                                       moe.num_experts, tp // ep, ep)
 
     def layers_seconds(self, num_tokens: int) -> float:
         """Every layer without its attention (remembered per token count)."""
@@ -79,7 +81,8 @@ class MeasuredStep:
         """Every layer's attention (``AttentionFit.seconds``); ``split`` is ``(decode_seqs,
         decode_pairs)``, guessed from the totals when not given (``guess_split``)."""
         split = split or guess_split(num_seqs, num_tokens, attention_pairs)
-        return self.shape.num_layers * self._attention.seconds(num_seqs, num_tokens, attention_pairs, *split)
+        return self.shape.num_layers * self._attention.seconds(num_seqs, num_tokens,
+                                                               attention_pairs, *split)
 
     def edges_seconds(self, num_rows: int, num_tokens: int) -> float:
         """The LM head for one row per sequence over 1/tp of the vocabulary, the embedding lookup
@@ -87,7 +90,8 @@ class MeasuredStep:
         seconds = self._edges.get((num_rows, num_tokens))
         if seconds is None:
             h = self.shape.hidden_size
-            head = self.tables.gemm_seconds(num_rows, -(-self.shape.vocab_size // self.tensor_parallel), h)
+            head = self.tables.gemm_seconds(num_rows,
+                                            -(-self.shape.vocab_size // self.tensor_parallel), h)
             seconds = self._edges[num_rows, num_tokens] = float(
                 head + self.small_ops.small_ops_seconds(2, 4 * num_tokens * h) + self.all_reduce_seconds(num_tokens))
         return seconds

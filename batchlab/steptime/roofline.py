@@ -19,8 +19,9 @@ from batchlab.checks import check_bool, check_int, check_number
 from batchlab.shapes import DTYPE_BYTES, MODEL_SHAPES, LayerShape, ModelShape, model_shape
 from batchlab.trace import StepRecord, Trace
 
-__all__ = ["DEVICE_PRESETS_PATH", "DTYPE_BYTES", "FORMULA", "GROUNDED_FORMULA", "MODEL_SHAPES", "DevicePreset",
-           "KernelEfficiency", "LayerShape", "ModelShape", "RooflineCostModel", "compare_cost_models",
+__all__ = ["DEVICE_PRESETS_PATH", "DTYPE_BYTES", "FORMULA", "GROUNDED_FORMULA", "MODEL_SHAPES",
+           "DevicePreset", "KernelEfficiency", "LayerShape", "ModelShape", "RooflineCostModel",
+           "compare_cost_models",
            "device_preset", "load_device_presets", "model_shape", "profile_features"]
 
 FORMULA = ("t_step = max((weight_bytes + attention_pairs/min(query_tile, num_tokens/num_seqs)"
@@ -48,7 +49,8 @@ class RooflineCostModel(StepTimeModel):
     fit_stats: dict | None = field(default=None, compare=False)
     query_tile: int = 128
     kernels: KernelEfficiency | None = None
-    num_sms: int | None = None           # the device's SMs: a matrix multiply's tiles run in waves of them
+    # the device's SMs: a matrix multiply's tiles run in waves of them
+    num_sms: int | None = None
 
     def __post_init__(self) -> None:
         check_int("query_tile", self.query_tile)
@@ -66,9 +68,11 @@ class RooflineCostModel(StepTimeModel):
         object.__setattr__(self, "overhead_s", float(self.overhead_s))
         if self.kernels is not None and not isinstance(self.kernels, KernelEfficiency):
             raise ValueError(f"kernels={self.kernels!r}; must be a KernelEfficiency or None (the datasheet roofline)")
-        kernels = KernelModel(self.bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels, self.num_sms) \
+        kernels = KernelModel(self.bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels,
+                              self.num_sms) \
             if self.kernels else None
-        object.__setattr__(self, "_grounded", GroundedStep(self.shape, kernels) if kernels else None)
+        object.__setattr__(self, "_grounded",
+                           GroundedStep(self.shape, kernels) if kernels else None)
         # The roofs the kernels reach (the datasheet's without kernels), and the per-step constants.
         object.__setattr__(self, "_bandwidth", self.bandwidth_Bps * (self.kernels.bandwidth_fraction
                                                                     if self.kernels else 1.0))
@@ -79,8 +83,8 @@ class RooflineCostModel(StepTimeModel):
         object.__setattr__(self, "_flops_per_pair", self.shape.attention_flops_per_pair)
 
     @classmethod
-    def for_device(cls, shape: ModelShape | str, device: DevicePreset | str, overhead_s: float | None = None,
-                   grounded: bool = True) -> "RooflineCostModel":
+    def for_device(cls, shape: ModelShape | str, device: DevicePreset | str,
+                   overhead_s: float | None = None, grounded: bool = True) -> "RooflineCostModel":
         """``shape`` on a preset device, in the preset's dtype. By default grounded: the device's
         kernels as measured and the preset's stated per-step overhead. ``grounded=False``: the
         datasheet's pure roofline, with no overhead. A given ``overhead_s`` replaces either."""
@@ -95,9 +99,11 @@ class RooflineCostModel(StepTimeModel):
                 if grounded else "datasheet roofline"
         else:
             what = f"kernels: {device.kernels_source}" if grounded else "datasheet roofline"
-        return cls(shape, device.memory_bandwidth_Bps, device.peak_flops, device.dtype_bytes, overhead_s,
+        return cls(shape, device.memory_bandwidth_Bps, device.peak_flops, device.dtype_bytes,
+                   overhead_s,
                    source=f"{shape.name} on {device.name} ({device.dtype}; {device.source}; {what})",
-                   kernels=device.kernels if grounded else None, num_sms=device.num_sms if grounded else None)
+                   kernels=device.kernels if grounded else None,
+                   num_sms=device.num_sms if grounded else None)
 
     # --- predicting --------------------------------------------------------------------------
     def keys_read(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
@@ -132,12 +138,15 @@ class RooflineCostModel(StepTimeModel):
         ``exit_layer`` layers, with its final norm and LM head, and no per-step overhead (the pass
         runs inside a step the engine has already scheduled)."""
         layers = self.shape.num_layers
-        check_int("early_exit_layer", exit_layer, hint=f"1..{layers - 1}, the layers a draft pass runs")
+        check_int("early_exit_layer", exit_layer,
+                  hint=f"1..{layers - 1}, the layers a draft pass runs")
         if exit_layer >= layers:
             raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{layers - 1} ({self.shape.name} "
                              f"has {layers} layers)")
-        shape = replace(self.shape, name=f"{self.shape.name}, first {exit_layer} layers", num_layers=exit_layer)
-        return replace(self, shape=shape, overhead_s=0.0, source=f"{self.source}; first {exit_layer} layers")
+        shape = replace(self.shape, name=f"{self.shape.name}, first {exit_layer} layers",
+                        num_layers=exit_layer)
+        return replace(self, shape=shape, overhead_s=0.0,
+                       source=f"{self.source}; first {exit_layer} layers")
 
     def predict_df(self, features: pd.DataFrame) -> np.ndarray:
         return np.array([self.predict_features(*row) for row in _feature_rows(features)])
@@ -148,7 +157,8 @@ class RooflineCostModel(StepTimeModel):
                 > self.memory_seconds(num_seqs, num_tokens, attention_pairs) else "memory")
 
     # --- fitting -----------------------------------------------------------------------------
-    def fit(self, steps: Trace | Iterable[StepRecord] | pd.DataFrame, source: str = "") -> "RooflineCostModel":
+    def fit(self, steps: Trace | Iterable[StepRecord] | pd.DataFrame,
+            source: str = "") -> "RooflineCostModel":
         """This model with ``overhead_s`` fitted to measured steps (minimising relative error).
 
         With ``r_i`` the predicted time without overhead and ``y_i`` the measured one, minimising
@@ -166,9 +176,11 @@ class RooflineCostModel(StepTimeModel):
 
     # --- saving ------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"formula": GROUNDED_FORMULA if self.kernels else FORMULA, "shape": asdict(self.shape),
+        return {"formula": GROUNDED_FORMULA if self.kernels else FORMULA,
+                "shape": asdict(self.shape),
                 "bandwidth_Bps": self.bandwidth_Bps, "peak_flops": self.peak_flops,
-                "dtype_bytes": self.dtype_bytes, "overhead_s": self.overhead_s, "query_tile": self.query_tile,
+                "dtype_bytes": self.dtype_bytes, "overhead_s": self.overhead_s,
+                "query_tile": self.query_tile,
                 "kernels": asdict(self.kernels) if self.kernels else None, "num_sms": self.num_sms,
                 "source": self.source, "fit_stats": self.fit_stats}
 
@@ -180,7 +192,8 @@ class RooflineCostModel(StepTimeModel):
         model = cls(ModelShape(**data["shape"]), data["bandwidth_Bps"], data["peak_flops"],
                     data["dtype_bytes"], data["overhead_s"], data.get("source", ""),
                     query_tile=data.get("query_tile", 128),
-                    kernels=KernelEfficiency(**kernels) if kernels else None, num_sms=data.get("num_sms"))
+                    kernels=KernelEfficiency(**kernels) if kernels else None,
+                    num_sms=data.get("num_sms"))
         object.__setattr__(model, "fit_stats", data.get("fit_stats"))
         return model
 
@@ -237,7 +250,8 @@ def _fit_stats(y: np.ndarray, pred: np.ndarray) -> dict:
 
 
 # --- which form describes this machine? ----------------------------------------------------------
-def compare_cost_models(steps: Trace | Iterable[StepRecord] | pd.DataFrame, roofline: RooflineCostModel,
+def compare_cost_models(steps: Trace | Iterable[StepRecord] | pd.DataFrame,
+                        roofline: RooflineCostModel,
                         holdout_fraction: float = 0.3, seed: int = 0, source: str = "") -> dict:
     """Fit the additive ``CostModel`` and ``roofline``'s overhead on the same measured steps; score
     both on held-out steps (a seeded random ``holdout_fraction`` of them).
@@ -265,11 +279,13 @@ def compare_cost_models(steps: Trace | Iterable[StepRecord] | pd.DataFrame, roof
     errors = {}
     for name, model in (("additive", additive), ("roofline", fitted_roof)):
         rel = np.abs(model.predict_df(test) - y) / y
-        errors[name] = {"median_rel_error": float(np.median(rel)), "p90_rel_error": float(np.quantile(rel, 0.9)),
+        errors[name] = {"median_rel_error": float(np.median(rel)),
+                        "p90_rel_error": float(np.quantile(rel, 0.9)),
                         "fit_median_rel_error": model.fit_stats["median_rel_error"]}
     df = pd.DataFrame(errors).T
     winner = str(df["median_rel_error"].idxmin())
     loser = "roofline" if winner == "additive" else "additive"
-    ratio = float(df.loc[loser, "median_rel_error"] / max(df.loc[winner, "median_rel_error"], 1e-12))
-    return {"additive": additive, "roofline": fitted_roof, "errors": df, "winner": winner, "ratio": ratio,
-            "num_train": int(len(train)), "num_test": int(num_test)}
+    ratio = float(df.loc[loser, "median_rel_error"] / max(df.loc[winner, "median_rel_error"],
+                                                          1e-12))
+    return {"additive": additive, "roofline": fitted_roof, "errors": df, "winner": winner,
+            "ratio": ratio, "num_train": int(len(train)), "num_test": int(num_test)}

@@ -15,7 +15,8 @@ from batchlab.trace import StepRecord
 class AsyncScheduledBatcher(ContinuousBatcher):
     """``ContinuousBatcher`` that admits a request no earlier than the second step after its arrival."""
 
-    def __init__(self, *args, last_step: Callable[[], StepRecord | None] = lambda: None, **kwargs) -> None:
+    def __init__(self, *args, last_step: Callable[[], StepRecord | None] = lambda: None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.last_step = last_step
         self._in_flight: tuple[float, float] | None = None    # the step whose newcomers wait

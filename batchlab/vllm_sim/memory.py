@@ -69,8 +69,8 @@ def plan_memory(model: ModelShape, device_memory_bytes: float, args: EngineArgs,
                          f"and CUDA ({model.name} at tensor_parallel={tp}"
                          + (f"; --tensor-parallel-size {need} fits" if need else "") + ")")
     per_block = args.block_size * model.kv_bytes_per_token(args.dtype_bytes, tp)
-    plan = MemoryPlan(visible, usable, weights, activation, non_torch, kv_bytes, args.block_size, per_block,
-                      int(kv_bytes // per_block))
+    plan = MemoryPlan(visible, usable, weights, activation, non_torch, kv_bytes, args.block_size,
+                      per_block, int(kv_bytes // per_block))
     need_blocks = -(-args.max_model_len // args.block_size)
     if plan.num_blocks < need_blocks:
         raise ValueError(f"max_model_len={args.max_model_len}; must fit in the KV cache: one sequence of it "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from batchlab.backends import SimBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.collectives import all_reduce_model
 from batchlab.steptime.device_presets import DevicePreset, load_device_presets
 from batchlab.steptime.grounded_step import GroundedStep
@@ -43,11 +43,14 @@ class VllmReplica:
         except ValueError as err:
             raise ValueError(f"model: {err}") from None
         presets = load_device_presets()
-        check_choice("gpu", self.gpu, sorted(presets), hint="--gpu, a preset of batchlab/steptime/device_presets.json")
+        check_choice("gpu", self.gpu, sorted(presets),
+                     hint="--gpu, a preset of batchlab/steptime/device_presets.json")
         check_int("tensor_parallel_size", self.tensor_parallel_size, hint="--tensor-parallel-size")
         check_instance("args", self.args, EngineArgs, "an EngineArgs")
-        if self.vllm_version is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(self.vllm_version)):
-            fail("vllm_version", self.vllm_version, "a version such as 0.24.0", hint="--vllm-version")
+        if self.vllm_version is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?",
+                                                              str(self.vllm_version)):
+            fail("vllm_version", self.vllm_version, "a version such as 0.24.0",
+                 hint="--vllm-version")
         shape.layer.check_tensor_parallel(self.tensor_parallel_size)
         preset = presets[self.gpu]
         memory = device_memory_bytes(preset)
@@ -55,7 +58,8 @@ class VllmReplica:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "preset", preset)
         object.__setattr__(self, "resolved_args", args)
-        object.__setattr__(self, "memory", plan_memory(shape, memory, args, self.tensor_parallel_size))
+        object.__setattr__(self, "memory",
+                           plan_memory(shape, memory, args, self.tensor_parallel_size))
         object.__setattr__(self, "step_model", self._step_model())
 
     # Set in __post_init__: the checked shape and preset, vLLM's flags with its defaults for this
@@ -72,15 +76,17 @@ class VllmReplica:
         preset, tp, args, shape = self.preset, self.tensor_parallel_size, self.resolved_args, self.shape
         if preset.kernels is None:
             raise ValueError(f"gpu={self.gpu!r}; must have fitted kernels to simulate vLLM on it")
-        kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, args.dtype_bytes, preset.kernels,
-                              preset.num_sms)
+        kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, args.dtype_bytes,
+                              preset.kernels, preset.num_sms)
         sizes = args.cuda_graph_sizes()
         if self.gpu in SYSTEMS:
             tables = KernelTables.load(self.gpu, self.vllm_version)
-            gpu = MeasuredStep(shape, tables, kernels, tp, max(sizes, default=0), args.enable_expert_parallel)
+            gpu = MeasuredStep(shape, tables, kernels, tp, max(sizes, default=0),
+                               args.enable_expert_parallel)
         else:
             if shape.moe is not None or args.enable_expert_parallel or self.vllm_version is not None:
-                fail("gpu", self.gpu, f"one of {sorted(SYSTEMS)}", "experts, expert parallelism and "
+                fail("gpu", self.gpu, f"one of {sorted(SYSTEMS)}",
+                     "experts, expert parallelism and "
                      "--vllm-version need measured vLLM kernels")
             all_reduce = all_reduce_model(preset.name, tp) if tp > 1 else None
             gpu = GroundedStep(shape, kernels, tp, all_reduce)
@@ -105,7 +111,8 @@ class VllmReplica:
 
     def backend(self, noise: float = 0.0, seed: int = 0) -> SimBackend:
         """The replica's simulated GPUs: its step time and its KV blocks."""
-        return SimBackend.for_args(self.step_model, self.memory.kv_tokens, self.resolved_args, noise=noise, seed=seed)
+        return SimBackend.for_args(self.step_model, self.memory.kv_tokens, self.resolved_args,
+                                   noise=noise, seed=seed)
 
     def scheduler(self) -> ContinuousBatcher:
         """vLLM's scheduler with this replica's budgets (async scheduling unless turned off)."""
@@ -119,9 +126,10 @@ class VllmReplica:
         """The flags as ``vllm serve`` would be given them, the memory plan and the kernels' source."""
         f = self.resolved_args
         on_by_default = ("enable_chunked_prefill", "enable_prefix_caching", "async_scheduling")
-        shown = replace(f, dtype="auto", **{name: None for name in on_by_default if getattr(f, name)})
-        return [f"flags: {' '.join(shown.cli_args())}", *self.memory.lines(), *self._memory_caveat(),
-                self.kernel_source]
+        shown = replace(f, dtype="auto",
+                        **{name: None for name in on_by_default if getattr(f, name)})
+        return [f"flags: {' '.join(shown.cli_args())}", *self.memory.lines(),
+                *self._memory_caveat(), self.kernel_source]
 
     def _memory_caveat(self) -> list[str]:
         if self.gpu == "H100":
@@ -141,7 +149,8 @@ def scheduler_for(args: EngineArgs) -> ContinuousBatcher:
     return batcher_for(args, AsyncScheduledBatcher if args.async_scheduling else ContinuousBatcher)
 
 
-def simulated_engine(scheduler: ContinuousBatcher, backend: SimBackend, fast_decode_runs: bool = True) -> Engine:
+def simulated_engine(scheduler: ContinuousBatcher, backend: SimBackend,
+                     fast_decode_runs: bool = True) -> Engine:
     """An engine on the virtual clock, an async scheduler let see its latest step (it holds back
     that step's arrivals)."""
     engine = Engine(scheduler, backend, fast_decode_runs=fast_decode_runs)

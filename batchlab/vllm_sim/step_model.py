@@ -60,10 +60,13 @@ class VllmStepModel(StepTimeModel):
         """A self-draft's pass (``method="early_exit"``): the model cut to its first ``exit_layer``
         layers, with its LM head, and no CPU work of its own (it runs inside a scheduled step)."""
         layers = self.gpu.shape.num_layers
-        check_int("early_exit_layer", exit_layer, hint=f"1..{layers - 1}, the layers a draft pass runs")
+        check_int("early_exit_layer", exit_layer,
+                  hint=f"1..{layers - 1}, the layers a draft pass runs")
         if exit_layer >= layers:
-            fail("early_exit_layer", exit_layer, f"in 1..{layers - 1}", f"{self.gpu.shape.name} has {layers} layers")
-        shape = replace(self.gpu.shape, name=f"{self.gpu.shape.name}, first {exit_layer} layers", num_layers=exit_layer)
+            fail("early_exit_layer", exit_layer, f"in 1..{layers - 1}",
+                 f"{self.gpu.shape.name} has {layers} layers")
+        shape = replace(self.gpu.shape, name=f"{self.gpu.shape.name}, first {exit_layer} layers",
+                        num_layers=exit_layer)
         return replace(self, gpu=replace(self.gpu, shape=shape), cpu_fixed_s=0.0, cpu_per_seq_s=0.0)
 
     def draft_model(self, model: str | ModelShape) -> "VllmStepModel":
@@ -73,7 +76,8 @@ class VllmStepModel(StepTimeModel):
         draft = model if isinstance(model, ModelShape) else model_shape(model)
         target = self.gpu.shape
         if draft.vocab_size != target.vocab_size:
-            fail("model", draft.name, f"a drafter with {target.name}'s vocabulary of {target.vocab_size} tokens",
+            fail("model", draft.name,
+                 f"a drafter with {target.name}'s vocabulary of {target.vocab_size} tokens",
                  f"{draft.name} has {draft.vocab_size}")
         draft.layer.check_tensor_parallel(self.gpu.tensor_parallel)
         return replace(self, gpu=replace(self.gpu, shape=draft), cpu_fixed_s=0.0, cpu_per_seq_s=0.0)

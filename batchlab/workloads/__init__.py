@@ -24,8 +24,8 @@ from batchlab.workloads.prompts import CORPUS_PATH, CorpusPrompts, prompt_seed
 from batchlab.workloads.sessions import SessionShape, SessionWorkload, ideal_prefix_reuse, make_sessions
 
 __all__ = [
-    "ARRIVALS", "arrivals_at_once", "arrivals_fixed", "arrivals_gamma", "arrivals_poisson", "make_arrivals",
-    "WORKLOAD_FORMAT", "load_workload", "read_workload_header", "save_workload",
+    "ARRIVALS", "arrivals_at_once", "arrivals_fixed", "arrivals_gamma", "arrivals_poisson",
+    "make_arrivals", "WORKLOAD_FORMAT", "load_workload", "read_workload_header", "save_workload",
     "PRESETS", "SCALES", "Fixed", "LengthPreset", "Mixture", "Range", "get_preset",
     "make_workload", "request_ids", "scale_arrivals",
     "CORPUS_PATH", "CorpusPrompts", "prompt_seed",

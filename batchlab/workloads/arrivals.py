@@ -77,8 +77,10 @@ def arrivals_gamma(n: int, rate: float, burstiness: float, seed: Seed = 0) -> np
     """
     check_int("n", n, hint="the number of requests")
     rate = _check_rate(rate, "gamma")
-    check_number("burstiness", burstiness, strict=True, hint="1 = Poisson, < 1 burstier, > 1 more regular")
-    return np.concatenate([[0.0], np.cumsum(gamma_gaps(_rng(seed), np.full(n - 1, rate), burstiness))])
+    check_number("burstiness", burstiness, strict=True,
+                 hint="1 = Poisson, < 1 burstier, > 1 more regular")
+    return np.concatenate([[0.0],
+                           np.cumsum(gamma_gaps(_rng(seed), np.full(n - 1, rate), burstiness))])
 
 
 def arrivals_poisson(n: int, rate: float, seed: Seed = 0) -> np.ndarray:
@@ -102,7 +104,8 @@ def make_arrivals(n: int, arrival: str = "poisson", rate: float | None = None,
              f"it only applies to arrival='gamma'; got arrival={arrival!r}")
     if arrival == "at_once":
         if rate is not None:
-            fail("rate", rate, "None for arrival='at_once'", "all arrive at t=0, so a rate has no meaning")
+            fail("rate", rate, "None for arrival='at_once'",
+                 "all arrive at t=0, so a rate has no meaning")
         return arrivals_at_once(n)
     rate = _check_rate(rate, arrival)
     if arrival == "fixed":

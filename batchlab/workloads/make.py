@@ -55,7 +55,8 @@ def make_workload(n: int, preset: str | LengthPreset | None = None, *, scale: st
     check_instance("id_prefix", id_prefix, str, "a string")
     if isinstance(preset, str):
         preset = get_preset(preset, scale)
-    check_instance("preset", preset, LengthPreset, "a preset name or a LengthPreset", allow_none=True)
+    check_instance("preset", preset, LengthPreset, "a preset name or a LengthPreset",
+                   allow_none=True)
     if preset is None and (prompt_len is None or output_len is None):
         missing = "prompt_len" if prompt_len is None else "output_len"
         fail(missing, None, "an int >= 1 or a Fixed, Range or Mixture",

@@ -57,6 +57,7 @@ def scripted_workload(arrival_times: Sequence[float], max_new_tokens: int | Sequ
     requests = []
     for request_id, t, out, length in zip(request_ids(n, id_prefix), times, outputs, prompts):
         # The prompt window depends on the id only, exactly as in make_workload.
-        ids = None if source is None else source(length, np.random.default_rng(prompt_seed(request_id)))
+        ids = None if source is None else source(length,
+                                                 np.random.default_rng(prompt_seed(request_id)))
         requests.append(Request(request_id, ids, out, t, prompt_len=length))
     return requests

@@ -42,9 +42,11 @@ class SessionShape:
         check_int("system_prompt_len", self.system_prompt_len, minimum=0)
         check_int("num_system_prompts", self.num_system_prompts,
                   hint="how many distinct system prompts the sessions pick from")
-        check_number("system_prompt_skew", self.system_prompt_skew, hint="0 = every system prompt equally likely")
+        check_number("system_prompt_skew", self.system_prompt_skew,
+                     hint="0 = every system prompt equally likely")
         check_number("session_rate", self.session_rate, strict=True, hint="new sessions per second")
-        check_number("think_time_s", self.think_time_s, hint="mean seconds between a session's turns")
+        check_number("think_time_s", self.think_time_s,
+                     hint="mean seconds between a session's turns")
         check_int("vocab_size", self.vocab_size, minimum=2)
         for name in ("turns", "user_len", "output_len"):
             object.__setattr__(self, name, _as_length_dist(getattr(self, name), name))
@@ -141,4 +143,5 @@ def ideal_prefix_reuse(requests: list[Request], block_size: int = DEFAULT_BLOCK_
     return reused / total if total else math.nan
 
 
-__all__ = ["SMOLLM2_VOCAB", "SessionShape", "SessionWorkload", "ideal_prefix_reuse", "make_sessions"]
+__all__ = ["SMOLLM2_VOCAB", "SessionShape", "SessionWorkload", "ideal_prefix_reuse",
+           "make_sessions"]

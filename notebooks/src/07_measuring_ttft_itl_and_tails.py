@@ -48,7 +48,8 @@ from batchlab.analysis.claims import expect, expect_close
 from batchlab.analysis.diagnosis import token_gaps
 from batchlab.analysis.plots import plot_latency_cdf, plot_timeline
 from batchlab.analysis.widgets import explore
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.engine import Engine
 from batchlab.exercises import check

@@ -46,7 +46,8 @@ from batchlab.analysis import metrics
 from batchlab.analysis.claims import expect, expect_close, expect_true
 from batchlab.analysis.plots import plot_load_curve
 from batchlab.analysis.widgets import explore
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.experiments.calibration import calibrate_cost_model
 from batchlab.steptime.cost_model import CostModel
 from batchlab.engine import Engine

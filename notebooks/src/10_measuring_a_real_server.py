@@ -50,8 +50,7 @@ from batchlab.engine_args import EngineArgs
 from batchlab.exercises import check
 from batchlab.loadgen import plan_requests, prom, run_load
 from batchlab.model import load_model
-from batchlab.serve import start_server
-from batchlab.vllm_ref import VllmBench, start_vllm, vllm_status
+from batchlab.launch import VllmBench, start_server, start_vllm, vllm_status
 
 # %% [markdown]
 # The model is loaded once (a few seconds); every section below uses it.

@@ -41,8 +41,9 @@ from batchlab.analysis.claims import expect
 from batchlab.analysis.metrics import per_request_metrics
 from batchlab.analysis.widgets import explore
 from batchlab.cluster import Cluster, ClusterConfig, ReplicaSpec
-from batchlab.cluster.loopback import LoopbackCluster, LoopbackConfig
-from batchlab.cluster.router_check import agreement, router_added_latency, serve_in_process, serve_through_router
+from batchlab.launch.loopback import LoopbackCluster, LoopbackConfig
+from batchlab.launch.router_check import (agreement, router_added_latency, serve_in_process,
+                                          serve_through_router)
 from batchlab.cluster.sweep import cluster_point, grid, run_sweep
 from batchlab.exercises import check
 from batchlab.workloads.lengths import Range

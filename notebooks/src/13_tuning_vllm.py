@@ -53,7 +53,8 @@ from batchlab.loadgen.calibrate import calibrate_outside_in, fresh_prompts
 from batchlab.loadgen.predict import compare, load_figures, newcomer_figures, simulate_load
 from batchlab.shapes import model_shape
 from batchlab.engine_args import EngineArgs
-from batchlab.vllm_ref import COURSE_ARGS, FLAG_TABLE, VLLMUnavailable, ensure_running, start_vllm, vllm_status
+from batchlab.launch import COURSE_ARGS, VLLMUnavailable, ensure_running, start_vllm, vllm_status
+from batchlab.vllm_sim.flag_table import FLAG_TABLE
 from batchlab.vllm_sim import VllmReplica
 
 # %%

@@ -45,7 +45,8 @@ from tqdm.auto import tqdm
 # %%
 from batchlab.analysis.claims import expect, expect_same_answers, expect_true
 from batchlab.analysis.metrics import itl_definitions, per_request_metrics
-from batchlab.backends import ModelBackend, SimBackend
+from batchlab.backends import ModelBackend
+from batchlab.sim import SimBackend
 from batchlab.engine import Engine
 from batchlab.exercises import check
 from batchlab.loadgen.prom import scrape, value
@@ -57,7 +58,7 @@ from batchlab.requests import Request
 from batchlab.schedulers import ContinuousBatcher
 from batchlab.speculative import AcceptanceModel, SpeculativeConfig, propose_ngram
 from batchlab.engine_args import EngineArgs
-from batchlab.vllm_ref import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm, vllm_status
+from batchlab.launch import SERVED_MODEL_NAME, VLLMUnavailable, start_vllm, vllm_status
 from batchlab.vllm_sim import VllmReplica
 from batchlab.workloads import make_workload
 from batchlab.workloads.tasks import task_requests, task_texts

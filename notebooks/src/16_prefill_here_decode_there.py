@@ -370,10 +370,10 @@ expect_true("at the first rate each split misses: 2P1D's TPOT is further past it
 # tokens and 24 answer tokens, at 2 a second, go to each (about 30 seconds, most of it loading):
 
 # %%
-from batchlab.cluster.pd_loopback import PDLoopback, PDLoopbackConfig
+from batchlab.launch.pd_loopback import PDLoopback, PDLoopbackConfig
 from batchlab.engine_args import EngineArgs
 from batchlab.loadgen import course_tokenizer, plan_requests, run_load
-from batchlab.serve import launch_server, wait_ready
+from batchlab.launch import launch_server, wait_ready
 
 pd_config = PDLoopbackConfig(threads=1, engine=EngineArgs(max_num_seqs=4, max_model_len=512), dtype="float32")
 real_load = plan_requests(8, prompt_len=96, output_len=24, tokenizer=course_tokenizer(), rate=2.0, id_prefix="pd")

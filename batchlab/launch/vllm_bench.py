@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from batchlab.vllm_ref.server import VLLMUnavailable, _clean_env, _log_tail, vllm_python, vllm_status
+from batchlab.launch.vllm import VLLMUnavailable, _clean_env, _log_tail, vllm_python, vllm_status
 
 DONE = "@@batchlab-bench-done"
 # Reads one JSON argument list per line and runs ``vllm bench serve`` on it, then prints DONE and
@@ -52,10 +52,12 @@ class VllmBench:
         self.timeout = timeout
         self._out = tempfile.TemporaryDirectory(prefix="batchlab-vllm-bench-")
         self._runs = 0
-        self.proc = subprocess.Popen([str(vllm_python()), "-u", "-c", BENCH_SERVE_SHIM], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([str(vllm_python()), "-u", "-c", BENCH_SERVE_SHIM],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=_clean_env(), cwd=tempfile.gettempdir())
-        self._lines: queue.Queue[str | None] = queue.Queue()   # its output, line by line; None at its end
+        # its output, line by line; None at its end
+        self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from batchlab.backends.simulator import PLACEHOLDER_TOKEN, SimBackend
+from batchlab.sim.backend import PLACEHOLDER_TOKEN, SimBackend
 from batchlab.contract import ServingEngine
 from batchlab.plan import DecodeChunks, Idle, chunk_attention_pairs
 from batchlab.requests import Request, RequestStatus
@@ -27,8 +27,8 @@ class DecodeRun:
     the first sequence finishes.
     """
 
-    __slots__ = ("request_ids", "starts", "requests", "remaining", "last_offset", "base_attention_pairs",
-                 "held_slots", "batch_id")
+    __slots__ = ("request_ids", "starts", "requests", "remaining", "last_offset",
+                 "base_attention_pairs", "held_slots", "batch_id")
 
     def __init__(self, step: StepRecord, requests: list[Request]) -> None:
         self.request_ids = tuple([r.request_id for r in requests])
@@ -50,7 +50,8 @@ class DecodeRun:
 
 
 def predict_decode_steps(run: DecodeRun, offset: int, now: float, stop_at: float, max_offset: int,
-                         first_index: int, step_duration: Callable[[int, int, int], float]) -> list[StepRecord]:
+                         first_index: int, step_duration: Callable[[int, int, int], float],
+                         ) -> list[StepRecord]:
     """The steps after ``offset`` of ``run``, from ``now``, until ``max_offset`` or the first step
     that ends at or after ``stop_at`` (the next arrival). ``step_duration(num_seqs, num_tokens,
     attention_pairs)`` is the simulator's."""
@@ -77,9 +78,10 @@ class DecodeRuns:
     @staticmethod
     def applies(engine: ServingEngine) -> bool:
         """On the simulator's virtual clock (a step's duration is known before it runs)."""
-        return (engine.fast_decode_runs and engine.clock.name == "virtual" and isinstance(engine.backend, SimBackend)
+        return (engine.fast_decode_runs and engine.clock.name == "virtual"
+                and isinstance(engine.backend, SimBackend)
                 and isinstance(engine.scheduler, SteadyDecodes)
-                and engine.backend.speculative is None)     # (a draft's check changes every step's shape)
+                and engine.backend.speculative is None)   # (a draft changes each step's shape)
 
     def __init__(self, engine: ServingEngine) -> None:
         self.engine = engine
@@ -113,8 +115,8 @@ class DecodeRuns:
         if max_offset == self.offset:
             return None
         stop_at = float("inf") if next_arrival is None else next_arrival
-        records = predict_decode_steps(run, self.offset, now, stop_at, max_offset, len(engine.steps),
-                                       engine.backend.step_duration)
+        records = predict_decode_steps(run, self.offset, now, stop_at, max_offset,
+                                       len(engine.steps), engine.backend.step_duration)
         engine.steps.extend(records)
         self._bring_forward(run, records)
         self.num_steps += len(records)
@@ -134,7 +136,8 @@ class DecodeRuns:
 
     def _steps_with_room(self, run: DecodeRun) -> int:
         """Steps from ``offset`` to the run's first finish that the KV room allows."""
-        return self.engine.scheduler.decode_steps_with_room(run.request_ids, run.last_offset - self.offset)
+        steps_to_finish = run.last_offset - self.offset
+        return self.engine.scheduler.decode_steps_with_room(run.request_ids, steps_to_finish)
 
     def _bring_forward(self, run: DecodeRun, records: list[StepRecord]) -> None:
         """Each request of ``run`` computed one token and got one (a placeholder) per step; those
@@ -146,7 +149,8 @@ class DecodeRuns:
             self.run = None
 
 
-def apply_decode_run(engine: ServingEngine, requests: list[Request], token: int, ends: list[float]) -> None:
+def apply_decode_run(engine: ServingEngine, requests: list[Request], token: int,
+                     ends: list[float]) -> None:
     """What the steps of a predicted run would have applied: each request computed a token and
     sampled ``token`` per step, the steps ending at ``ends``; who is done ends (``end_request``)
     and is released at the last end."""

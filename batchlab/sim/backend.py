@@ -62,7 +62,8 @@ class SimBackend(Backend):
                              "drafted tokens a check accepts), and an AcceptanceModel needs a speculative config")
         self._draft_pass = self._draft_pass_model(cost_model)
         if self.speculative is not None and hasattr(cost_model, "speculating"):
-            self.cost_model = cost_model.speculating(self.speculative)   # the engine as vLLM runs this drafter
+            # the engine as vLLM runs this drafter
+            self.cost_model = cost_model.speculating(self.speculative)
         self.acceptance = acceptance
         self._streams: dict[str, AcceptanceStream] = {}
         self._noise_factors: list[float] = []
@@ -110,7 +111,8 @@ class SimBackend(Backend):
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         """Predict the step's duration; every sampling chunk "produces" the placeholder token."""
         chunks = plan.chunks
-        new_tokens = dict.fromkeys([c.request_id for c in chunks if c.samples], self.placeholder_token)
+        new_tokens = dict.fromkeys([c.request_id for c in chunks if c.samples],
+                                   self.placeholder_token)
         if not chunks:
             return StepResult(new_tokens, 0.0)
         split = decode_split(chunks) if self._wants_split else None
@@ -124,7 +126,8 @@ class SimBackend(Backend):
         each sampling request drafts ``k`` placeholders for its next step when its stream drafts
         (``k`` from the config's batch-size schedule, within its remaining tokens)."""
         k, token = self.speculative.tokens_for_batch(len(chunks)), self.placeholder_token
-        drafting = []                      # (context after this step, tokens drafted) per drafting request
+        # (context after this step, tokens drafted) per drafting request
+        drafting = []
         for c in chunks:
             if not c.samples:
                 continue
@@ -153,7 +156,8 @@ class SimBackend(Backend):
             seconds, first = self._draft_pass.predict_features(*step_features(chunks)), 1
         for j in range(first, max((room for _, room in drafting), default=0)):
             contexts = [context + j for context, room in drafting if room > j]
-            seconds += self._draft_pass.predict_features(len(contexts), len(contexts), sum(contexts))
+            seconds += self._draft_pass.predict_features(len(contexts), len(contexts),
+                                                         sum(contexts))
         return seconds
 
     def release(self, request_id: str) -> None:
@@ -167,18 +171,19 @@ class SimBackend(Backend):
         self._noise_factors = []
         self._noise_next = 0
 
-    # --- used by run() and by the serving loop's fast path (batchlab.fast_path) ------------------
+    # --- used by run() and by the serving loop's fast path (batchlab.sim.fast_path) -------
     def step_duration(self, num_seqs: int, num_tokens: int, attention_pairs: int,
                       split: tuple[int, int] | None = None) -> float:
         """The duration of the next step with these features; consumes one noise draw. ``split``
         is ``(decode_seqs, decode_pairs)`` (``plan.decode_split``); None: every sequence decodes.
 
-        The fast path (``batchlab.fast_path``) calls this directly for steps it does not build a
-        plan for; the result is exactly what ``run`` would return for the same step.
+        The fast path (``batchlab.sim.fast_path``) calls this directly for steps it does not
+        build a plan for; the result is exactly what ``run`` would return for the same step.
         """
         if self._coefficients is None:
             decode_seqs, decode_pairs = split or (num_seqs, attention_pairs)
-            duration = self._cost_model.predict_split(num_seqs, num_tokens, attention_pairs, decode_seqs, decode_pairs)
+            duration = self._cost_model.predict_split(num_seqs, num_tokens, attention_pairs,
+                                                      decode_seqs, decode_pairs)
         else:
             # cost_model.predict_features, written out: this runs once per simulated step.
             fixed, per_seq, per_token, per_pair = self._coefficients

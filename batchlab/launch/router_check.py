@@ -13,7 +13,7 @@ from batchlab.cluster import Cluster, ClusterConfig, ReplicaSpec
 from batchlab.loadgen import run_load
 from batchlab.loadgen.client import LoadRequest, from_workload
 from batchlab.requests import Request
-from batchlab.cluster.loopback import LoopbackCluster, LoopbackConfig
+from batchlab.launch.loopback import LoopbackCluster, LoopbackConfig
 from batchlab.loadgen.prom import counter_delta, scrape
 
 HIT_FAMILIES = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries")
@@ -22,7 +22,8 @@ HIT_FAMILIES = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries")
 def in_process_twin(config: LoopbackConfig, seed: int = 0, policy: str | None = None) -> Cluster:
     """The in-process ``Cluster`` that ``config`` stands for (see the module docstring), with
     ``policy`` instead of the config's when given."""
-    spec = ReplicaSpec(config.device().cost_model, config.kv_capacity_tokens(), config.replica.engine)
+    spec = ReplicaSpec(config.device().cost_model, config.kv_capacity_tokens(),
+                       config.replica.engine)
     return Cluster(ClusterConfig(config.num_replicas, policy or config.policy, seed=seed), spec)
 
 
@@ -40,8 +41,10 @@ def serve_through_router(lb: LoopbackCluster, requests: list[Request]) -> dict:
     df = per_request_metrics(result.trace)
     errors = [r for r in result.records if r.error]
     return {"ttft_p50_s": float(df["ttft"].median()), "ttft_p90_s": float(df["ttft"].quantile(0.9)),
-            "ttft_s": df["ttft"].to_numpy(), "prefix_hit_share": hits / queries if queries else float("nan"),
-            "num_errors": len(errors), "num_requests": len(result.records), "wall_s": result.wall_seconds}
+            "ttft_s": df["ttft"].to_numpy(),
+            "prefix_hit_share": hits / queries if queries else float("nan"),
+            "num_errors": len(errors), "num_requests": len(result.records),
+            "wall_s": result.wall_seconds}
 
 
 def serve_in_process(config: LoopbackConfig, requests: list[Request], seed: int = 0,
@@ -50,7 +53,8 @@ def serve_in_process(config: LoopbackConfig, requests: list[Request], seed: int 
     result = in_process_twin(config, seed, policy).run(requests)
     df = per_request_metrics(result.merged)
     return {"ttft_p50_s": float(df["ttft"].median()), "ttft_p90_s": float(df["ttft"].quantile(0.9)),
-            "ttft_s": df["ttft"].to_numpy(), "prefix_hit_share": result.hit_summary()["admitted_hit_share"],
+            "ttft_s": df["ttft"].to_numpy(),
+            "prefix_hit_share": result.hit_summary()["admitted_hit_share"],
             "num_errors": len(requests) - len(df), "num_requests": len(requests)}
 
 
@@ -68,11 +72,14 @@ def router_added_latency(lb: LoopbackCluster, prompt_len: int = 256, max_tokens:
     rng = np.random.default_rng(0)
     for i in range(rounds):
         for url, into in ((lb.replica_urls[0], direct), (lb.url, routed)):
-            prompt = rng.integers(100, 40_000, prompt_len).tolist()     # fresh: no prefix hit either way
-            result = run_load(url, [LoadRequest(f"lat{i}", prompt, max_tokens)], mode="closed", concurrency=1)
+            # fresh: no prefix hit either way
+            prompt = rng.integers(100, 40_000, prompt_len).tolist()
+            result = run_load(url, [LoadRequest(f"lat{i}", prompt, max_tokens)], mode="closed",
+                              concurrency=1)
             into.append(float(per_request_metrics(result.trace)["ttft"].iloc[0]))
     d, r = float(np.median(direct)), float(np.median(routed))
     return {"direct_ttft_p50_s": d, "router_ttft_p50_s": r, "router_added_s": r - d}
 
 
-__all__ = ["agreement", "in_process_twin", "router_added_latency", "serve_in_process", "serve_through_router"]
+__all__ = ["agreement", "in_process_twin", "router_added_latency", "serve_in_process",
+           "serve_through_router"]

@@ -14,20 +14,21 @@ from pathlib import Path
 
 from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.engine_args import EngineArgs
-from batchlab.serve import HOST, ServerProcess, wait_healthy, free_port, launch_server, wait_ready
+from batchlab.serve import HOST, wait_healthy, free_port
+from batchlab.launch.server import ServerProcess, launch_server, wait_ready
 from batchlab.serve.config import ServerConfig
 from batchlab.serve.simulated import SimulatedDevice
 
 # Every policy vllm-router 0.1.17 accepts (its --help): kv_aware scores workers by the KV they hold,
 # from the KV events it is given (--kv-event-source; without events it sees no cache);
 # sticky_least_loaded keeps a session on its replica and sends new ones to the least loaded.
-VLLM_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash", "kv_aware",
-                        "sticky_least_loaded")
+VLLM_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash",
+                        "kv_aware", "sticky_least_loaded")
 ROUTER_INSTALL = "pip install vllm-router==0.1.17 (requirements.txt pins it)"
 # The replicas' vLLM flags where a LoopbackConfig's engine leaves them at None: a GPU-sized batch and
 # context on a paged cache with prefix caching, as vLLM serves.
-LOOPBACK_ARGS = EngineArgs(max_num_seqs=64, max_model_len=4096, max_num_batched_tokens=2048, block_size=16,
-                           enable_prefix_caching=True)
+LOOPBACK_ARGS = EngineArgs(max_num_seqs=64, max_model_len=4096, max_num_batched_tokens=2048,
+                           block_size=16, enable_prefix_caching=True)
 
 
 def router_binary() -> str:
@@ -64,7 +65,8 @@ class LoopbackConfig:
         check_number("startup_timeout", self.startup_timeout, strict=True, hint="seconds")
         if not all(isinstance(a, str) for a in self.router_args):
             raise ValueError(f"router_args={self.router_args!r}; must be a tuple of strings (vllm-router flags)")
-        object.__setattr__(self, "replica", ServerConfig(engine=self.engine.with_defaults(LOOPBACK_ARGS), paged=True,
+        object.__setattr__(self, "replica",
+                           ServerConfig(engine=self.engine.with_defaults(LOOPBACK_ARGS), paged=True,
                                                          simulate=self.simulate,
                                                          kv_cache_memory_bytes=self.kv_cache_memory_bytes))
 
@@ -77,7 +79,8 @@ class LoopbackConfig:
 
     def kv_capacity_tokens(self) -> int:
         e = self.replica.engine
-        return self.device().kv_capacity_tokens(self.kv_cache_memory_bytes, e.max_num_seqs, e.max_model_len)
+        return self.device().kv_capacity_tokens(self.kv_cache_memory_bytes, e.max_num_seqs,
+                                                e.max_model_len)
 
 
 class LoopbackCluster:
@@ -109,7 +112,8 @@ class LoopbackCluster:
                     wait_ready(replica, c.startup_timeout)
                 except (RuntimeError, TimeoutError) as e:
                     raise RuntimeError(f"replica {i} ({replica.url}) did not become healthy: {e}") from None
-            self.router = start_router(self.replica_urls, self.policy, c.router_args, c.startup_timeout, binary)
+            self.router = start_router(self.replica_urls, self.policy, c.router_args,
+                                       c.startup_timeout, binary)
         except BaseException:
             self.stop()
             raise
@@ -119,11 +123,13 @@ class LoopbackCluster:
         """Restart the router alone with another policy; the replicas (and their caches) stay."""
         check_choice("policy", policy, VLLM_ROUTER_POLICIES)
         if policy == "power_of_two" and self.config.num_replicas < 2:
-            fail("policy", policy, "a policy other than 'power_of_two' with one replica (vllm-router refuses it)")
+            fail("policy", policy,
+                 "a policy other than 'power_of_two' with one replica (vllm-router refuses it)")
         if self.router is not None:
             self.router.stop()
         self.policy = policy
-        self.router = start_router(self.replica_urls, policy, self.config.router_args, self.config.startup_timeout)
+        self.router = start_router(self.replica_urls, policy, self.config.router_args,
+                                   self.config.startup_timeout)
 
     def kill_replica(self, index: int) -> None:
         """SIGKILL replica ``index`` (a crash: no graceful end for its requests)."""
@@ -175,7 +181,8 @@ class RouterProcess:
                 self.proc.wait()
 
 
-def start_router(worker_urls: list[str], policy: str = "cache_aware", router_args: tuple[str, ...] = (),
+def start_router(worker_urls: list[str], policy: str = "cache_aware",
+                 router_args: tuple[str, ...] = (),
                  timeout: float = 120.0, binary: str | None = None) -> RouterProcess:
     """Start ``vllm-router`` on a free 127.0.0.1 port in front of ``worker_urls`` (each checked
     first: one that does not answer ``/health`` is named) and wait until it is ready."""
@@ -184,10 +191,12 @@ def start_router(worker_urls: list[str], policy: str = "cache_aware", router_arg
         raise ValueError(f"worker_urls={worker_urls!r}; must name at least one replica")
     for url in worker_urls:
         check_replica(url)
-    return _launch_router(["--policy", policy, "--worker-urls", *worker_urls], router_args, timeout, binary)
+    return _launch_router(["--policy", policy, "--worker-urls", *worker_urls], router_args, timeout,
+                          binary)
 
 
-def start_pd_router(prefill_urls: list[str], decode_urls: list[str], prefill_policy: str = "round_robin",
+def start_pd_router(prefill_urls: list[str], decode_urls: list[str],
+                    prefill_policy: str = "round_robin",
                     decode_policy: str = "round_robin", router_args: tuple[str, ...] = (),
                     timeout: float = 120.0, binary: str | None = None) -> RouterProcess:
     """Start ``vllm-router --vllm-pd-disaggregation`` in front of prefill and decode workers (servers
@@ -253,5 +262,5 @@ def check_replica(url: str, timeout: float = 5.0) -> None:
         raise ValueError(f"replica url={url!r} answers GET /health with HTTP {status}; must answer 200")
 
 
-__all__ = ["LoopbackCluster", "LoopbackConfig", "VLLM_ROUTER_POLICIES", "RouterProcess", "check_replica", "router_binary",
-           "start_pd_router", "start_router", "wait_router"]
+__all__ = ["LoopbackCluster", "LoopbackConfig", "VLLM_ROUTER_POLICIES", "RouterProcess",
+           "check_replica", "router_binary", "start_pd_router", "start_router", "wait_router"]
