@@ -25,8 +25,9 @@ class StepResult:
     (a list, one per token, for a checked draft).
 
     Speculative decoding: ``verified[request_id]``, for every chunk with a draft, the tokens its
-    check emitted (the accepted draft tokens, then one more: 1 to ``k + 1``); ``drafts[request_id]``,
-    the tokens drafted for the request's next step (from the text as it stands after this step).
+    check emitted (the accepted draft tokens, then one more: 1 to ``k + 1``);
+    ``drafts[request_id]``, the tokens drafted for the request's next step (from the text as it
+    stands after this step).
     """
 
     new_tokens: dict[str, int] = field(default_factory=dict)

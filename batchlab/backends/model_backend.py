@@ -52,11 +52,12 @@ class ModelBackend(Backend):
         check_int("max_seq_len", max_seq_len,
                   hint=f"at most {cfg.max_position}, the model's context length")
         if max_seq_len > cfg.max_position:
-            raise ValueError(f"max_seq_len={max_seq_len!r}; must be an int in 1..{cfg.max_position} "
-                             "(the model's context length)")
+            raise ValueError(f"max_seq_len={max_seq_len!r}; must be an int in "
+                             f"1..{cfg.max_position} (the model's context length)")
         check_bool("paged", paged)
         if not paged and (enable_prefix_caching or reserve_blocks or num_kv_blocks is not None):
-            raise ValueError("enable_prefix_caching, reserve_blocks and num_kv_blocks need paged=True")
+            raise ValueError("enable_prefix_caching, reserve_blocks and num_kv_blocks "
+                             "need paged=True")
         self.kv: KVCache | PagedKVCache
         if paged:
             self.kv = self._paged_cache(num_slots, max_seq_len, kv_memory_bytes, block_size,
@@ -69,18 +70,20 @@ class ModelBackend(Backend):
             check_int("num_slots", num_slots)
             self.kv = self.weights.new_kv_cache(num_slots, max_seq_len)
         self.sampler = RequestSampler()
-        check_instance("speculative_config", speculative_config, SpeculativeConfig, "a SpeculativeConfig",
-                       allow_none=True, hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
+        check_instance("speculative_config", speculative_config, SpeculativeConfig,
+                       "a SpeculativeConfig", allow_none=True,
+                       hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
         self.speculative = speculative_config
         if self.speculative is not None and self.speculative.num_speculative_tokens >= max_seq_len:
-            raise ValueError(f"num_speculative_tokens={self.speculative.num_speculative_tokens}; must be below "
-                             f"max_seq_len={max_seq_len} (a check computes k + 1 positions of one sequence)")
+            raise ValueError(f"num_speculative_tokens={self.speculative.num_speculative_tokens}; "
+                             f"must be below max_seq_len={max_seq_len} (a check computes k + 1 "
+                             "positions of one sequence)")
         if self.speculative is not None:
             check_runs_on_the_model(self.speculative)
         exit_layer = None if self.speculative is None else self.speculative.early_exit_layer
         if exit_layer is not None and not exit_layer < cfg.num_layers:
-            raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{cfg.num_layers - 1} (the draft runs "
-                             f"fewer layers than the model's {cfg.num_layers})")
+            raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{cfg.num_layers - 1} "
+                             f"(the draft runs fewer layers than the model's {cfg.num_layers})")
 
     def _paged_cache(self, num_slots: int, max_seq_len: int, kv_memory_bytes: int | None,
                      block_size: int, num_kv_blocks: int | None, enable_prefix_caching: bool,
@@ -109,7 +112,8 @@ class ModelBackend(Backend):
 
     def run(self, plan: StepPlan, requests: Mapping[str, Request]) -> StepResult:
         if plan.is_empty:
-            raise ValueError("ModelBackend.run got an empty plan; the engine runs only plans with work")
+            raise ValueError("ModelBackend.run got an empty plan; the engine runs only plans "
+                             "with work")
         chunks, sampling = [], []
         for c in plan.chunks:
             req = requests[c.request_id]
@@ -185,7 +189,8 @@ class ModelBackend(Backend):
             if room > 0:
                 seqs.append((req.request_id, emitted[-1], newest, room))
             borrowed.append((req.request_id, max(extra, 0)))
-        drafts = draft_early_exit(self.weights, self.kv, self.speculative.early_exit_layer, seqs) if seqs else []
+        drafts = (draft_early_exit(self.weights, self.kv, self.speculative.early_exit_layer, seqs)
+                  if seqs else [])
         for rid, extra in borrowed:
             self.kv.rollback(rid, extra)
         return {rid: d for (rid, *_), d in zip(seqs, drafts)}

@@ -49,11 +49,13 @@ def _test_profiles() -> list[pd.DataFrame]:
 
 @exercise("01.3")
 def check_per_token_predictor(answer) -> Verdict:
-    """A function (profile, b) -> ms per token: linear interpolation of ms_per_step, divided by b."""
+    """A function (profile, b) -> ms per token: linear interpolation of ms_per_step, divided
+    by b."""
     if answer is None or answer is ...:
         return compare(None, None, what="function")
     if not callable(answer):
-        return Verdict("wrong", f"expected a function per_token_ms(profile, b), got a {type(answer).__name__}")
+        return Verdict("wrong", "expected a function per_token_ms(profile, b), got a "
+                                f"{type(answer).__name__}")
     cases = [(p, b) for p, bs in zip(_test_profiles(), ([1, 3, 6, 8, 12, 16], [1, 4, 48, 100, 256]))
              for b in bs]
     try:
@@ -66,7 +68,8 @@ def check_per_token_predictor(answer) -> Verdict:
         worst = int(np.argmax(np.abs(np.array(got) - np.array(expected))))
         p, b = cases[worst]
         return Verdict("wrong", f"for batch {b} on a profile with sizes {sorted(p.batch_size)} "
-                                f"expected {expected[worst]:.3f} ms per token, got {got[worst]:.3f}")
+                                f"expected {expected[worst]:.3f} ms per token, got "
+                                f"{got[worst]:.3f}")
     return verdict
 
 

@@ -45,7 +45,8 @@ def _preemption_scenario() -> dict:
     trace = Engine(ContinuousBatcher(max_num_seqs=8, max_num_batched_tokens=64),
                    backend).run(requests)
     if len(trace.preemptions) != 1:
-        raise AssertionError(f"the scenario should preempt once, not {len(trace.preemptions)} times")
+        raise AssertionError("the scenario should preempt once, not "
+                             f"{len(trace.preemptions)} times")
     p = trace.preemptions[0]
     return {"preempted": p.request_id, "at": p.time,
             **{r.request_id: r.token_times[-1] for r in trace.requests}}

@@ -51,7 +51,8 @@ def check_worst_running_gap(answer) -> Verdict:
     if answer is None or answer is ...:
         return Verdict("not attempted", "set answer = worst_running_gap and run the cell again")
     if not callable(answer):
-        return Verdict("wrong", f"expected a function (trace, long_id) -> seconds, got {type(answer).__name__}")
+        return Verdict("wrong", "expected a function (trace, long_id) -> seconds, got "
+                                f"{type(answer).__name__}")
     from batchlab.experiments.prefill_stall import stall_summary
 
     sweep = _stall_sweep([64, 512])

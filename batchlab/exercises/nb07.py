@@ -88,7 +88,8 @@ def check_latencies_by_hand(answer) -> Verdict:
         verdict = compare(got.to_numpy(dtype=float), expected.to_numpy(dtype=float), rtol=1e-9,
                           atol=1e-9, what=f"latencies on the {name} trace")
         if not verdict.ok:
-            hint = (" (a non-streaming client sees every token when the batch ends: use visible_time)"
+            hint = (" (a non-streaming client sees every token when the batch ends: "
+                    "use visible_time)"
                     if name == "dynamic_non_streaming" else "")
             return Verdict("wrong", verdict.message + hint)
     return Verdict("correct", "TTFT, TPOT and E2E match on a streaming, a non-streaming and a "

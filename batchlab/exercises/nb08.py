@@ -38,7 +38,8 @@ def _sweep() -> tuple[tuple[float, float, float], ...]:
         trace = Engine(ContinuousBatcher(max_num_seqs=16, max_num_batched_tokens=256),
                        SimBackend(cost, kv_capacity_tokens=16 * 512)).run(requests)
         done = per_request_metrics(trace)   # finished requests; any other one misses the SLO
-        good = int(((done["ttft"] <= SLO_TTFT) & (done["tpot"].isna() | (done["tpot"] <= SLO_TPOT))).sum())
+        good = int(((done["ttft"] <= SLO_TTFT)
+                    & (done["tpot"].isna() | (done["tpot"] <= SLO_TPOT))).sum())
         rows.append((float(rate), good / benchmark_duration(trace), good / NUM_REQUESTS))
     return tuple(rows)
 

@@ -40,7 +40,8 @@ def _roofline_s(num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
     b = device.dtype_bytes
     # one key read per query tile
     keys = attention_pairs / min(128, max(1.0, num_tokens / num_seqs))
-    memory = (shape.matmul_params * b + keys * shape.kv_bytes_per_token(b)) / device.memory_bandwidth_Bps
+    memory = ((shape.matmul_params * b + keys * shape.kv_bytes_per_token(b))
+              / device.memory_bandwidth_Bps)
     compute = (2 * shape.matmul_params * num_tokens
                + shape.attention_flops_per_pair * attention_pairs) / device.peak_flops
     return max(memory, compute) + OVERHEAD_3

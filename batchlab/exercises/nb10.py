@@ -43,7 +43,8 @@ def checker_records() -> tuple[ClientRecord, ...]:
 # --- 10.1 ----------------------------------------------------------------------------------------
 def expected_overhead(records) -> float:
     """The median over requests of (client TTFT - the server's own TTFT)."""
-    return float(np.median([(r.chunk_times[0] - r.send_time) - r.server["ttft_s"] for r in records]))
+    return float(np.median([(r.chunk_times[0] - r.send_time) - r.server["ttft_s"]
+                            for r in records]))
 
 
 @exercise("10.1")
@@ -85,8 +86,8 @@ def check_token_gaps(answer) -> Verdict:
             return Verdict("wrong", "return a list of numbers")
         if len(got) != len(expected):
             return Verdict("wrong", f"request {r.request_id} has {sum(r.chunk_tokens)} tokens, so "
-                                    f"{len(expected)} gaps; you returned {len(got)} (a chunk of k tokens "
-                                    "makes k - 1 gaps of 0 inside it)")
+                                    f"{len(expected)} gaps; you returned {len(got)} (a chunk of k "
+                                    "tokens makes k - 1 gaps of 0 inside it)")
         v = compare(got, expected, rtol=1e-9, atol=1e-12, what=f"gaps of {r.request_id}")
         if not v.ok:
             return Verdict("wrong", v.message)
@@ -116,5 +117,6 @@ def check_max_in_flight(answer) -> Verdict:
             return Verdict("wrong", error)
         expected = expected_max_in_flight(subset)
         if got != expected:
-            return Verdict("wrong", f"for {what} the peak is {expected} requests in flight; you returned {got!r}")
+            return Verdict("wrong", f"for {what} the peak is {expected} requests in flight; "
+                                    f"you returned {got!r}")
     return Verdict("correct", "the peak number of requests in flight matches")

@@ -40,10 +40,11 @@ _REVEAL = {
                "was computed in one step, and every stream froze for that step.",
     "trace_b": "continuous batching with max_num_seqs=4: a queue grew while each step carried only "
                "four sequences and cost little more than a step for one.",
-    "trace_c": "a dynamic batcher with a 2 s timer under light traffic: most requests waited for the "
-               "timer while the device sat idle.",
-    "trace_d": "continuous batching of long answers (200-400 tokens) near the device's limit: every "
-               "step carried dozens of sequences, so every stream was slow; no setting fixes that.",
+    "trace_c": "a dynamic batcher with a 2 s timer under light traffic: most requests waited for "
+               "the timer while the device sat idle.",
+    "trace_d": "continuous batching of long answers (200-400 tokens) near the device's limit: "
+               "every step carried dozens of sequences, so every stream was slow; no setting "
+               "fixes that.",
 }
 
 
@@ -75,7 +76,8 @@ def check_diagnosis(trace_name: str, answer) -> Verdict:
                                 "TTFT and its stream (E2E - TTFT) with what it would take alone")
     if true_knob != "more_capacity" and knob == "more_capacity":
         return Verdict("wrong", f"{slow!r} is right, and more capacity would help, but a free "
-                                "setting fixes this trace: which rule of the server makes people wait?")
+                                "setting fixes this trace: which rule of the server "
+                                "makes people wait?")
     return Verdict("wrong",
                    f"{slow!r} is right, the knob is not: what do the steps look like while "
                             "the latency is bad (their size, their prefill tokens, idle gaps)?")

@@ -67,8 +67,8 @@ def check_12_1(answer) -> Verdict:
         low, high = ratio_range()
         return Verdict(verdict.status,
                        f"{verdict.message}: from {low:.2f} to {high:.2f}. At 40 a second the "
-                                       "seeds differ by as much as the effect itself, so one run's ratio could "
-                                       "not have told you how much round robin costs")
+                       "seeds differ by as much as the effect itself, so one run's ratio could "
+                       "not have told you how much round robin costs")
     return verdict
 
 

@@ -33,9 +33,10 @@ def check_hit_tokens(answer) -> Verdict:
             return Verdict("wrong", f"hit_tokens{case}: {error}")
         expected = expected_hit_tokens(*case)
         if got != expected:
-            return Verdict("wrong", f"hit_tokens(prompt_len={case[0]}, shared_len={case[1]}, block_size={case[2]}) "
-                                    f"is {expected}; you returned {got!r} (only whole blocks are cached, and "
-                                    "the prompt's last token is always computed)")
+            return Verdict("wrong", f"hit_tokens(prompt_len={case[0]}, shared_len={case[1]}, "
+                                    f"block_size={case[2]}) is {expected}; you returned {got!r} "
+                                    "(only whole blocks are cached, and the prompt's last token "
+                                    "is always computed)")
     return Verdict("correct", f"right on all {len(HIT_CASES)} cases, the last-token rule included")
 
 
@@ -67,7 +68,8 @@ def predicted_throughput(cost, requests, max_num_seqs: int) -> float:
 
 @lru_cache(maxsize=16)
 def expected_seqs(cost, num_requests: int, rate: float, share: float) -> int:
-    """The smallest of ``CANDIDATES`` predicted to reach ``share`` of the largest one's output tokens/s."""
+    """The smallest of ``CANDIDATES`` predicted to reach ``share`` of the largest one's output
+    tokens/s."""
     requests = checker_load(num_requests, rate)
     tput = {k: predicted_throughput(cost, requests, k) for k in CANDIDATES}
     return min(k for k in CANDIDATES if tput[k] >= share * tput[max(CANDIDATES)])
@@ -85,7 +87,8 @@ def check_seqs_to_keep_up(answer) -> Verdict:
         if error:
             return Verdict("wrong", f"{where}: {error}")
         if got != expected:
-            return Verdict("wrong", f"{where}: the smallest setting predicted to reach {share:.0%} of max_num_seqs "
-                                    f"128's output tokens/s is {expected}; you returned {got!r} (compare every "
-                                    f"candidate with 128's throughput, not with the one before it)")
+            return Verdict("wrong", f"{where}: the smallest setting predicted to reach {share:.0%} "
+                                    f"of max_num_seqs 128's output tokens/s is {expected}; you "
+                                    f"returned {got!r} (compare every candidate with 128's "
+                                    "throughput, not with the one before it)")
     return Verdict("correct", f"right on all {len(SEQS_CASES)} loads and cost models")

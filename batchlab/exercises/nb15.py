@@ -15,14 +15,16 @@ BATCHES = (1, 8, 32, 128, 512)
 
 
 def tokens_per_check(alpha: float = 0.7, k: int = 4) -> float:
-    """15.1: tokens a check of ``k`` drafts emits on average, each accepted with chance ``alpha``."""
+    """15.1: tokens a check of ``k`` drafts emits on average, each accepted with chance
+    ``alpha``."""
     from batchlab.speculative import expected_accepted
     return 1 + expected_accepted(alpha, k)
 
 
 def break_even_pass_cost(alpha: float = 0.6, k: int = 3) -> float:
     """15.3: the largest cost of one draft pass, as a share of a plain step, at which a check of
-    ``k`` drafts (each accepted with chance ``alpha``) still pays: ``1 + k·c < tokens per check``."""
+    ``k`` drafts (each accepted with chance ``alpha``) still pays:
+    ``1 + k·c < tokens per check``."""
     return (tokens_per_check(alpha, k) - 1) / k
 
 
@@ -42,7 +44,8 @@ def first_losing_batch() -> int | None:
         return SimBackend(cost, 10**7, block_size=16, speculative_config=config,
                           acceptance=acceptance if config else None)
 
-    table, _ = serve_batches(backend, lambda n: [Request(f"r{i}", None, 128, prompt_len=512) for i in range(n)],
+    table, _ = serve_batches(backend, lambda n: [Request(f"r{i}", None, 128, prompt_len=512)
+                                                 for i in range(n)],
                              BATCHES, {"none": None, "ngram": spec}, min_requests=4)
     return crossover(table, "ngram")
 
@@ -60,8 +63,11 @@ def check_15_2(answer) -> Verdict:
     if answer not in BATCHES:
         return Verdict("wrong", f"expected one of {list(BATCHES)}, got {answer!r}")
     best = first_losing_batch()
-    return Verdict("correct", f"from batch {best} on it costs more than it saves") if answer == best else Verdict(
-        "wrong", f"speculation {'still pays' if answer < best else 'already loses before'} at batch {answer}")
+    return (Verdict("correct", f"from batch {best} on it costs more than it saves")
+            if answer == best else
+            Verdict("wrong",
+                    f"speculation {'still pays' if answer < best else 'already loses before'} "
+                    f"at batch {answer}"))
 
 
 @exercise("15.3")

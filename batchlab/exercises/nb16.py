@@ -15,7 +15,8 @@ SWEEP_RATES = tuple(range(4, 33, 4))
 
 
 def first_token_ms() -> float:
-    """16.1: milliseconds from arrival to the first token of a lone 5,000-token prompt, 1P1D, 100 GbE."""
+    """16.1: milliseconds from arrival to the first token of a lone 5,000-token prompt, 1P1D,
+    100 GbE."""
     from batchlab.cluster import DisaggregatedCluster, DisaggregatedConfig
     from batchlab.requests import Request
     cluster = DisaggregatedCluster.for_device(MODEL, GPU,

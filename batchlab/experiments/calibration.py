@@ -130,17 +130,18 @@ def warn_if_poor_fit(cost: CostModel) -> bool:
     error = (cost.fit_stats or {}).get("median_rel_error")
     if error is None or error <= POOR_FIT_ERROR:
         return False
-    warnings.warn(f"the cost model misses its own measured steps by {error:.0%} (median); on a quiet "
-                  f"machine it is under {POOR_FIT_ERROR:.0%}. Something else was probably using the "
-                  "CPU during calibration, so simulated latencies will be off: calibrate again when "
-                  "the machine is quiet.", RuntimeWarning, stacklevel=2)
+    warnings.warn(f"the cost model misses its own measured steps by {error:.0%} (median); on a "
+                  f"quiet machine it is under {POOR_FIT_ERROR:.0%}. Something else was probably "
+                  "using the CPU during calibration, so simulated latencies will be off: "
+                  "calibrate again when the machine is quiet.", RuntimeWarning, stacklevel=2)
     return True
 
 
 # --- the stored fit ------------------------------------------------------------------------------
 def fit_setup(backend: ModelBackend, num_requests: int = 24, seed: int = 0) -> dict:
     """Everything that changes a calibration's steps or their time: the machine, the library, the
-    threads and oneDNN's cap, the model and its dtype, the KV cache and the calibration's own sizes."""
+    threads and oneDNN's cap, the model and its dtype, the KV cache and the calibration's own
+    sizes."""
     kv = backend.kv
     return {"format": STORE_FORMAT, "host": platform.node(), "machine": platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -180,7 +181,8 @@ def check_steps(backend: ModelBackend, seed: int = 0) -> list[StepRecord]:
                              seed=seed, tokenizer=backend.lm.tokenizer, id_prefix="check")
     scheduler = ContinuousBatcher(max_num_seqs=num_seqs,
                                   max_num_batched_tokens=num_seqs * prompt_len)
-    return Engine(scheduler, backend).run(requests).steps[1:] + lone_prompt_steps(backend, seed=seed)
+    return (Engine(scheduler, backend).run(requests).steps[1:]
+            + lone_prompt_steps(backend, seed=seed))
 
 
 def fit_error(cost: CostModel, steps: list[StepRecord]) -> float:

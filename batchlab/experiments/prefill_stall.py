@@ -182,7 +182,8 @@ def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series
     gaps = token_gaps(trace)
     running = gaps[(gaps["request_id"] != long_id)].dropna(subset=["gap"])
     if running.empty:
-        raise ValueError("the other requests made no token gaps; give them more than one output token")
+        raise ValueError("the other requests made no token gaps; give them more than one "
+                         "output token")
     at_admission = running.loc[np.isclose(running["time"], admission_end, rtol=0, atol=1e-12),
                                "gap"]
     admission_gap = float(at_admission.max()) if len(at_admission) else np.nan
@@ -207,7 +208,8 @@ def stall_summary(trace: Trace, long_id: str = f"{LONG_PREFIX}000") -> pd.Series
         "stall_ratio": admission_gap / median,
         "prefill_itl_max_rel": prefill_itl_max / median,
         "long_prefill_time_rel": (first_token - start) / median,
-        "running_e2e_mean": float(np.mean([r.visible_token_times[-1] - r.arrival_time for r in others])),
+        "running_e2e_mean": float(np.mean([r.visible_token_times[-1] - r.arrival_time
+                                           for r in others])),
     }, name="stall", dtype=object)
 
 

@@ -86,9 +86,9 @@ def serve_rates(make_backend: Callable[[object], Backend],
                 progress: Callable | None = None) -> pd.DataFrame:
     """One row per (rate, config): ``make_requests(rate)`` (arrivals at ``rate`` requests/s)
     served by vLLM's scheduler under ``args`` (each left at None: ``RATE_ARGS``', an H100's
-    budgets) on a fresh ``make_backend(spec)``. ``tpot_speedup``: the baseline's median TPOT / the config's (above 1:
-    tokens come faster); ``mean_batch``: requests per step, what the rate turned into.
-    ``progress`` is called after every run."""
+    budgets) on a fresh ``make_backend(spec)``. ``tpot_speedup``: the baseline's median TPOT /
+    the config's (above 1: tokens come faster); ``mean_batch``: requests per step, what the rate
+    turned into. ``progress`` is called after every run."""
     check_list("rates", rates, "a non-empty list of request rates")
     baseline = _baseline(specs)
     rows = []
@@ -100,7 +100,8 @@ def serve_rates(make_backend: Callable[[object], Backend],
             rows.append({"rate": rate, "config": name,
                          "tpot_ms": per_request["tpot"].median() * 1e3,
                          "ttft_ms": per_request["ttft"].median() * 1e3,
-                         "mean_batch": sum(len(s.chunks) for s in trace.steps) / max(len(trace.steps), 1),
+                         "mean_batch": (sum(len(s.chunks) for s in trace.steps)
+                                        / max(len(trace.steps), 1)),
                          "acceptance": spec_stats(trace)["acceptance"]})
             if progress is not None:
                 progress()
@@ -114,7 +115,8 @@ def _baseline(specs: Mapping[object, object]) -> object:
     """The name of the config without speculation (None), which the others are compared with."""
     names = [name for name, spec in specs.items() if spec is None]
     if not names:
-        raise ValueError(f"specs={list(specs)}; one config must be None (without speculation), the baseline")
+        raise ValueError(f"specs={list(specs)}; one config must be None (without speculation), "
+                         "the baseline")
     return names[0]
 
 
@@ -130,11 +132,13 @@ def _serve(backend: Backend, batch: int, requests: list[Request]) -> tuple[float
 
 def trace_span(trace: Trace) -> float:
     """Seconds from the first arrival to the last token, on the trace's clock."""
-    return max(t for r in trace.requests for t in r.token_times) - min(r.arrival_time for r in trace.requests)
+    return (max(t for r in trace.requests for t in r.token_times)
+            - min(r.arrival_time for r in trace.requests))
 
 
 def crossover(table: pd.DataFrame, config: str, threshold: float = 1.0) -> int | None:
-    """The smallest batch size at which ``config``'s speedup falls below ``threshold`` (None: never)."""
+    """The smallest batch size at which ``config``'s speedup falls below ``threshold``
+    (None: never)."""
     rows = table[table["config"] == config].sort_values("batch")
     below = rows[rows["speedup"] < threshold]
     return None if below.empty else int(below["batch"].iloc[0])

@@ -11,7 +11,8 @@ import pandas as pd
 
 from batchlab.analysis.metrics import SLO, summary_row, throughput
 from batchlab.backends.base import Backend
-from batchlab.checks import check_bool, check_callable, check_instance, check_list, check_number, fail
+from batchlab.checks import (check_bool, check_callable, check_instance, check_list, check_number,
+                             fail)
 from batchlab.engine import Engine
 from batchlab.requests import Request
 from batchlab.schedulers.base import Scheduler
@@ -89,9 +90,10 @@ def load_sweep(workload_fn: WorkloadFn, rates: Iterable[float],
 
     ``workload_fn(rate)``: the requests to serve at ``rate`` requests/s (sorted by arrival).
     ``policies``: ``{name: factory}``, each factory returning a *new* scheduler.
-    ``backend_factory()``: a new backend for each run (``lambda: SimBackend(cost, kv_capacity_tokens=...)``;
-    for the real model, a function that returns the same ``ModelBackend`` works too, since the
-    engine checks its cache is empty and resets it between runs).
+    ``backend_factory()``: a new backend for each run
+    (``lambda: SimBackend(cost, kv_capacity_tokens=...)``; for the real model, a function that
+    returns the same ``ModelBackend`` works too, since the engine checks its cache is empty and
+    resets it between runs).
     ``slo``: bounds in seconds (``SLO`` or a dict like ``{"ttft": 0.5}``) to add ``num_good`` and
     ``goodput``. ``progress``: a tqdm bar over the runs. ``keep_traces``: also keep every run's
     ``Trace`` in ``df.attrs["traces"]``, a dict keyed by ``(policy, rate)`` (off by default: a

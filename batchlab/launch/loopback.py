@@ -25,8 +25,8 @@ from batchlab.serve.simulated import SimulatedDevice
 VLLM_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash",
                         "kv_aware", "sticky_least_loaded")
 ROUTER_INSTALL = "pip install vllm-router==0.1.17 (requirements.txt pins it)"
-# The replicas' vLLM flags where a LoopbackConfig's engine leaves them at None: a GPU-sized batch and
-# context on a paged cache with prefix caching, as vLLM serves.
+# The replicas' vLLM flags where a LoopbackConfig's engine leaves them at None: a GPU-sized batch
+# and context on a paged cache with prefix caching, as vLLM serves.
 LOOPBACK_ARGS = EngineArgs(max_num_seqs=64, max_model_len=4096, max_num_batched_tokens=2048,
                            block_size=16, enable_prefix_caching=True)
 
@@ -36,7 +36,8 @@ def router_binary() -> str:
     here = Path(sys.executable).parent / "vllm-router"
     found = str(here) if here.exists() else shutil.which("vllm-router")
     if found is None:
-        raise RuntimeError(f"vllm-router is not installed in this environment ({sys.executable}); {ROUTER_INSTALL}")
+        raise RuntimeError(f"vllm-router is not installed in this environment ({sys.executable}); "
+                           f"{ROUTER_INSTALL}")
     return found
 
 
@@ -60,11 +61,12 @@ class LoopbackConfig:
         check_int("num_replicas", self.num_replicas, hint="a router needs at least one replica")
         check_choice("policy", self.policy, VLLM_ROUTER_POLICIES)
         if self.policy == "power_of_two" and self.num_replicas < 2:
-            raise ValueError(f"num_replicas={self.num_replicas}; policy 'power_of_two' needs at least 2 "
-                             "(vllm-router refuses fewer)")
+            raise ValueError(f"num_replicas={self.num_replicas}; policy 'power_of_two' needs at "
+                             "least 2 (vllm-router refuses fewer)")
         check_number("startup_timeout", self.startup_timeout, strict=True, hint="seconds")
         if not all(isinstance(a, str) for a in self.router_args):
-            raise ValueError(f"router_args={self.router_args!r}; must be a tuple of strings (vllm-router flags)")
+            raise ValueError(f"router_args={self.router_args!r}; must be a tuple of strings "
+                             "(vllm-router flags)")
         object.__setattr__(self, "replica",
                            ServerConfig(engine=self.engine.with_defaults(LOOPBACK_ARGS), paged=True,
                                                          simulate=self.simulate,
@@ -84,7 +86,8 @@ class LoopbackConfig:
 
 
 class LoopbackCluster:
-    """``vllm-router`` and its replicas on 127.0.0.1 (see the module docstring); a context manager."""
+    """``vllm-router`` and its replicas on 127.0.0.1 (see the module docstring); a context
+    manager."""
 
     def __init__(self, config: LoopbackConfig) -> None:
         if not isinstance(config, LoopbackConfig):
@@ -111,7 +114,8 @@ class LoopbackCluster:
                 try:
                     wait_ready(replica, c.startup_timeout)
                 except (RuntimeError, TimeoutError) as e:
-                    raise RuntimeError(f"replica {i} ({replica.url}) did not become healthy: {e}") from None
+                    raise RuntimeError(f"replica {i} ({replica.url}) did not become healthy: "
+                                       f"{e}") from None
             self.router = start_router(self.replica_urls, self.policy, c.router_args,
                                        c.startup_timeout, binary)
         except BaseException:
@@ -168,7 +172,8 @@ class RouterProcess:
         """The router's own metrics (``vllm_router_*``) as ``loadgen.prom.parse_metrics`` rows."""
         from batchlab.loadgen.prom import scrape
         if self.metrics_url is None:
-            raise ValueError("metrics_url=None; must be set: this router was started with its metrics off")
+            raise ValueError("metrics_url=None; must be set: this router was started with its "
+                             "metrics off")
         return scrape(self.metrics_url)
 
     def stop(self) -> None:
@@ -199,16 +204,19 @@ def start_pd_router(prefill_urls: list[str], decode_urls: list[str],
                     prefill_policy: str = "round_robin",
                     decode_policy: str = "round_robin", router_args: tuple[str, ...] = (),
                     timeout: float = 120.0, binary: str | None = None) -> RouterProcess:
-    """Start ``vllm-router --vllm-pd-disaggregation`` in front of prefill and decode workers (servers
-    started with ``--kv-transfer-config``; each checked first) and wait until it is ready."""
+    """Start ``vllm-router --vllm-pd-disaggregation`` in front of prefill and decode workers
+    (servers started with ``--kv-transfer-config``; each checked first) and wait until it is
+    ready."""
     check_choice("prefill_policy", prefill_policy, VLLM_ROUTER_POLICIES)
     check_choice("decode_policy", decode_policy, VLLM_ROUTER_POLICIES)
     for name, urls in (("prefill_urls", prefill_urls), ("decode_urls", decode_urls)):
         if not urls:
-            raise ValueError(f"{name}={urls!r}; must name at least one worker (a pool cannot be empty)")
+            raise ValueError(f"{name}={urls!r}; must name at least one worker (a pool cannot "
+                             "be empty)")
         for url in urls:
             check_replica(url)
-    pools = [a for url in prefill_urls for a in ("--prefill", url)] + [a for url in decode_urls for a in ("--decode", url)]
+    pools = ([a for url in prefill_urls for a in ("--prefill", url)]
+             + [a for url in decode_urls for a in ("--decode", url)])
     return _launch_router(["--vllm-pd-disaggregation", *pools, "--prefill-policy", prefill_policy,
                            "--decode-policy", decode_policy], router_args, timeout, binary)
 
@@ -256,10 +264,11 @@ def check_replica(url: str, timeout: float = 5.0) -> None:
     try:
         status = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).status_code
     except httpx.HTTPError as e:
-        raise ValueError(f"replica url={url!r} does not answer GET /health ({type(e).__name__}: {e}); "
-                         "must be a running server") from None
+        raise ValueError(f"replica url={url!r} does not answer GET /health "
+                         f"({type(e).__name__}: {e}); must be a running server") from None
     if status != 200:
-        raise ValueError(f"replica url={url!r} answers GET /health with HTTP {status}; must answer 200")
+        raise ValueError(f"replica url={url!r} answers GET /health with HTTP {status}; "
+                         "must answer 200")
 
 
 __all__ = ["LoopbackCluster", "LoopbackConfig", "VLLM_ROUTER_POLICIES", "RouterProcess",

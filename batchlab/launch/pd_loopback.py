@@ -12,7 +12,8 @@ from batchlab.checks import check_choice, check_int, check_number, fail
 from batchlab.engine_args import EngineArgs
 from batchlab.launch.loopback import (VLLM_ROUTER_POLICIES, RouterProcess, router_binary,
                                       start_pd_router)
-from batchlab.model.loading import ALLOWED_DTYPES, DTYPE_ENV, from_environment, resolve_device, resolve_dtype
+from batchlab.model.loading import (ALLOWED_DTYPES, DTYPE_ENV, from_environment, resolve_device,
+                                    resolve_dtype)
 from batchlab.launch.server import ServerProcess, launch_server, wait_ready
 from batchlab.serve.config import ServerConfig
 from batchlab.serve.kv_transfer import CONNECTOR, KVTransferConfig
@@ -70,7 +71,8 @@ class PDLoopbackConfig:
                                 self.failure_policy, kv_connector_extra_config=extra)
 
     def resolved_dtype(self) -> str:
-        """The workers' dtype: ``dtype``, or for ``auto`` what ``load_model`` picks on this machine."""
+        """The workers' dtype: ``dtype``, or for ``auto`` what ``load_model`` picks on this
+        machine."""
         return resolve_dtype(from_environment(self.dtype, DTYPE_ENV, ALLOWED_DTYPES),
                              resolve_device("auto"))
 
@@ -119,7 +121,8 @@ class PDLoopback:
                     try:
                         wait_ready(worker, c.startup_timeout)
                     except (RuntimeError, TimeoutError) as e:
-                        raise RuntimeError(f"{pool} worker {i} ({worker.url}) did not become healthy: {e}") from None
+                        raise RuntimeError(f"{pool} worker {i} ({worker.url}) did not become "
+                                           f"healthy: {e}") from None
             self.router = start_pd_router(self.urls("prefill"), self.urls("decode"),
                                           c.prefill_policy, c.decode_policy,
                                           timeout=c.startup_timeout, binary=binary)

@@ -37,7 +37,8 @@ def serve_through_router(lb: LoopbackCluster, requests: list[Request]) -> dict:
     before = _hits(lb.replica_urls)
     result = run_load(lb.url, from_workload(requests), mode="open", request_timeout=120.0)
     after = _hits(lb.replica_urls)
-    hits, queries = (sum(counter_delta(b, a, f) for b, a in zip(before, after)) for f in HIT_FAMILIES)
+    hits, queries = (sum(counter_delta(b, a, f) for b, a in zip(before, after))
+                     for f in HIT_FAMILIES)
     df = per_request_metrics(result.trace)
     errors = [r for r in result.records if r.error]
     return {"ttft_p50_s": float(df["ttft"].median()), "ttft_p90_s": float(df["ttft"].quantile(0.9)),
@@ -61,7 +62,8 @@ def serve_in_process(config: LoopbackConfig, requests: list[Request], seed: int 
 def agreement(router: dict, cluster: dict) -> dict:
     """TTFT p50's relative difference and the prefix-hit shares' difference in points."""
     return {"ttft_p50_rel_diff": router["ttft_p50_s"] / cluster["ttft_p50_s"] - 1,
-            "prefix_hit_points_diff": 100 * (router["prefix_hit_share"] - cluster["prefix_hit_share"])}
+            "prefix_hit_points_diff": 100 * (router["prefix_hit_share"]
+                                             - cluster["prefix_hit_share"])}
 
 
 def router_added_latency(lb: LoopbackCluster, prompt_len: int = 256, max_tokens: int = 4,

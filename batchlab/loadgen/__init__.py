@@ -5,7 +5,8 @@ The rules and their reasons: ``docs/serving-over-http.md``.
 
 from __future__ import annotations
 
-from batchlab.loadgen.client import ENDPOINTS, MODES, LoadRequest, LoadResult, from_workload, run_load, run_load_async
+from batchlab.loadgen.client import (ENDPOINTS, MODES, LoadRequest, LoadResult, from_workload,
+                                     run_load, run_load_async)
 from batchlab.loadgen.prompts import as_text, read_prompts, with_arrivals
 from batchlab.loadgen.records import ClientRecord, chunk_gaps, client_trace, server_trace
 from batchlab.loadgen.sweep import parse_goodput, parse_rates, rate_sweep
@@ -17,9 +18,9 @@ def plan_requests(n: int, prompt_len: int, output_len: int, tokenizer, arrival: 
                   rate: float | None = None, burstiness: float = 1.0, seed: int = 0,
                   id_prefix: str = "r") -> list[LoadRequest]:
     """``n`` requests with corpus prompts of exactly ``prompt_len`` tokens (the course's tokenizer)
-    and ``output_len`` output tokens, arriving by ``arrival`` (see ``batchlab.workloads``). A prompt's
-    text comes from its request id: give loads sent to one server other ``id_prefix`` es, so that a
-    prefix cache does not serve one load from another's prompts."""
+    and ``output_len`` output tokens, arriving by ``arrival`` (see ``batchlab.workloads``). A
+    prompt's text comes from its request id: give loads sent to one server other ``id_prefix`` es,
+    so that a prefix cache does not serve one load from another's prompts."""
     from batchlab.workloads import make_workload
     return from_workload(make_workload(n, prompt_len=prompt_len, output_len=output_len,
                                        arrival=arrival, rate=rate, burstiness=burstiness, seed=seed,
@@ -34,7 +35,8 @@ def replay_requests(path: str, tokenizer) -> list[LoadRequest]:
 
 
 def course_tokenizer():
-    """The course model's tokenizer, from the converted cache (converting the model once if needed)."""
+    """The course model's tokenizer, from the converted cache (converting the model once if
+    needed)."""
     from transformers import AutoTokenizer
 
     from batchlab.model import load_model

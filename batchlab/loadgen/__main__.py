@@ -1,4 +1,5 @@
-"""``python -m batchlab.loadgen``: ``vllm bench serve``'s sibling: load an OpenAI-compatible server, print what the client saw.
+"""``python -m batchlab.loadgen``: ``vllm bench serve``'s sibling: load an OpenAI-compatible
+server, print what the client saw.
 
 The rules and their reasons: ``docs/serving-over-http.md``.
 """
@@ -40,7 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--api-key", default=None,
                    help="default: $OPENAI_API_KEY, as vLLM's client reads it")
     g.add_argument("--tokenizer", default="course",
-                   help="counts tokens: 'course' (the course's model) or a tokenizer folder or hub name")
+                   help="counts tokens: 'course' (the course's model) or a tokenizer folder or "
+                        "hub name")
     g.add_argument("--label", default=None,
                    help="the result's label and file-name prefix (default: --backend)")
     d = p.add_argument_group("dataset (vLLM's)")
@@ -56,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     d.add_argument("--random-input-len", type=int, default=64)
     d.add_argument("--random-output-len", type=int, default=16)
     d.add_argument("--random-range-ratio", default="0.0",
-                   help='lengths drawn from [len * (1 - r), len * (1 + r)]; or {"input": r1, "output": r2}')
+                   help='lengths drawn from [len * (1 - r), len * (1 + r)]; or '
+                        '{"input": r1, "output": r2}')
     d.add_argument("--random-prefix-len", type=int, default=0,
                    help="tokens shared by every random prompt")
     d.add_argument("--sharegpt-output-len", type=int, default=None,
@@ -89,7 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     t.add_argument("--num-warmups", "--warmup", dest="num_warmups", type=int, default=0,
                    help="requests sent first and left out of the results")
     t.add_argument("--arrival", choices=ARRIVALS, default=None,
-                   help="old form: poisson (--burstiness 1), gamma, fixed (--burstiness inf), at_once (rate inf)")
+                   help="old form: poisson (--burstiness 1), gamma, fixed (--burstiness inf), "
+                        "at_once (rate inf)")
     t.add_argument("--concurrency", type=int, default=None,
                    help="the course's: a closed loop with this many users")
     t.add_argument("--rates", default=None,
@@ -101,7 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     s.add_argument("--min-p", type=float, default=None)
     s.add_argument("--sampling-seed", type=int, default=None, help="the requests' seed field")
     s.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
-                   help="send ignore_eos (default: with --dataset-name random and --workload, as vLLM does)")
+                   help="send ignore_eos (default: with --dataset-name random and --workload, "
+                        "as vLLM does)")
     s.add_argument("--continuous-usage-stats", action="store_true",
                    help="ask for usage in every chunk (vLLM's and batchlab's extension)")
     s.add_argument("--extra-body", default=None,
@@ -113,7 +118,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     r.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
                    help="SLOs in milliseconds, vLLM's form: ttft:500 tpot:50 e2el:4000")
     r.add_argument("--slo-target", type=float, default=0.9,
-                   help="--rates: the share of requests that must meet the SLO (DistServe's goodput)")
+                   help="--rates: the share of requests that must meet the SLO "
+                        "(DistServe's goodput)")
     r.add_argument("--save-result", action="store_true",
                    help="write vllm bench serve's result JSON")
     r.add_argument("--save-detailed", action="store_true",
@@ -140,8 +146,8 @@ def _tokenizer(name: str):
     try:
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as e:
-        raise ValueError(f"tokenizer={name!r}; must be 'course', a tokenizer folder or a hub name that loads "
-                         f"({type(e).__name__})") from None
+        raise ValueError(f"tokenizer={name!r}; must be 'course', a tokenizer folder or a hub "
+                         f"name that loads ({type(e).__name__})") from None
 
 
 def parse_headers(items: list[str] | None) -> dict[str, str]:
@@ -170,8 +176,8 @@ def parse_extra_body(text: str | None) -> dict:
 
 
 def apply_old_forms(args: argparse.Namespace) -> None:
-    """The old flags in vLLM's terms: ``--out DIR``, ``--arrival``; and ``--output-len`` / ``--input-len``
-    onto each dataset's own length flags, as vLLM maps them."""
+    """The old flags in vLLM's terms: ``--out DIR``, ``--arrival``; and ``--output-len`` /
+    ``--input-len`` onto each dataset's own length flags, as vLLM maps them."""
     if args.out is not None:
         if args.result_dir is not None and args.result_dir != args.out:
             fail("out", args.out, f"left out with --result-dir={args.result_dir!r}", "--out DIR is "
@@ -189,7 +195,8 @@ def apply_old_forms(args: argparse.Namespace) -> None:
     if args.input_len is not None:
         args.random_input_len = args.input_len
     if args.output_len is not None:
-        args.random_output_len = args.sharegpt_output_len = args.prefix_repetition_output_len = args.output_len
+        args.random_output_len = args.sharegpt_output_len = \
+            args.prefix_repetition_output_len = args.output_len
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -212,14 +219,16 @@ def check_args(args: argparse.Namespace) -> None:
         fail("slo-target", args.slo_target, "a share of requests in (0, 1], e.g. 0.9")
     Schedule(args.request_rate, args.burstiness, args.ramp_up_strategy, args.ramp_up_start_rps,
              args.ramp_up_end_rps)
-    if args.concurrency is not None and (args.rates or args.max_concurrency or args.ramp_up_strategy):
+    if args.concurrency is not None and (args.rates or args.max_concurrency
+                                         or args.ramp_up_strategy):
         fail("concurrency", args.concurrency,
              "left out with --rates, --ramp-up-strategy or --max-concurrency",
              "a closed loop has no rate: use --max-concurrency with a rate instead")
     if args.rates and args.ramp_up_strategy:
         fail("rates", args.rates, "left out with --ramp-up-strategy",
              "a sweep runs each rate steadily")
-    sources = [name for name in ("prompts", "workload", "dataset_name") if getattr(args, name) is not None]
+    sources = [name for name in ("prompts", "workload", "dataset_name")
+               if getattr(args, name) is not None]
     if len(sources) > 1:
         fail(sources[0].replace("_", "-"), getattr(args, sources[0]),
              f"left out with --{sources[1].replace('_', '-')} (pick one source of prompts)")
@@ -273,7 +282,8 @@ def make_requests_for(args: argparse.Namespace, tok):
         return lambda rate: as_text(reqs, tok) if text else reqs
     if args.prompts:
         source = read_prompts(args.prompts, args.output_len or args.random_output_len, tok)
-        base = [replace(source[i % len(source)], request_id=f"r{i:04d}") for i in range(args.num_prompts)]
+        base = [replace(source[i % len(source)], request_id=f"r{i:04d}")
+                for i in range(args.num_prompts)]
     else:
         base = dataset_config(args).sample(args.num_prompts, tok, args.seed)
     if text:
@@ -288,10 +298,12 @@ def make_requests_for(args: argparse.Namespace, tok):
 
 
 def ignore_eos_for(args: argparse.Namespace) -> bool:
-    """vLLM's rule: asked for, or the random dataset (and a workload file, like vLLM's timed traces)."""
+    """vLLM's rule: asked for, or the random dataset (and a workload file, like vLLM's timed
+    traces)."""
     if args.ignore_eos is not None:
         return args.ignore_eos
-    return bool(args.workload) or (args.prompts is None and (args.dataset_name or "random") == "random")
+    return bool(args.workload) or (args.prompts is None
+                                   and (args.dataset_name or "random") == "random")
 
 
 def _print_result(result, bench: dict, metrics: list[str], percentiles: list[float]) -> None:
@@ -301,7 +313,8 @@ def _print_result(result, bench: dict, metrics: list[str], percentiles: list[flo
 
 
 def save_result(result, bench: dict, path: Path) -> None:
-    """vLLM's result JSON at ``path``, and one row per request beside it (``<name>.requests.csv``)."""
+    """vLLM's result JSON at ``path``, and one row per request beside it
+    (``<name>.requests.csv``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(bench, default=float))
     result.requests_df().to_csv(path.with_suffix(".requests.csv"), index=False)
@@ -314,14 +327,16 @@ def result_path(args: argparse.Namespace, schedule, model: str, rate: float | No
     name = result_filename(label, schedule, args.max_concurrency, model,
                            datetime.now().strftime("%Y%m%d-%H%M%S"))
     if args.result_filename:
-        name = args.result_filename if rate is None else f"{Path(args.result_filename).stem}-{rate:g}qps.json"
+        name = (args.result_filename if rate is None
+                else f"{Path(args.result_filename).stem}-{rate:g}qps.json")
     return Path(args.result_dir or ".") / name
 
 
 def run(args: argparse.Namespace) -> int:
     from batchlab.loadgen import run_load
     from batchlab.loadgen.sweep import parse_goodput, parse_rates, rate_sweep
-    from batchlab.loadgen.vllm_result import parse_metric_percentiles, parse_percentile_metrics, result_json
+    from batchlab.loadgen.vllm_result import (parse_metric_percentiles, parse_percentile_metrics,
+                                              result_json)
     check_args(args)
     rates = parse_rates(args.rates) if args.rates else None
     slo = parse_goodput(args.goodput) if args.goodput else None
@@ -363,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
                                  max_concurrency=args.max_concurrency, **load_kwargs)
         columns = [c for c in ("rate", "achieved_rate", "num_finished", "request_throughput",
                                "ttft_p50",
-                               "ttft_p99", "tpot_p50", "goodput", "slo_attainment", "cut") if c in sweep]
+                               "ttft_p99", "tpot_p50", "goodput", "slo_attainment", "cut")
+                   if c in sweep]
         print("\n" + sweep[columns].to_string(index=False, float_format="{:.3f}".format))
         if best is not None:
             if best == float("inf"):
@@ -372,11 +388,12 @@ def run(args: argparse.Namespace) -> int:
                 answer = f"below the sweep (even {min(rates):g}/s missed it; try lower rates)"
             else:
                 answer = f"{best:.3f} req/s"
-            print(f"DistServe's goodput: the highest rate at which {args.slo_target:.0%} of requests met {slo}: "
-                  f"{answer}")
+            print(f"DistServe's goodput: the highest rate at which {args.slo_target:.0%} of "
+                  f"requests met {slo}: {answer}")
         if args.save_result:
             sweep.to_csv(Path(args.result_dir or ".") / "sweep.csv", index=False)
-        return 0 if all(o == {"ok": n} for o, n in zip(sweep["outcomes"], sweep["num_requests"])) else 1
+        return 0 if all(o == {"ok": n}
+                        for o, n in zip(sweep["outcomes"], sweep["num_requests"])) else 1
     open_rate = None if closed or args.request_rate == math.inf else args.request_rate
     result = run_load(url, make_requests(None), mode="closed" if closed else "open",
                       concurrency=args.concurrency,

@@ -1,4 +1,5 @@
-"""Calibrating the course's cost model from outside: any OpenAI-compatible server, timed by its client.
+"""Calibrating the course's cost model from outside: any OpenAI-compatible server, timed by its
+client.
 
 The rules and their reasons: ``docs/serving-over-http.md``.
 """
@@ -19,9 +20,9 @@ from batchlab.plan import chunk_attention_pairs
 
 @dataclass(frozen=True)
 class OutsideInConfig:
-    """What to measure: ``prompt_lens`` served alone ``prompt_repeats`` times each; ``decode_batches``
-    (k) concurrent decodes of ``decode_output_len`` tokens from prompts of ``decode_prompt_len``;
-    all of it ``rounds`` times over (each row keeps its fastest round)."""
+    """What to measure: ``prompt_lens`` served alone ``prompt_repeats`` times each;
+    ``decode_batches`` (k) concurrent decodes of ``decode_output_len`` tokens from prompts of
+    ``decode_prompt_len``; all of it ``rounds`` times over (each row keeps its fastest round)."""
 
     prompt_lens: tuple[int, ...] = (16, 128, 256, 512)
     prompt_repeats: int = 3
@@ -34,7 +35,8 @@ class OutsideInConfig:
         for name in ("prompt_lens", "decode_batches"):
             values = getattr(self, name)
             if not isinstance(values, tuple) or len(values) < 2:
-                raise ValueError(f"{name}={values!r}; must be a tuple of at least 2 sizes (a line needs two points)")
+                raise ValueError(f"{name}={values!r}; must be a tuple of at least 2 sizes "
+                                 "(a line needs two points)")
             for v in values:
                 check_int(name, v)
         check_int("prompt_repeats", self.prompt_repeats)
@@ -49,7 +51,8 @@ class OutsideInConfig:
 class OutsideInCalibration:
     """The fitted cost model and its measurements: ``points`` has one row per measurement
     (``kind``: prefill or decode, ``size``: prompt tokens or k, the features, ``duration`` measured
-    (its fastest round), ``spread`` (its slowest round over its fastest), ``predicted``, ``rel_error``)."""
+    (its fastest round), ``spread`` (its slowest round over its fastest), ``predicted``,
+    ``rel_error``)."""
 
     cost_model: CostModel
     points: pd.DataFrame
@@ -60,8 +63,9 @@ class OutsideInCalibration:
 
 
 def fresh_prompts(tokenizer, n: int, prompt_len: int) -> list[list[int]]:
-    """``n`` corpus prompts of exactly ``prompt_len`` tokens, each from a stretch of the corpus picked
-    afresh (a prompt's place in the corpus comes from its request id, which holds a nonce)."""
+    """``n`` corpus prompts of exactly ``prompt_len`` tokens, each from a stretch of the corpus
+    picked afresh (a prompt's place in the corpus comes from its request id, which holds a
+    nonce)."""
     from batchlab.workloads import make_workload
     reqs = make_workload(n, prompt_len=prompt_len, output_len=1, arrival="at_once",
                          tokenizer=tokenizer,
@@ -78,7 +82,8 @@ def prefill_points(url: str, tokenizer, prompt_lens: tuple[int, ...], repeats: i
         result = run_load(url, reqs, mode="closed", concurrency=1, max_duration=300)
         ttfts = np.array([r.ttft for r in result.records if r.ok and r.ttft is not None])
         if len(ttfts) < repeats:
-            raise RuntimeError(f"lone {n}-token prompts at {url}: {result.status_counts()}; every one must succeed")
+            raise RuntimeError(f"lone {n}-token prompts at {url}: {result.status_counts()}; "
+                               "every one must succeed")
         rows.append(("prefill", n, 1, n, chunk_attention_pairs(0, n), float(np.median(ttfts))))
     return pd.DataFrame(rows, columns=["kind", "size", *FEATURES, "duration"])
 
@@ -93,8 +98,9 @@ def decode_points(url: str, tokenizer, batches: tuple[int, ...], prompt_len: int
                 for j, ids in enumerate(fresh_prompts(tokenizer, k, prompt_len))]
         result = run_load(url, reqs, mode="closed", concurrency=k, max_duration=300)
         if not all(r.ok and r.num_tokens == output_len for r in result.records):
-            raise RuntimeError(f"{k} concurrent decodes at {url}: {result.status_counts()}; every one must "
-                               f"finish with {output_len} tokens (does the server take ignore_eos?)")
+            raise RuntimeError(f"{k} concurrent decodes at {url}: {result.status_counts()}; "
+                               f"every one must finish with {output_len} tokens (does the "
+                               "server take ignore_eos?)")
         skip = output_len // 4
         gaps = np.concatenate([np.diff(r.token_times())[skip:] for r in result.records])
         context = prompt_len + (skip + output_len) / 2            # the middle of the measured gaps

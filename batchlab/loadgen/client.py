@@ -51,19 +51,25 @@ class LoadRequest:
             raise ValueError(f"request_id={self.request_id!r}; must be a non-empty string")
         if self.messages is not None:
             if not (isinstance(self.messages, list) and self.messages
-                    and all(isinstance(m, dict) and "role" in m and "content" in m for m in self.messages)):
-                raise ValueError(f"request {self.request_id!r}: messages must be a non-empty list of "
-                                 "{role, content} objects")
+                    and all(isinstance(m, dict) and "role" in m and "content" in m
+                            for m in self.messages)):
+                raise ValueError(f"request {self.request_id!r}: messages must be a non-empty "
+                                 "list of {role, content} objects")
         elif not (isinstance(self.prompt, str) and self.prompt) and not (
-                isinstance(self.prompt, list) and self.prompt and all(isinstance(t, int) for t in self.prompt)):
-            raise ValueError(f"request {self.request_id!r}: prompt must be a non-empty string or list of token ids")
+                isinstance(self.prompt, list) and self.prompt
+                and all(isinstance(t, int) for t in self.prompt)):
+            raise ValueError(f"request {self.request_id!r}: prompt must be a non-empty string or "
+                             "list of token ids")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"request {self.request_id!r}: max_tokens={self.max_tokens!r}; must be an int >= 1")
+            raise ValueError(f"request {self.request_id!r}: max_tokens={self.max_tokens!r}; "
+                             "must be an int >= 1")
         if not (isinstance(self.arrival_time, (int, float)) and math.isfinite(self.arrival_time)
                 and self.arrival_time >= 0):
-            raise ValueError(f"request {self.request_id!r}: arrival_time={self.arrival_time!r}; must be >= 0")
+            raise ValueError(f"request {self.request_id!r}: arrival_time={self.arrival_time!r}; "
+                             "must be >= 0")
         if self.extra_body is not None and not isinstance(self.extra_body, dict):
-            raise ValueError(f"request {self.request_id!r}: extra_body={self.extra_body!r}; must be a dict or None")
+            raise ValueError(f"request {self.request_id!r}: extra_body={self.extra_body!r}; "
+                             "must be a dict or None")
 
 
 def from_workload(requests: list[Request]) -> list[LoadRequest]:
@@ -71,8 +77,9 @@ def from_workload(requests: list[Request]) -> list[LoadRequest]:
     out = []
     for r in requests:
         if r.prompt_ids is None:
-            raise ValueError(f"request {r.request_id!r} is simulated (no prompt_ids); build the workload "
-                             "with a tokenizer (make_workload(..., tokenizer=tok) or load_workload(path, tok))")
+            raise ValueError(f"request {r.request_id!r} is simulated (no prompt_ids); build the "
+                             "workload with a tokenizer (make_workload(..., tokenizer=tok) or "
+                             "load_workload(path, tok))")
         out.append(LoadRequest(r.request_id, list(r.prompt_ids), r.max_new_tokens, r.arrival_time,
                                r.prompt_len))
     return out
@@ -101,7 +108,8 @@ class LoadResult:
         return client_trace(self.records, {"mode": self.mode, "url": self.url, **self.meta})
 
     def server_trace(self):
-        """The engine's own times for the same requests, on the client's clock (batchlab's server)."""
+        """The engine's own times for the same requests, on the client's clock (batchlab's
+        server)."""
         return server_trace(self.records, {"mode": self.mode, "url": self.url})
 
     def chunk_gaps(self) -> np.ndarray:
@@ -115,7 +123,8 @@ class LoadResult:
         return dict(sorted(counts.items(), key=lambda kv: (kv[0] != "ok", kv[0])))
 
     def goodput(self, slo) -> float:
-        """vLLM's goodput: finished requests meeting every bound of ``slo`` per second of the run."""
+        """vLLM's goodput: finished requests meeting every bound of ``slo`` per second of the
+        run."""
         from batchlab.analysis.metrics import goodput
         return goodput(self.trace, slo)
 
@@ -134,7 +143,8 @@ class LoadResult:
         lag = actual - planned if len(sent) else np.empty(0)
 
         def rate(t: np.ndarray) -> float:
-            return (len(t) - 1) / (t.max() - t.min()) if len(t) > 1 and t.max() > t.min() else float("nan")
+            return ((len(t) - 1) / (t.max() - t.min()) if len(t) > 1 and t.max() > t.min()
+                    else float("nan"))
 
         report = {"mode": self.mode, "num_planned": len(self.records), "num_sent": len(sent),
                   "target_rate": self.target_rate,
@@ -146,41 +156,48 @@ class LoadResult:
         # at_once has no rate to keep
         if self.mode == "open" and len(sent) > 1 and planned.max() > planned.min():
             span = planned.max() - planned.min()
-            report["behind"] = bool(np.mean(lag > LATE_SEND_S) > 0.01 or lag[-1] > 0.05 * span + LATE_SEND_S)
+            report["behind"] = bool(np.mean(lag > LATE_SEND_S) > 0.01
+                                    or lag[-1] > 0.05 * span + LATE_SEND_S)
         else:
             report["behind"] = False
         report["all_sent"] = len(sent) == len(self.records)
         return report
 
     def table(self, percentiles=(50, 90, 99)):
-        """``batchlab.analysis.metrics.summarize`` of the client's trace (ttft, tpot, itl, e2e, queue_time)."""
+        """``batchlab.analysis.metrics.summarize`` of the client's trace (ttft, tpot, itl, e2e,
+        queue_time)."""
         from batchlab.analysis.metrics import summarize
         return summarize(self.trace, percentiles=percentiles)
 
     def summary(self) -> str:
         rr = self.rate_report()
         ok = sum(r.ok for r in self.records)
-        lines = [f"{self.mode} loop against {self.url} ({self.model}): {ok}/{len(self.records)} finished, "
-                 f"outcomes {self.status_counts()}, {self.wall_seconds:.1f} s"]
+        lines = [f"{self.mode} loop against {self.url} ({self.model}): {ok}/{len(self.records)} "
+                 f"finished, outcomes {self.status_counts()}, {self.wall_seconds:.1f} s"]
         if self.warmup:
-            lines.append(f"warm-up: {len(self.warmup)} requests first ({sum(r.ok for r in self.warmup)} ok), "
-                         "not counted")
+            lines.append(f"warm-up: {len(self.warmup)} requests first "
+                         f"({sum(r.ok for r in self.warmup)} ok), not counted")
         if self.mode == "open":
             cap = f", at most {self.max_concurrency} in flight" if self.max_concurrency else ""
-            lines.append(f"arrival rate: target {self.target_rate}, planned {rr['planned_rate']:.3f}/s, achieved "
-                         f"{rr['achieved_rate']:.3f}/s{cap}; send lag p99 {rr['send_lag_p99_s'] * 1e3:.1f} ms")
+            lines.append(f"arrival rate: target {self.target_rate}, planned "
+                         f"{rr['planned_rate']:.3f}/s, achieved {rr['achieved_rate']:.3f}/s{cap}; "
+                         f"send lag p99 {rr['send_lag_p99_s'] * 1e3:.1f} ms")
             if rr["behind"]:
-                why = (f"max_concurrency={self.max_concurrency} held requests back" if self.max_concurrency
+                why = (f"max_concurrency={self.max_concurrency} held requests back"
+                       if self.max_concurrency
                        else "the latencies describe a lighter load than the plan")
-                lines.append(f"BEHIND PLAN: the client sent at {rr['achieved_rate']:.3f}/s against the planned "
-                             f"{rr['planned_rate']:.3f}/s (send lag max {rr['send_lag_max_s']:.3f} s): {why}")
+                lines.append(f"BEHIND PLAN: the client sent at {rr['achieved_rate']:.3f}/s "
+                             f"against the planned {rr['planned_rate']:.3f}/s (send lag max "
+                             f"{rr['send_lag_max_s']:.3f} s): {why}")
         else:
-            lines.append(f"{self.concurrency} users; achieved arrival rate {rr['achieved_rate']:.3f}/s")
+            lines.append(f"{self.concurrency} users; achieved arrival rate "
+                         f"{rr['achieved_rate']:.3f}/s")
         if self.cut:
-            unfinished = sum(r.end_time is None or (r.error or "").startswith(("cancelled", "not sent"))
+            unfinished = sum(r.end_time is None
+                             or (r.error or "").startswith(("cancelled", "not sent"))
                              for r in self.records)
-            lines.append(f"CUT: the load reached max_duration={self.meta.get('max_duration')} s; {unfinished} "
-                         "requests were cancelled or never sent")
+            lines.append(f"CUT: the load reached max_duration={self.meta.get('max_duration')} s; "
+                         f"{unfinished} requests were cancelled or never sent")
         return "\n".join(lines)
 
     def requests_df(self):
@@ -196,7 +213,7 @@ class LoadResult:
         return pd.DataFrame(rows)
 
 
-# --- one request ------------------------------------------------------------------------------------
+# --- one request ---------------------------------------------------------------------------------
 class _Clock:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
@@ -218,7 +235,8 @@ def _body(lr: LoadRequest, endpoint: str, model: str, sampling: dict,
         elif isinstance(lr.prompt, str):
             body["messages"] = [{"role": "user", "content": lr.prompt}]
         else:
-            raise ValueError(f"request {lr.request_id!r}: the chat endpoint needs text or messages, not token ids")
+            raise ValueError(f"request {lr.request_id!r}: the chat endpoint needs text or "
+                             "messages, not token ids")
     elif lr.messages is not None:
         raise ValueError(f"request {lr.request_id!r} has messages; send it with endpoint='chat'")
     else:
@@ -231,16 +249,16 @@ async def check_server(client: httpx.AsyncClient, url: str) -> str:
     try:
         r = await client.get("/v1/models")
     except httpx.HTTPError as e:
-        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server that answers: GET /v1/models "
-                         f"failed ({type(e).__name__}: {e})") from None
+        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server that answers: "
+                         f"GET /v1/models failed ({type(e).__name__}: {e})") from None
     if r.status_code != 200:
-        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server that answers: GET /v1/models "
-                         f"gave HTTP {r.status_code}: {_error_text(r.content)}")
+        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server that answers: "
+                         f"GET /v1/models gave HTTP {r.status_code}: {_error_text(r.content)}")
     try:
         return r.json()["data"][0]["id"]
     except (ValueError, KeyError, IndexError, TypeError):
-        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server: its /v1/models answer lists no "
-                         f"model ({r.text[:200]!r})") from None
+        raise ValueError(f"url={url!r}; must be an OpenAI-compatible server: its /v1/models "
+                         f"answer lists no model ({r.text[:200]!r})") from None
 
 
 def _error_text(raw: bytes) -> str:
@@ -291,16 +309,19 @@ async def _send(client: httpx.AsyncClient, path: str, body: dict, rec: ClientRec
                     new = usage["completion_tokens"] - count
                     rec.tokens_counted_by = "usage"
                 else:
-                    new = 1 if any(c.get("text") or (c.get("delta") or {}).get("content") for c in choices) else 0
+                    new = 1 if any(c.get("text") or (c.get("delta") or {}).get("content")
+                                   for c in choices) else 0
                 if new > 0:
                     count += new
                     rec.chunk_times.append(t)
                     rec.chunk_tokens.append(new)
-            # A server that does not count per chunk: the final usage (else the tokenizer) settles the total.
+            # A server that does not count per chunk: the final usage (else the tokenizer)
+            # settles the total.
             final = rec.usage_completion_tokens
             if final is None and tokenizer is not None and rec.tokens_counted_by == "chunks":
                 final = len(tokenizer(rec.text, add_special_tokens=False)["input_ids"])
-            if rec.tokens_counted_by == "chunks" and final is not None and rec.chunk_tokens and final > count:
+            if (rec.tokens_counted_by == "chunks" and final is not None and rec.chunk_tokens
+                    and final > count):
                 rec.chunk_tokens[-1] += final - count
     except asyncio.CancelledError:
         rec.error = "cancelled: the load's max_duration was reached"
@@ -311,7 +332,7 @@ async def _send(client: httpx.AsyncClient, path: str, body: dict, rec: ClientRec
         rec.end_time = clock.now()
 
 
-# --- the load ---------------------------------------------------------------------------------------
+# --- the load ------------------------------------------------------------------------------------
 def _check_load(mode: str, endpoint: str, concurrency, max_concurrency, requests, max_duration,
                 request_timeout, warmup: int) -> None:
     if mode not in MODES:
@@ -352,7 +373,8 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
     _check_load(mode, endpoint, concurrency, max_concurrency, requests, max_duration,
                 request_timeout, warmup)
     if headers is not None and not (isinstance(headers, dict)
-                                    and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+                                    and all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in headers.items())):
         raise ValueError(f"headers={headers!r}; must be a dict of str to str, or None")
     url = url.rstrip("/")
     headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **(headers or {})}
@@ -366,7 +388,8 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
                                  timeout=httpx.Timeout(request_timeout)) as client:
         listed = await check_server(client, url)
         model = model or listed
-        ordered = sorted(requests, key=lambda q: q.arrival_time) if mode == "open" else list(requests)
+        ordered = (sorted(requests, key=lambda q: q.arrival_time) if mode == "open"
+                   else list(requests))
         # bad prompts fail before any send
         bodies = [_body(lr, endpoint, model, sampling, continuous_usage_stats) for lr in ordered]
         warm = await _warm_up(client, path, bodies, warmup, tokenizer)
@@ -440,11 +463,13 @@ async def run_load_async(url: str, requests: list[LoadRequest], mode: str = "ope
 
 async def _warm_up(client: httpx.AsyncClient, path: str, bodies: list[dict], n: int,
                    tokenizer) -> list[ClientRecord]:
-    """``n`` requests (the load's first bodies, in turn) sent together and awaited before the load."""
+    """``n`` requests (the load's first bodies, in turn) sent together and awaited before the
+    load."""
     if n == 0:
         return []
     clock = _Clock()
-    records = [ClientRecord(f"warmup-{i}", -1, bodies[i % len(bodies)]["max_tokens"], 0.0) for i in range(n)]
+    records = [ClientRecord(f"warmup-{i}", -1, bodies[i % len(bodies)]["max_tokens"], 0.0)
+               for i in range(n)]
     await asyncio.gather(*[_send(client, path, bodies[i % len(bodies)], rec, clock, tokenizer)
                            for i, rec in enumerate(records)])
     return records

@@ -1,4 +1,5 @@
-"""The prompts of ``vllm bench serve``'s datasets, built as vLLM 0.32 builds them (``--dataset-name``).
+"""The prompts of ``vllm bench serve``'s datasets, built as vLLM 0.32 builds them
+(``--dataset-name``).
 
 The rules and their reasons: ``docs/serving-over-http.md``.
 """
@@ -22,7 +23,8 @@ SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
 
 
 def parse_range_ratio(value: str | float | dict) -> tuple[float, float]:
-    """``--random-range-ratio``: one number for both, or ``{"input": r1, "output": r2}``; each in [0, 1)."""
+    """``--random-range-ratio``: one number for both, or ``{"input": r1, "output": r2}``; each in
+    [0, 1)."""
     text = value
     if isinstance(value, str):
         try:
@@ -140,7 +142,8 @@ def _conversations(path: str) -> list[list[dict]]:
     if not out:
         fail("dataset-path", path,
              "a ShareGPT-style JSON file with at least one conversation of two turns",
-             'each entry {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}')
+             'each entry {"conversations": [{"from": "human", "value": ...}, '
+             '{"from": "gpt", "value": ...}]}')
     return out
 
 
@@ -160,7 +163,8 @@ def sharegpt_requests(n: int, cfg: DatasetConfig, tokenizer, seed: int = 0) -> l
                       else cfg.sharegpt_output_len)
         too_short = prompt_len < SHAREGPT_MIN_LEN or (cfg.sharegpt_output_len is None
                                                        and output_len < SHAREGPT_MIN_LEN)
-        if too_short or prompt_len > SHAREGPT_MAX_PROMPT or prompt_len + output_len > SHAREGPT_MAX_TOTAL:
+        if (too_short or prompt_len > SHAREGPT_MAX_PROMPT
+                or prompt_len + output_len > SHAREGPT_MAX_TOTAL):
             continue
         picked.append(LoadRequest(f"r{len(picked):04d}", prompt, output_len, prompt_len=prompt_len))
     if not picked:
@@ -169,7 +173,8 @@ def sharegpt_requests(n: int, cfg: DatasetConfig, tokenizer, seed: int = 0) -> l
              f"{SHAREGPT_MAX_PROMPT}")
     if not cfg.no_oversample and len(picked) < n:
         redraw, base = random.Random(seed), list(picked)
-        picked += [replace(redraw.choice(base), request_id=f"r{i:04d}") for i in range(len(base), n)]
+        picked += [replace(redraw.choice(base), request_id=f"r{i:04d}")
+                   for i in range(len(base), n)]
     return picked
 
 

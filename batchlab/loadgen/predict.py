@@ -35,21 +35,23 @@ def simulate_load(cost_model: StepTimeModel, requests: list[LoadRequest],
     flags ``args``; each left at None takes ``CPU_ARGS``' value. The KV capacity is what the
     course's vLLM gets from 2 GiB (46,592 tokens)."""
     if not isinstance(cost_model, StepTimeModel):
-        raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (e.g. calibrate_outside_in(...).cost_model)")
+        raise ValueError(f"cost_model={cost_model!r}; must be a CostModel "
+                         "(e.g. calibrate_outside_in(...).cost_model)")
     check_instance("args", args, EngineArgs, "an EngineArgs")
     a = args.with_defaults(CPU_ARGS)
     reqs = []
     for r in sorted(requests, key=lambda q: q.arrival_time):
         if not isinstance(r, LoadRequest) or not isinstance(r.prompt, list):
-            raise ValueError(f"request {getattr(r, 'request_id', r)!r}: simulate_load needs LoadRequests with "
-                             "token-id prompts (plan_requests makes them)")
+            raise ValueError(f"request {getattr(r, 'request_id', r)!r}: simulate_load needs "
+                             "LoadRequests with token-id prompts (plan_requests makes them)")
         reqs.append(Request(r.request_id, list(r.prompt), r.max_tokens, r.arrival_time))
     backend = SimBackend.for_args(cost_model, kv_capacity_tokens, a)
     return simulated_engine(scheduler_for(a), backend).run(reqs)
 
 
 def load_figures(trace: Trace) -> dict[str, float]:
-    """The figures a tuning lesson compares: output tokens/s, TTFT p50 and p99, ITL p50 and p99 (s)."""
+    """The figures a tuning lesson compares: output tokens/s, TTFT p50 and p99, ITL p50 and p99
+    (s)."""
     ttft, itl = latency_values(trace, "ttft"), latency_values(trace, "itl")
     return {"output_tok_s": float(throughput(trace)["output_throughput"]),
             "ttft_p50": float(np.percentile(ttft, 50)), "ttft_p99": float(np.percentile(ttft, 99)),
@@ -73,6 +75,7 @@ def newcomer_figures(trace: Trace, newcomer_id: str) -> dict[str, float]:
     newcomer = records.pop(newcomer_id)
     if not newcomer.token_times or not all(r.token_times for r in records.values()):
         raise ValueError("every request must have produced tokens (did the load finish?)")
-    gaps = np.concatenate([np.diff(np.asarray(r.visible_token_times, dtype=float)) for r in records.values()])
+    gaps = np.concatenate([np.diff(np.asarray(r.visible_token_times, dtype=float))
+                           for r in records.values()])
     return {"others_itl_p99": float(np.percentile(gaps, 99)), "others_max_gap": float(gaps.max()),
             "newcomer_ttft": float(newcomer.visible_token_times[0] - newcomer.arrival_time)}

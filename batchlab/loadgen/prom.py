@@ -36,7 +36,8 @@ def _samples(df: pd.DataFrame, family: str, suffix: str) -> pd.DataFrame:
     rows = df[(df["family"] == family) & (df["sample"] == family + suffix)]
     if rows.empty:
         known = sorted(df["family"].unique())
-        raise ValueError(f"family={family!r} has no {family + suffix!r} samples; the scrape holds {known}")
+        raise ValueError(f"family={family!r} has no {family + suffix!r} samples; the scrape "
+                         f"holds {known}")
     return rows
 
 
@@ -104,7 +105,8 @@ class GaugeSampler:
     """Scrapes ``<url>/metrics`` every ``interval`` seconds on a thread, keeping the ``families``'
     values (gauges such as ``vllm:num_requests_waiting``, summed over label sets) with the time::
 
-        with GaugeSampler(server.url, ["vllm:num_requests_running", "vllm:num_requests_waiting"]) as s:
+        with GaugeSampler(server.url,
+                          ["vllm:num_requests_running", "vllm:num_requests_waiting"]) as s:
             run_load(server.url, reqs)
         s.frame()              # one row per scrape: t (s since start) and one column per family
 
@@ -146,5 +148,6 @@ class GaugeSampler:
     def frame(self) -> pd.DataFrame:
         """The samples (``t`` and one column per family); raises if no scrape succeeded."""
         if not self.rows:
-            raise RuntimeError(f"no scrape of {self.url}/metrics succeeded ({self.error or 'none was made'})")
+            raise RuntimeError(f"no scrape of {self.url}/metrics succeeded "
+                               f"({self.error or 'none was made'})")
         return pd.DataFrame(self.rows)

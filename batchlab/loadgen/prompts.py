@@ -15,9 +15,9 @@ ROLES = ("system", "user", "assistant")
 
 
 def _fail(path: Path, line_no: int, why: str) -> None:
-    raise ValueError(f"prompts={str(path)!r} line {line_no}: {why}; must be a JSON object with \"prompt\" "
-                     "(a non-empty string) or \"messages\" (a list of {\"role\", \"content\"}), and optionally "
-                     "\"max_tokens\" (an int >= 1)")
+    raise ValueError(f"prompts={str(path)!r} line {line_no}: {why}; must be a JSON object with "
+                     "\"prompt\" (a non-empty string) or \"messages\" (a list of "
+                     "{\"role\", \"content\"}), and optionally \"max_tokens\" (an int >= 1)")
 
 
 def _count_tokens(tokenizer, prompt: str | None, messages: list[dict] | None) -> int:
@@ -30,7 +30,8 @@ def _count_tokens(tokenizer, prompt: str | None, messages: list[dict] | None) ->
 
 
 def read_prompts(path: str | Path, output_len: int, tokenizer=None) -> list[LoadRequest]:
-    """The prompts of a JSONL file as load requests ``p0, p1, ...`` (arrival times: see ``with_arrivals``)."""
+    """The prompts of a JSONL file as load requests ``p0, p1, ...`` (arrival times: see
+    ``with_arrivals``)."""
     check_int("output_len", output_len)
     path = Path(path)
     if not path.is_file():
@@ -56,7 +57,8 @@ def read_prompts(path: str | Path, output_len: int, tokenizer=None) -> list[Load
                 _fail(path, line_no, f"prompt={prompt!r}")
             if messages is not None and not (
                     isinstance(messages, list) and messages
-                    and all(isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+                    and all(isinstance(m, dict) and m.get("role") in ROLES
+                            and isinstance(m.get("content"), str)
                             for m in messages)):
                 _fail(path, line_no, f"messages={json.dumps(messages)[:80]}")
             max_tokens = row.get("max_tokens", output_len)
@@ -66,7 +68,8 @@ def read_prompts(path: str | Path, output_len: int, tokenizer=None) -> list[Load
                                    prompt_len=_count_tokens(tokenizer, prompt, messages),
                                    messages=messages))
     if not out:
-        raise ValueError(f"prompts={str(path)!r}; must hold at least one prompt (the file is empty)")
+        raise ValueError(f"prompts={str(path)!r}; must hold at least one prompt "
+                         "(the file is empty)")
     return out
 
 
@@ -85,6 +88,8 @@ def with_arrivals(requests: list[LoadRequest], n: int, arrival: str = "poisson",
 
 
 def as_text(requests: list[LoadRequest], tokenizer) -> list[LoadRequest]:
-    """Token-id prompts decoded to text (for the chat endpoint, or a server with another tokenizer)."""
+    """Token-id prompts decoded to text (for the chat endpoint, or a server with another
+    tokenizer)."""
     from dataclasses import replace
-    return [replace(r, prompt=tokenizer.decode(r.prompt)) if isinstance(r.prompt, list) else r for r in requests]
+    return [replace(r, prompt=tokenizer.decode(r.prompt)) if isinstance(r.prompt, list) else r
+            for r in requests]

@@ -44,7 +44,8 @@ class ClientRecord:
 
     @property
     def ok(self) -> bool:
-        return self.status_code == 200 and self.error is None and self.finish_reason in FINISHED_REASONS
+        return (self.status_code == 200 and self.error is None
+                and self.finish_reason in FINISHED_REASONS)
 
     @property
     def outcome(self) -> str:
@@ -56,7 +57,8 @@ class ClientRecord:
         if self.status_code is not None and self.status_code != 200:
             return f"HTTP {self.status_code}"
         if self.status_code == 200:
-            return "HTTP 200, error in stream" if self.error else f"HTTP 200, finish_reason {self.finish_reason}"
+            return ("HTTP 200, error in stream" if self.error
+                    else f"HTTP 200, finish_reason {self.finish_reason}")
         return (self.error or "not sent").split(":")[0]
 
     @property
@@ -74,7 +76,8 @@ class ClientRecord:
         if self.ok:
             return RequestStatus.FINISHED, FinishReason(self.finish_reason), None
         if self.status_code is not None and 400 <= self.status_code < 500:
-            return RequestStatus.REJECTED, FinishReason.REJECTED, f"HTTP {self.status_code}: {self.error}"
+            return (RequestStatus.REJECTED, FinishReason.REJECTED,
+                    f"HTTP {self.status_code}: {self.error}")
         why = self.error or f"finish_reason {self.finish_reason!r}"
         return RequestStatus.ABORTED, FinishReason.ABORT, f"HTTP {self.status_code}: {why}"
 
@@ -110,8 +113,8 @@ def server_trace(records: list[ClientRecord], meta: dict | None = None) -> Trace
         if not s or "engine_clock_unix_offset" not in s or not r.ok:
             continue
         times = [r.server_time(t) for t in s.get("token_times") or []]
-        if s.get("policy") in ("static", "dynamic") and s.get("first_token_time") is not None and times \
-                and s["first_token_time"] >= s.get("finish_time", 0):
+        if s.get("policy") in ("static", "dynamic") and s.get("first_token_time") is not None \
+                and times and s["first_token_time"] >= s.get("finish_time", 0):
             streamed = False                # handed back whole at release
         else:
             streamed = True
@@ -130,5 +133,6 @@ def server_trace(records: list[ClientRecord], meta: dict | None = None) -> Trace
 def chunk_gaps(records: list[ClientRecord]) -> np.ndarray:
     """Gaps between successive chunks (not tokens), pooled over finished requests: what a client
     that counts one token per chunk would call ITL."""
-    gaps = [np.diff(np.asarray(r.chunk_times, dtype=float)) for r in records if r.ok and len(r.chunk_times) > 1]
+    gaps = [np.diff(np.asarray(r.chunk_times, dtype=float)) for r in records
+            if r.ok and len(r.chunk_times) > 1]
     return np.concatenate(gaps) if gaps else np.empty(0)

@@ -28,7 +28,8 @@ class Schedule:
     ramp_up_end_rps: float | None = None
 
     def __post_init__(self) -> None:
-        if not (is_number(self.request_rate) and self.request_rate > 0 or self.request_rate == math.inf):
+        if not (is_number(self.request_rate) and self.request_rate > 0
+                or self.request_rate == math.inf):
             fail("request-rate", self.request_rate,
                  "a positive number of requests per second, or inf")
         if not (is_number(self.burstiness) and self.burstiness > 0 or self.burstiness == math.inf):
@@ -56,9 +57,11 @@ class Schedule:
 
     @property
     def label(self) -> str:
-        """How vLLM names this schedule in its result file: ``2.0qps``, ``infqps``, ``ramp-up-linear-1qps-4qps``."""
+        """How vLLM names this schedule in its result file: ``2.0qps``, ``infqps``,
+        ``ramp-up-linear-1qps-4qps``."""
         if self.ramp_up_strategy:
-            return f"ramp-up-{self.ramp_up_strategy}-{self.ramp_up_start_rps:g}qps-{self.ramp_up_end_rps:g}qps"
+            return (f"ramp-up-{self.ramp_up_strategy}-{self.ramp_up_start_rps:g}qps-"
+                    f"{self.ramp_up_end_rps:g}qps")
         return f"{self.request_rate}qps"
 
     def rate_at(self, i: int, n: int) -> float:

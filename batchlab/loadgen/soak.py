@@ -34,7 +34,8 @@ class SoakReport:
 
     @property
     def num_accepted(self) -> int:
-        return sum(n for (kind, outcome), n in self.outcomes.items() if outcome in ("ok", "disconnected"))
+        return sum(n for (kind, outcome), n in self.outcomes.items()
+                   if outcome in ("ok", "disconnected"))
 
 
 def _body(kind: str, rng: random.Random) -> dict:
@@ -81,7 +82,8 @@ async def _one(client: httpx.AsyncClient, kind: str, body: dict) -> str:
             for choice in chunk["choices"]:
                 finish = choice["finish_reason"] or finish
     if not done or finish not in ("length", "stop"):
-        raise AssertionError(f"the stream ended without [DONE] after a finish reason (finish={finish!r})")
+        raise AssertionError("the stream ended without [DONE] after a finish reason "
+                             f"(finish={finish!r})")
     return "ok"
 
 

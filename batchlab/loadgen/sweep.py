@@ -24,14 +24,16 @@ def parse_rates(text: str) -> list[float]:
         rates = [float(part) for part in str(text).split(",")]
     except ValueError:
         rates = []
-    if not rates or not all(math.isfinite(r) and r > 0 for r in rates) or len(set(rates)) != len(rates):
-        raise ValueError(f"rates={text!r}; must be distinct positive numbers separated by commas (requests "
-                         "per second), e.g. 1,2,4")
+    if (not rates or not all(math.isfinite(r) and r > 0 for r in rates)
+            or len(set(rates)) != len(rates)):
+        raise ValueError(f"rates={text!r}; must be distinct positive numbers separated by commas "
+                         "(requests per second), e.g. 1,2,4")
     return rates
 
 
 def parse_goodput(items: Iterable[str]) -> SLO:
-    """vLLM's ``--goodput KEY:MS ...`` (``ttft``, ``tpot``, ``e2el`` in milliseconds) → ``SLO`` (seconds)."""
+    """vLLM's ``--goodput KEY:MS ...`` (``ttft``, ``tpot``, ``e2el`` in milliseconds) → ``SLO``
+    (seconds)."""
     bounds: dict[str, float] = {}
     for item in items:
         key, _, ms = str(item).partition(":")
@@ -40,8 +42,9 @@ def parse_goodput(items: Iterable[str]) -> SLO:
         except ValueError:
             value = float("nan")
         if key not in GOODPUT_KEYS or not (math.isfinite(value) and value > 0):
-            raise ValueError(f"goodput={item!r}; must be KEY:MS with KEY one of {list(GOODPUT_KEYS)} and MS a "
-                             "positive number of milliseconds, e.g. ttft:500 tpot:50")
+            raise ValueError(f"goodput={item!r}; must be KEY:MS with KEY one of "
+                             f"{list(GOODPUT_KEYS)} and MS a positive number of milliseconds, "
+                             "e.g. ttft:500 tpot:50")
         bounds[GOODPUT_KEYS[key]] = value / 1000
     if not bounds:
         raise ValueError("goodput=[]; must give at least one KEY:MS, e.g. ttft:500")
@@ -49,7 +52,8 @@ def parse_goodput(items: Iterable[str]) -> SLO:
 
 
 def sweep_row(result: LoadResult, rate: float, slo: SLO | None) -> dict:
-    """One rate's row: its counts, rates and latencies (``summary_row``), outcomes, and whether it was cut."""
+    """One rate's row: its counts, rates and latencies (``summary_row``), outcomes, and whether it
+    was cut."""
     try:
         row = summary_row(result.trace, slo=slo)
     except ValueError:                   # nothing finished: no latencies, no goodput

@@ -1,4 +1,5 @@
-"""``vllm bench serve``'s result JSON (``--save-result``), written from a load and read from either client.
+"""``vllm bench serve``'s result JSON (``--save-result``), written from a load and read from
+either client.
 
 The rules and their reasons: ``docs/serving-over-http.md``.
 """
@@ -31,7 +32,8 @@ DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "g
 def parse_percentile_metrics(text: str) -> list[str]:
     """``--percentile-metrics ttft,tpot,itl,e2el``: names from ``PERCENTILE_METRICS``."""
     names = [m.strip() for m in str(text).split(",")]
-    if not names or not all(m in PERCENTILE_METRICS for m in names) or len(set(names)) != len(names):
+    if (not names or not all(m in PERCENTILE_METRICS for m in names)
+            or len(set(names)) != len(names)):
         fail("percentile-metrics", text,
              f"distinct comma-separated names from {list(PERCENTILE_METRICS)}",
              "e.g. ttft,tpot,itl,e2el")
@@ -72,7 +74,8 @@ def per_request(records: list[ClientRecord]) -> dict[str, list]:
 
 
 def _peaks(records: list[ClientRecord]) -> tuple[float, int]:
-    """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: the busiest one-second bucket."""
+    """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: the busiest one-second
+    bucket."""
     done = [r for r in records if _completed(r)]
     if not done:
         return 0.0, 0
@@ -125,7 +128,8 @@ def result_json(result, *, num_prompts: int, schedule, percentile_metrics: list[
     if detailed:
         out.update({"input_lens": input_lens, "output_lens": output_lens,
                     "ttfts": [r.ttft if _completed(r) else 0.0 for r in recs],
-                    "itls": [np.diff(r.token_times()).tolist() if _completed(r) else [] for r in recs],
+                    "itls": [np.diff(r.token_times()).tolist() if _completed(r) else []
+                             for r in recs],
                     "start_times": [r.send_time if r.send_time is not None else 0.0 for r in recs],
                     "generated_texts": [r.text for r in recs],
                     "errors": [r.error or "" for r in recs]})
@@ -134,7 +138,8 @@ def result_json(result, *, num_prompts: int, schedule, percentile_metrics: list[
     if result.max_concurrency is not None:
         values["client_queue_time"] = [q for r, q in zip(recs, queue) if _completed(r)]
         if rate < math.inf:
-            values["e2el_including_client_queue"] = [e + q for e, q in zip(per["e2el"], values["client_queue_time"])]
+            values["e2el_including_client_queue"] = [
+                e + q for e, q in zip(per["e2el"], values["client_queue_time"])]
     for metric in percentile_metrics:
         # the client-queue metrics exist only with --max-concurrency
         if metric in values:

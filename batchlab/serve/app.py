@@ -75,7 +75,8 @@ class ProtocolMiddleware:
 
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", request_id)]
+                message["headers"] = (list(message.get("headers", []))
+                                      + [(b"x-request-id", request_id)])
             await send(message)
 
         await self.app(scope, receive, send_with_id)

@@ -46,7 +46,8 @@ Event = TokenEvent | EndEvent | ErrorEvent
 @dataclass
 class Handle:
     """One accepted request, as its HTTP handler sees it: ``events`` brings ``TokenEvent``s as
-    tokens become visible, then exactly one ``EndEvent``, or an ``ErrorEvent`` if the engine failed."""
+    tokens become visible, then exactly one ``EndEvent``, or an ``ErrorEvent`` if the engine
+    failed."""
 
     request_id: str
     gen: GenerationRequest
@@ -93,7 +94,8 @@ class Bridge(EngineListener):
 
     def _tokens(self, o: RequestOutput, t: float) -> None:
         """One step's tokens of a request (several: a checked draft), counted as vLLM counts a
-        step's output (one inter-token gap), and posted as one event, so a stream sends one chunk."""
+        step's output (one inter-token gap), and posted as one event, so a stream sends one
+        chunk."""
         runner, req, tokens = self.runner, o.req, o.new_token_ids
         start = self.cached.get(req.request_id, 0)         # where its first chunk started
         external = start if req.kv_transfer is not None and start == req.kv_transfer.tokens else 0

@@ -92,7 +92,8 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         check_instance("engine", self.engine, EngineArgs, "an EngineArgs")
-        unhonoured = [f.name for f in dataclasses.fields(EngineArgs) if f.name not in SERVER_ENGINE_FLAGS
+        unhonoured = [f.name for f in dataclasses.fields(EngineArgs)
+                      if f.name not in SERVER_ENGINE_FLAGS
                       and getattr(self.engine, f.name) not in (None, "auto")]
         if unhonoured:
             fail(unhonoured[0], getattr(self.engine, unhonoured[0]),
@@ -109,21 +110,24 @@ class ServerConfig:
                        allow_none=True, hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
         if self.kv_transfer_config is not None:
             if self.policy != "continuous" or not self.paged:
-                raise ValueError(f"kv_transfer_config with policy={self.policy!r}, paged={self.paged}; must come "
-                                 "with policy='continuous' and paged=True (the hand-off names KV blocks, as vLLM's)")
+                raise ValueError(f"kv_transfer_config with policy={self.policy!r}, "
+                                 f"paged={self.paged}; must come with policy='continuous' and "
+                                 "paged=True (the hand-off names KV blocks, as vLLM's)")
         spec = self.speculative_config
         if spec is not None:
             check_runs_on_the_model(spec)
             if self.policy != "continuous" or self.simulate is not None:
-                raise ValueError(f"speculative_config with policy={self.policy!r}, simulate={self.simulate!r}; must "
-                                 "come with policy='continuous' (a request-level batch decodes in lockstep) and the "
-                                 "real model (a simulated device has no tokens to draft from)")
+                raise ValueError(f"speculative_config with policy={self.policy!r}, "
+                                 f"simulate={self.simulate!r}; must come with policy='continuous' "
+                                 "(a request-level batch decodes in lockstep) and the real model "
+                                 "(a simulated device has no tokens to draft from)")
             if spec.num_speculative_tokens >= self.engine.max_model_len:
-                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}; must be below "
-                                 f"max_model_len={self.engine.max_model_len}")
+                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}; must be "
+                                 f"below max_model_len={self.engine.max_model_len}")
 
     def cli_args(self) -> list[str]:
-        """``python -m batchlab.serve``'s arguments for this config (fields at their default left out)."""
+        """``python -m batchlab.serve``'s arguments for this config (fields at their default left
+        out)."""
         out: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -146,10 +150,12 @@ class ServerConfig:
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r}; must be an int >= 1")
         if not (isinstance(self.batch_timeout, (int, float)) and self.batch_timeout >= 0):
-            raise ValueError(f"batch_timeout={self.batch_timeout!r}; must be a number of seconds >= 0")
+            raise ValueError(f"batch_timeout={self.batch_timeout!r}; must be a number of "
+                             "seconds >= 0")
         if self.policy == "static" and self.max_waiting < self.batch_size:
-            raise ValueError(f"max_waiting={self.max_waiting} < batch_size={self.batch_size}: a static batch "
-                             "could never fill; allow at least batch_size waiting requests")
+            raise ValueError(f"max_waiting={self.max_waiting} < batch_size={self.batch_size}: "
+                             "a static batch could never fill; allow at least batch_size waiting "
+                             "requests")
         if not isinstance(self.model_name, str) or not self.model_name:
             raise ValueError(f"model_name={self.model_name!r}; must be a non-empty string")
         check_bool("paged", self.paged)
@@ -159,8 +165,8 @@ class ServerConfig:
         check_int("trace_window", self.trace_window, hint="ended requests the trace keeps")
         check_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes, allow_none=True)
         if self.engine.enable_prefix_caching and not self.paged:
-            raise ValueError("enable_prefix_caching=True; must come with paged=True (prefix caching "
-                             "shares whole KV blocks)")
+            raise ValueError("enable_prefix_caching=True; must come with paged=True "
+                             "(prefix caching shares whole KV blocks)")
         if self.simulate is not None:
             # a bad spec fails here, once
             device = SimulatedDevice.parse(self.simulate)

@@ -46,7 +46,8 @@ class Detokenizer:
         if self.stop and self.num_tokens > self.min_tokens:
             # a match ends in the new piece (the text before it was searched, or is too early)
             new_from = len(self.pending) - len(piece)
-            hits = [(i, s) for s in self.stop if (i := self.pending.find(s, max(0, new_from - len(s) + 1))) >= 0]
+            hits = [(i, s) for s in self.stop
+                    if (i := self.pending.find(s, max(0, new_from - len(s) + 1))) >= 0]
             if hits:
                 i, s = min(hits)
                 self.stopped = True

@@ -15,7 +15,7 @@ from batchlab.requests import Request, RequestStatus
 API_FINISH_REASONS = ("length", "stop")
 
 
-# --- how a request ended -----------------------------------------------------------------------------
+# --- how a request ended -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EndState:
     """``status``: "finished", "aborted" or "rejected". ``finish_reason``: the API's ("length",

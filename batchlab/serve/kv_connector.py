@@ -25,7 +25,7 @@ def prompt_hash(prompt_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:32]
 
 
-# --- the prefill side: exports kept until read -------------------------------------------------------
+# --- the prefill side: exports kept until read ---------------------------------------------------
 @dataclass
 class Export:
     """One finished prefill's KV, waiting for its decode worker: ``meta`` (shape, dtype, prompt,
@@ -114,7 +114,7 @@ def from_bytes(data: bytes, meta: dict):
     return torch.frombuffer(bytearray(data), dtype=dtype).view(*meta["shape"])
 
 
-# --- the decode side: pull, check, hand to the engine ------------------------------------------------
+# --- the decode side: pull, check, hand to the engine --------------------------------------------
 @dataclass
 class Received:
     """What a decode worker got: the KV (a tensor; None from a simulated prefill worker), its
@@ -130,15 +130,18 @@ def why_not_fits(meta: dict, mine: dict, prompt_ids: list[int]) -> str | None:
     for key in ("kv_shape", "dtype", "simulated"):
         if meta.get(key) != mine.get(key):
             return (f"the prefill worker's KV has {key}={meta.get(key)!r} and this server's cache "
-                    f"{key}={mine.get(key)!r}; both workers must serve the same model in the same dtype")
-    if meta.get("prompt_sha") != prompt_hash(prompt_ids) or meta.get("num_tokens") != len(prompt_ids):
-        return ("the prefill worker's KV is for another prompt (its tokens differ from this request's); the "
-                "decode request must carry the same prompt as the prefill request")
+                    f"{key}={mine.get(key)!r}; both workers must serve the same model in the "
+                    "same dtype")
+    if (meta.get("prompt_sha") != prompt_hash(prompt_ids)
+            or meta.get("num_tokens") != len(prompt_ids)):
+        return ("the prefill worker's KV is for another prompt (its tokens differ from this "
+                "request's); the decode request must carry the same prompt as the prefill request")
     theirs, ours = meta.get("block_size"), mine.get("block_size")
     if not (isinstance(theirs, int) and theirs > 0 and ours % theirs == 0):
-        return (f"block size mismatch: the prefill worker's KV blocks hold {theirs} tokens and this worker's "
-                f"{ours}; vLLM's NIXL connector needs the decode worker's block size to be a multiple of the "
-                "prefill worker's (its block_size_ratio), so batchlab refuses the pair too")
+        return (f"block size mismatch: the prefill worker's KV blocks hold {theirs} tokens and "
+                f"this worker's {ours}; vLLM's NIXL connector needs the decode worker's block "
+                "size to be a multiple of the prefill worker's (its block_size_ratio), so "
+                "batchlab refuses the pair too")
     return None
 
 
@@ -149,31 +152,33 @@ async def pull_kv(ask: TransferAsk, timeout_s: float, client) -> tuple[bytes, di
     try:
         response = await asyncio.wait_for(client.get(url), timeout_s)
     except asyncio.TimeoutError:
-        raise APIError(504, f"the KV of request {ask.remote_request_id!r} did not arrive from the prefill worker at "
-                            f"{ask.url} within kv_fetch_timeout={timeout_s:g} s",
+        raise APIError(504, f"the KV of request {ask.remote_request_id!r} did not arrive from the "
+                            f"prefill worker at {ask.url} within kv_fetch_timeout={timeout_s:g} s",
                             "kv_transfer_params",
                        "kv_transfer_error") from None
     except httpx.HTTPError as e:
         raise APIError(502, f"the prefill worker at {ask.url} did not deliver the KV of request "
-                            f"{ask.remote_request_id!r} ({type(e).__name__}: {e or 'connection lost'}); it may have "
-                            "died", "kv_transfer_params", "kv_transfer_error") from None
+                            f"{ask.remote_request_id!r} ({type(e).__name__}: "
+                            f"{e or 'connection lost'}); it may have died", "kv_transfer_params",
+                            "kv_transfer_error") from None
     if response.status_code != 200:
         try:
             why = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
             why = response.text[:200]
-        raise APIError(502, f"the prefill worker at {ask.url} answered HTTP {response.status_code} for the KV of "
-                            f"request {ask.remote_request_id!r}: {why}", "kv_transfer_params",
-                            "kv_transfer_error")
+        raise APIError(502, f"the prefill worker at {ask.url} answered HTTP {response.status_code} "
+                            f"for the KV of request {ask.remote_request_id!r}: {why}",
+                            "kv_transfer_params", "kv_transfer_error")
     try:
         meta = json.loads(response.headers[META_HEADER])
     except (KeyError, ValueError):
-        raise APIError(502, f"the answer from {ask.url} has no valid {META_HEADER} header: it is not a batchlab "
-                            "prefill worker's KV", "kv_transfer_params",
+        raise APIError(502, f"the answer from {ask.url} has no valid {META_HEADER} header: it is "
+                            "not a batchlab prefill worker's KV", "kv_transfer_params",
                             "kv_transfer_error") from None
     if len(response.content) != (meta["bytes"] if meta.get("shape") else 0):
-        raise APIError(502, f"the KV of request {ask.remote_request_id!r} arrived cut short ({len(response.content)} "
-                            f"of {meta['bytes']} bytes); the prefill worker may have died mid-transfer",
+        raise APIError(502, f"the KV of request {ask.remote_request_id!r} arrived cut short "
+                            f"({len(response.content)} of {meta['bytes']} bytes); the prefill "
+                            "worker may have died mid-transfer",
                        "kv_transfer_params", "kv_transfer_error")
     return response.content, meta
 
@@ -192,22 +197,26 @@ class KVConnector:
         self._client = None
 
     def ask(self, params: object, stream: bool) -> TransferAsk | None:
-        """What ``params`` (a body's ``kv_transfer_params``) ask of this server; a 400 if it may not."""
+        """What ``params`` (a body's ``kv_transfer_params``) ask of this server; a 400 if it may
+        not."""
         ask = parse_transfer_params(params)
         if ask is None:
             return None
         if not self.config.may(ask.part):
-            raise APIError(400, f"kv_transfer_params ask this server for the {ask.part} part, and its kv_role is "
-                                f"{self.config.kv_role!r}", "kv_transfer_params")
+            raise APIError(400, f"kv_transfer_params ask this server for the {ask.part} part, "
+                                f"and its kv_role is {self.config.kv_role!r}",
+                                "kv_transfer_params")
         if ask.part == "prefill" and stream:
-            raise APIError(400, "kv_transfer_params.do_remote_decode needs stream=false: the prefill part's answer "
-                                "carries the parameters the decode part needs", "stream")
+            raise APIError(400, "kv_transfer_params.do_remote_decode needs stream=false: the "
+                                "prefill part's answer carries the parameters the decode part "
+                                "needs", "stream")
         return ask
 
     def export(self, copy, req) -> None:
         """A prefill finished: keep its KV (``copy``: the engine's ``KVCopy``) until it is read."""
         kv = copy.kv
-        num_bytes = req.prompt_len * self.bytes_per_token if kv is None else kv.numel() * kv.element_size()
+        num_bytes = (req.prompt_len * self.bytes_per_token if kv is None
+                     else kv.numel() * kv.element_size())
         meta = export_meta(req, kv, self.cache, copy.block_ids, num_bytes)
         self.exports.put(req.request_id, meta, b"" if kv is None else to_bytes(kv))
 

@@ -66,14 +66,16 @@ class KVTransferConfig:
                 text = json.loads(text)
             except ValueError as e:
                 raise ValueError(f"kv_transfer_config={text!r} is not JSON ({e}); must be like "
-                                 f'\'{{"kv_connector": "{CONNECTOR}", "kv_role": "kv_both"}}\'') from None
+                                 f'\'{{"kv_connector": "{CONNECTOR}", '
+                                 '"kv_role": "kv_both"}\'') from None
         if not isinstance(text, dict):
             fail("kv_transfer_config", text, "a JSON object")
         unknown = set(text) - {"kv_connector", "kv_role", "kv_load_failure_policy", "engine_id",
                                "kv_connector_extra_config"}
         if unknown:
-            raise ValueError(f"kv_transfer_config has {sorted(unknown)}; allowed: kv_connector, kv_role, "
-                             "kv_load_failure_policy, engine_id, kv_connector_extra_config")
+            raise ValueError(f"kv_transfer_config has {sorted(unknown)}; allowed: "
+                             "kv_connector, kv_role, kv_load_failure_policy, engine_id, "
+                             "kv_connector_extra_config")
         return cls(**text)
 
     def to_json(self) -> str:
@@ -96,10 +98,11 @@ class KVTransferConfig:
 
     def may(self, part: str) -> bool:
         """May this server play ``part`` (``"prefill"`` or ``"decode"``)?"""
-        return self.kv_role == "kv_both" or self.kv_role == ("kv_producer" if part == "prefill" else "kv_consumer")
+        return (self.kv_role == "kv_both"
+                or self.kv_role == ("kv_producer" if part == "prefill" else "kv_consumer"))
 
 
-# --- the request's parameters ----------------------------------------------------------------------
+# --- the request's parameters --------------------------------------------------------------------
 @dataclass(frozen=True)
 class TransferAsk:
     """What a request's ``kv_transfer_params`` ask of this server: ``part`` is ``"prefill"``
@@ -111,7 +114,8 @@ class TransferAsk:
 
 
 def parse_transfer_params(params: object) -> TransferAsk | None:
-    """The ask in a body's ``kv_transfer_params`` (vLLM's NIXL fields), or None when it asks nothing."""
+    """The ask in a body's ``kv_transfer_params`` (vLLM's NIXL fields), or None when it asks
+    nothing."""
     if params is None:
         return None
     if not isinstance(params, dict):
@@ -124,17 +128,20 @@ def parse_transfer_params(params: object) -> TransferAsk | None:
             raise APIError(400, f"kv_transfer_params.{name}={value!r}; must be true or false",
                            "kv_transfer_params")
     if decode_there and prefill_there:
-        raise APIError(400, "kv_transfer_params asks for both do_remote_decode and do_remote_prefill; a request "
-                            "is either the prefill part or the decode part", "kv_transfer_params")
+        raise APIError(400, "kv_transfer_params asks for both do_remote_decode and "
+                            "do_remote_prefill; a request is either the prefill part or the "
+                            "decode part", "kv_transfer_params")
     if decode_there:
         return TransferAsk("prefill")
     if not prefill_there:
         return None
-    host, port, rid = params.get("remote_host"), params.get("remote_port"), params.get("remote_request_id")
+    host, port, rid = (params.get("remote_host"), params.get("remote_port"),
+                       params.get("remote_request_id"))
     if not (isinstance(host, str) and host and isinstance(port, int) and not isinstance(port, bool)
             and 0 < port < 65536 and isinstance(rid, str) and rid):
-        raise APIError(400, f"kv_transfer_params with do_remote_prefill need remote_host (a string), remote_port "
-                            f"(1-65535) and remote_request_id (a string); got {host!r}, {port!r}, {rid!r}",
+        raise APIError(400, "kv_transfer_params with do_remote_prefill need remote_host "
+                            "(a string), remote_port (1-65535) and remote_request_id (a string); "
+                            f"got {host!r}, {port!r}, {rid!r}",
                        "kv_transfer_params")
     return TransferAsk("decode", f"http://{host}:{port}", rid)
 

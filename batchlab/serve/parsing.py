@@ -16,7 +16,8 @@ from batchlab.serve.protocol import (CHAT_ROLES, DEFAULT_COMPLETION_MAX_TOKENS, 
 
 def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max_model_len: int,
                      root: str | None = None) -> GenerationRequest:
-    """Check a completions (``kind="completion"``) or chat (``"chat"``) body; 4xx on the first fault."""
+    """Check a completions (``kind="completion"``) or chat (``"chat"``) body; 4xx on the first
+    fault."""
     check_fields(body, IMPLEMENTED_FIELDS[kind])
     check_model(body, served_model, root)
     prompt_ids = _prompt(body, kind, tokenizer, max_model_len)
@@ -30,8 +31,8 @@ def parse_generation(body: dict, kind: str, *, served_model: str, tokenizer, max
     options = _stream_options(body)
     echo_text = None
     if flags["echo"] and sampling.logprobs is not None:
-        raise bad("echo", "echo=true with logprobs needs the prompt's log-probabilities (prompt_logprobs), which "
-                          "the engine does not keep; send one of them")
+        raise bad("echo", "echo=true with logprobs needs the prompt's log-probabilities "
+                          "(prompt_logprobs), which the engine does not keep; send one of them")
     if flags["echo"]:
         prompt = body["prompt"]
         echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt_ids)
@@ -58,8 +59,8 @@ def _prompt(body: dict, kind: str, tokenizer, max_model_len: int) -> list[int]:
     if len(prompt_ids) >= max_model_len:
         raise bad(prompt_field,
                   f"This model's maximum context length is {max_model_len} tokens. However, your "
-                                f"prompt is {len(prompt_ids)} tokens, and it must leave room for at least one "
-                                "output token (max_model_len, as vLLM words it)")
+                  f"prompt is {len(prompt_ids)} tokens, and it must leave room for at least one "
+                  "output token (max_model_len, as vLLM words it)")
     return prompt_ids
 
 
@@ -79,9 +80,9 @@ def _max_tokens(body: dict, kind: str, prompt_len: int, max_model_len: int) -> i
     if prompt_len + max_tokens > max_model_len:
         raise bad(max_field,
                   f"This model's maximum context length is {max_model_len} tokens. However, you "
-                             f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
-                             f"{max_tokens} in the completion): {max_field}={max_tokens}; ask for at most "
-                             f"{max_model_len - prompt_len}")
+                  f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+                  f"{max_tokens} in the completion): {max_field}={max_tokens}; ask for at most "
+                  f"{max_model_len - prompt_len}")
     return max_tokens
 
 
@@ -95,7 +96,8 @@ def _stops(body: dict, vocab: int) -> tuple[list[str], list[int]]:
         raise bad("stop", f"stop={stop!r}; must be a non-empty string or a list of at most "
                           f"{MAX_STOP_STRINGS} non-empty strings")
     stop_token_ids = optional(body, "stop_token_ids", [])
-    if not isinstance(stop_token_ids, list) or not all(is_int(t) and 0 <= t < vocab for t in stop_token_ids):
+    if not isinstance(stop_token_ids, list) or not all(is_int(t) and 0 <= t < vocab
+                                                       for t in stop_token_ids):
         raise bad("stop_token_ids",
                   f"stop_token_ids={short(stop_token_ids)}; must be a list of token ids "
                                     f"in [0, {vocab})")
@@ -175,8 +177,9 @@ def _logprobs(body: dict, kind: str) -> int | None:
         if n is None:
             return None
         if not is_int(n) or not 0 <= n <= MAX_LOGPROBS:
-            raise bad("logprobs", f"logprobs={n!r}; must be null or an integer in [0, {MAX_LOGPROBS}] (how many "
-                                  "most likely tokens to return per token)")
+            raise bad("logprobs", f"logprobs={n!r}; must be null or an integer in "
+                                  f"[0, {MAX_LOGPROBS}] (how many most likely tokens to return "
+                                  "per token)")
         return n
     on = optional(body, "logprobs", False)
     if not isinstance(on, bool):
@@ -223,10 +226,12 @@ def _chat_prompt(body: dict, tokenizer, add_generation_prompt: bool = True) -> l
             raise bad(f"messages[{i}].role",
                       f"messages[{i}].role={role!r}; allowed: {list(CHAT_ROLES)}")
         if isinstance(content, list):       # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str)
                        for p in content):
-                raise bad(f"messages[{i}].content", f"messages[{i}].content: only text parts "
-                                                    "({\"type\": \"text\", \"text\": ...}) are supported")
+                raise bad(f"messages[{i}].content",
+                          f"messages[{i}].content: only text parts "
+                          "({\"type\": \"text\", \"text\": ...}) are supported")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content",
@@ -240,10 +245,12 @@ def _chat_prompt(body: dict, tokenizer, add_generation_prompt: bool = True) -> l
 # --- /tokenize and /detokenize (vLLM's routes) ----------------------------------------------------
 def parse_tokenize(body: dict, *, served_model: str, tokenizer,
                    root: str | None = None) -> tuple[list[int], bool]:
-    """``(token ids, return_token_strs)`` for a ``/tokenize`` body: ``prompt`` (a string) or ``messages``."""
+    """``(token ids, return_token_strs)`` for a ``/tokenize`` body: ``prompt`` (a string) or
+    ``messages``."""
     chat = "messages" in body
     names = ("model", "return_token_strs") + (
-        ("messages", "add_generation_prompt", "add_special_tokens") if chat else ("prompt", "add_special_tokens"))
+        ("messages", "add_generation_prompt", "add_special_tokens") if chat
+        else ("prompt", "add_special_tokens"))
     for name in body:
         if name not in names:
             raise bad(name, f"{name}={short(body[name])}; /tokenize accepts {list(names)}")

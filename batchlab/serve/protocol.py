@@ -148,7 +148,8 @@ def check_fields(body: dict, implemented: tuple[str, ...]) -> list[str]:
 
 
 def _same(value: object, allowed: object) -> bool:
-    """Equal, with booleans kept apart from numbers (``logprobs: 0`` asks for something; ``false`` does not)."""
+    """Equal, with booleans kept apart from numbers (``logprobs: 0`` asks for something;
+    ``false`` does not)."""
     if isinstance(value, bool) or isinstance(allowed, bool):
         return value is allowed
     return value == allowed

@@ -27,7 +27,8 @@ def _logprob(value: float) -> float:
 
 
 def _entries(lp) -> list[tuple[int, float]]:
-    """vLLM's order for one position: the sampled token first, then the most likely ones (once each)."""
+    """vLLM's order for one position: the sampled token first, then the most likely ones (once
+    each)."""
     out = {lp.token_id: lp.logprob}
     for token, value in lp.top:
         out.setdefault(token, value)
@@ -59,7 +60,8 @@ def chat_logprobs(logprobs: list, num_top: int, decode) -> dict:
         return {"token": token, "logprob": _logprob(value),
                 "bytes": list(token.encode("utf-8", errors="replace"))}
     return {"content": [{**item(lp.token_id, lp.logprob),
-                         "top_logprobs": [item(t, v) for t, v in _entries(lp)[:num_top]]} for lp in logprobs]}
+                         "top_logprobs": [item(t, v) for t, v in _entries(lp)[:num_top]]}
+                        for lp in logprobs]}
 
 
 def response_body(gen: GenerationRequest, request_id: str, text: str, finish_reason: str | None,

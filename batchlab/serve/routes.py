@@ -160,8 +160,8 @@ def client_request_id(request: Request) -> str | None:
     if value is None:
         return None
     if not value or len(value) > MAX_REQUEST_ID_CHARS or not value.isprintable():
-        raise APIError(400, f"X-Request-Id={value[:60]!r}; must be 1 to {MAX_REQUEST_ID_CHARS} printable "
-                            "characters", "X-Request-Id")
+        raise APIError(400, f"X-Request-Id={value[:60]!r}; must be 1 to "
+                            f"{MAX_REQUEST_ID_CHARS} printable characters", "X-Request-Id")
     return value
 
 
@@ -172,8 +172,8 @@ async def _hand_off(runner: EngineRunner,
     if gen.kv_transfer_params is None:
         return None, None
     if runner.connector is None:
-        LOG.warning("kv_transfer_params ignored: this server has no --kv-transfer-config, so it computes the "
-                    "whole prompt and keeps no KV for others")
+        LOG.warning("kv_transfer_params ignored: this server has no --kv-transfer-config, so it "
+                    "computes the whole prompt and keeps no KV for others")
         return None, None
     transfer = runner.connector.ask(gen.kv_transfer_params, gen.stream)
     if transfer is None or transfer.part == "prefill":

@@ -24,7 +24,8 @@ from batchlab.serve.simulated import placeholder_token_id
 
 
 def _transfer_timings(handle: Handle) -> dict | None:
-    """The hand-off in a response's timings: the part played, and for the decode part the KV received."""
+    """The hand-off in a response's timings: the part played, and for the decode part the KV
+    received."""
     if handle.transfer is None:
         return None
     got = handle.received
@@ -55,7 +56,8 @@ class EngineRunner:
             self.lm = None
             self.tokenizer = lm.tokenizer if lm is not None else load_tokenizer()
             self.backend = self.device.backend(config, placeholder_token_id(self.tokenizer))
-        self.model_root = config.model_root or getattr(self.tokenizer, "name_or_path", None) or self.lm.name
+        self.model_root = (config.model_root or getattr(self.tokenizer, "name_or_path", None)
+                           or self.lm.name)
         self.scheduler = config.make_scheduler()
         self.streams = self.scheduler.streams_tokens
         self.engine = Engine(self.scheduler, self.backend, clock="wall")
@@ -79,7 +81,8 @@ class EngineRunner:
         self.connector = None if config.kv_transfer_config is None else self._connector(config)
 
     def _connector(self, config: ServerConfig) -> KVConnector:
-        """The KV hand-off of disaggregated serving, with this server's cache as a peer must match it."""
+        """The KV hand-off of disaggregated serving, with this server's cache as a peer must match
+        it."""
         transfer = config.kv_transfer_config
         if self.device is None:
             kv = self.backend.kv
@@ -135,9 +138,11 @@ class EngineRunner:
 
     def release_memory(self) -> None:
         """Once the engine thread has ended, drop what holds memory (weights, KV cache; the trace
-        stays): an app's route functions outlive their server in FastAPI's caches, holding this runner."""
+        stays): an app's route functions outlive their server in FastAPI's caches, holding this
+        runner."""
         if self.thread is not None and self.thread.is_alive():
-            raise RuntimeError("release_memory() while the engine thread runs; shut down and join it first")
+            raise RuntimeError("release_memory() while the engine thread runs; shut down and "
+                               "join it first")
         self.engine = self.backend = self.scheduler = self.lm = self.window.engine = None
 
     # --- requests ---------------------------------------------------------------------------------
@@ -187,20 +192,23 @@ class EngineRunner:
                                 f"(--max-waiting {self.config.max_waiting}); retry later", None,
                            "rate_limit_exceeded", headers={"Retry-After": "1"})
         if self.config.simulate and gen.sampling.logprobs is not None:
-            raise APIError(400, "logprobs: a simulated server draws placeholder tokens, not the model's, so it has "
-                                "no log-probabilities; ask a server that runs the model",
+            raise APIError(400, "logprobs: a simulated server draws placeholder tokens, not the "
+                                "model's, so it has no log-probabilities; ask a server that runs "
+                                "the model",
                                 "logprobs")
 
     def _engine_request(self, gen: GenerationRequest, transfer: TransferAsk | None,
                         received: Received | None) -> Request:
         """The engine's request for ``gen``: a fresh id, the end-of-sequence token among its stops
         (unless ``ignore_eos``), and its part in a KV hand-off."""
-        eos = () if gen.ignore_eos or self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,)
+        eos = (() if gen.ignore_eos or self.tokenizer.eos_token_id is None
+               else (self.tokenizer.eos_token_id,))
         stop_ids = tuple(dict.fromkeys(eos + tuple(gen.stop_token_ids)))
         prefix = "cmpl" if gen.kind == "completion" else "chatcmpl"
         # KV received: all but the last token's
         n = len(gen.prompt_ids) - 1 if received is not None else 0
-        kv = KVTransfer(n, received.kv, received.transfer_s if self.device is not None else 0.0) if n else None
+        kv = (KVTransfer(n, received.kv, received.transfer_s if self.device is not None else 0.0)
+              if n else None)
         return Request(f"{prefix}-{uuid.uuid4().hex[:24]}", gen.prompt_ids, gen.max_tokens, 0.0,
                        gen.sampling, stop_token_ids=stop_ids, kv_transfer=kv,
                        kv_export=transfer is not None and transfer.part == "prefill")
@@ -263,4 +271,5 @@ class EngineRunner:
                 "trace_window": self.config.trace_window,
                 "trace_forgotten": self.window.num_forgotten, "simulated": self.config.simulate,
                 "kv_exports_held": None if self.connector is None else len(self.connector.exports),
-                "kv_exports_expired": None if self.connector is None else self.connector.exports.num_expired}
+                "kv_exports_expired": (None if self.connector is None
+                                       else self.connector.exports.num_expired)}

@@ -19,13 +19,14 @@ from batchlab.vllm_sim import VllmReplica
 DEFAULT_SHAPE = "Llama-3-8B"
 PLACEHOLDER_TEXT = " x"
 ADDITIVE_FIT_SHAPE = "SmolLM2-135M"     # the additive CPU fit is of the course's model
-NOTE = "simulated device: step times are a cost model's predictions; generated tokens are placeholders"
+NOTE = ("simulated device: step times are a cost model's predictions; generated tokens are "
+        "placeholders")
 
 
 def allowed_specs() -> str:
     devices = ", ".join(sorted(load_device_presets()))
-    return (f"a GPU preset ({devices}), MODEL@DEVICE with MODEL one of {sorted(MODEL_SHAPES)}, or the path "
-            "of a saved cost model (.json)")
+    return (f"a GPU preset ({devices}), MODEL@DEVICE with MODEL one of {sorted(MODEL_SHAPES)}, "
+            "or the path of a saved cost model (.json)")
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class SimulatedDevice:
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            raise ValueError(f"simulate={spec!r}: cannot read a cost model from it ({type(e).__name__}: {e}); "
-                             f"must be {allowed_specs()}") from None
+            raise ValueError(f"simulate={spec!r}: cannot read a cost model from it "
+                             f"({type(e).__name__}: {e}); must be {allowed_specs()}") from None
         if isinstance(data, dict) and "shape" in data:
             model = RooflineCostModel.from_dict(data)
             return cls(spec, model, model.shape, model.dtype_bytes)
@@ -74,9 +75,10 @@ class SimulatedDevice:
             return max_num_seqs * max_model_len
         tokens = kv_cache_memory_bytes // self.shape.kv_bytes_per_token(self.dtype_bytes)
         if tokens < max_model_len:
-            raise ValueError(f"kv_cache_memory_bytes={kv_cache_memory_bytes}: holds {tokens} tokens of "
-                             f"{self.shape.name}, fewer than max_model_len={max_model_len}; must hold at least one "
-                             "whole sequence")
+            raise ValueError(f"kv_cache_memory_bytes={kv_cache_memory_bytes}: holds {tokens} "
+                             f"tokens of {self.shape.name}, fewer than "
+                             f"max_model_len={max_model_len}; must hold at least one whole "
+                             "sequence")
         return tokens
 
     def backend(self, config, placeholder_token: int) -> SimBackend:
@@ -97,7 +99,8 @@ def placeholder_token_id(tokenizer) -> int:
     """The one token every simulated step samples (``PLACEHOLDER_TEXT``)."""
     ids = tokenizer.encode(PLACEHOLDER_TEXT, add_special_tokens=False)
     if len(ids) != 1:
-        raise ValueError(f"PLACEHOLDER_TEXT={PLACEHOLDER_TEXT!r} is {len(ids)} tokens for this tokenizer; must be one")
+        raise ValueError(f"PLACEHOLDER_TEXT={PLACEHOLDER_TEXT!r} is {len(ids)} tokens for this "
+                         "tokenizer; must be one")
     return ids[0]
 
 

@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse
 from batchlab.serve.bridge import EndEvent, ErrorEvent, Event, Handle, TokenEvent
 from batchlab.serve.detok import Detokenizer
 from batchlab.serve.protocol import APIError, GenerationRequest
-from batchlab.serve.responses import (chat_logprobs, chunk_body, completion_logprobs, error_response, response_body,
-                                      sse, usage)
+from batchlab.serve.responses import (chat_logprobs, chunk_body, completion_logprobs,
+                                      error_response, response_body, sse, usage)
 from batchlab.serve.runner import EngineRunner
 
 LOG = logging.getLogger("batchlab.serve")
@@ -23,13 +23,15 @@ KEEPALIVE_S = 1.0     # an SSE comment line after this long without an event (de
 
 
 class ResponseText:
-    """One response's text and token count as events arrive (shared by streamed and whole answers)."""
+    """One response's text and token count as events arrive (shared by streamed and whole
+    answers)."""
 
     def __init__(self, runner: EngineRunner, handle: Handle) -> None:
         gen = handle.gen
         self.runner, self.handle = runner, handle
-        self.detok = Detokenizer(runner.tokenizer, gen.stop, gen.include_stop, gen.skip_special_tokens,
-                                 gen.stop_token_ids, gen.sampling.min_tokens)
+        self.detok = Detokenizer(runner.tokenizer, gen.stop, gen.include_stop,
+                                 gen.skip_special_tokens, gen.stop_token_ids,
+                                 gen.sampling.min_tokens)
         self.echo = gen.echo_text or ""           # sent before the first piece of the answer
         self.logprobs_sent = 0                    # output tokens whose log-probabilities went out
         self.text_offset = 0                      # completions' text_offset of the next one
@@ -107,7 +109,8 @@ async def stream_events(runner: EngineRunner, handle: Handle) -> AsyncIterator[b
             last = events[-1]
             if isinstance(last, ErrorEvent):
                 ended = True
-                yield sse({"error": {"message": last.message, "type": "server_error", "param": None, "code": 500}})
+                yield sse({"error": {"message": last.message, "type": "server_error",
+                                     "param": None, "code": 500}})
                 yield sse("[DONE]")
                 return
             text = out.take([t for e in events if isinstance(e, TokenEvent) for t in e.token_ids])
@@ -122,7 +125,8 @@ async def stream_events(runner: EngineRunner, handle: Handle) -> AsyncIterator[b
                 chunk["usage"] = usage(len(gen.prompt_ids), out.num_tokens)
             yield sse(chunk)
     finally:
-        if not ended:                            # the client went away (or the stream was cancelled)
+        # the client went away (or the stream was cancelled)
+        if not ended:
             runner.abort(handle.request_id, "client disconnected")
 
 
@@ -171,15 +175,18 @@ async def whole_response(runner: EngineRunner, handle: Handle, request: Request)
             timings = event.timings
             more, finish = out.finish(timings, event.token_ids)
             if finish == "abort":                # e.g. the server is shutting down
-                LOG.warning("request %s ended after %d tokens: %s", handle.request_id, out.num_tokens,
-                            timings["finish_detail"])
-                return error_response(APIError(503, f"the request was ended after {out.num_tokens} tokens: "
-                                            f"{timings['finish_detail']}", None, "service_unavailable"))
-            body = response_body(gen, _response_id(handle), "".join(parts) + more, finish, out.num_tokens, timings,
-                                 out.logprobs())
-            if handle.transfer is not None and handle.transfer.part == "prefill":   # where the decode part pulls
+                LOG.warning("request %s ended after %d tokens: %s", handle.request_id,
+                            out.num_tokens, timings["finish_detail"])
+                return error_response(APIError(
+                    503, f"the request was ended after {out.num_tokens} tokens: "
+                         f"{timings['finish_detail']}", None, "service_unavailable"))
+            body = response_body(gen, _response_id(handle), "".join(parts) + more, finish,
+                                 out.num_tokens, timings, out.logprobs())
+            # where the decode part pulls
+            if handle.transfer is not None and handle.transfer.part == "prefill":
                 host, port = request.scope.get("server") or ("127.0.0.1", 0)
-                body["kv_transfer_params"] = runner.connector.params_for_decode(handle.request_id, host, port)
+                body["kv_transfer_params"] = runner.connector.params_for_decode(handle.request_id,
+                                                                                host, port)
             return JSONResponse(body)
     finally:
         watcher.cancel()

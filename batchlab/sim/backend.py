@@ -29,15 +29,16 @@ _NOISE_BLOCK = 4096  # noise factors drawn at a time (numpy is fast per block, s
 class SimBackend(Backend):
     """Predicts step durations with ``cost_model``; see the module docstring for the rules."""
 
-    def __init__(self, cost_model: CostModel, kv_capacity_tokens: int, max_seq_len: int | None = None,
-                 noise: float = 0.0, seed: int = 0, block_size: int | None = None,
-                 enable_prefix_caching: bool = False, reserve_blocks: int = 0,
-                 placeholder_token: int = PLACEHOLDER_TOKEN,
+    def __init__(self, cost_model: CostModel, kv_capacity_tokens: int,
+                 max_seq_len: int | None = None, noise: float = 0.0, seed: int = 0,
+                 block_size: int | None = None, enable_prefix_caching: bool = False,
+                 reserve_blocks: int = 0, placeholder_token: int = PLACEHOLDER_TOKEN,
                  speculative_config: SpeculativeConfig | None = None,
                  acceptance: AcceptanceModel | None = None) -> None:
         if not isinstance(cost_model, StepTimeModel):
-            raise ValueError(f"cost_model={cost_model!r}; must be a CostModel (CostModel.load(path) "
-                             "reads a saved fit) or a RooflineCostModel (steptime.roofline)")
+            raise ValueError(f"cost_model={cost_model!r}; must be a CostModel "
+                             "(CostModel.load(path) reads a saved fit) or a RooflineCostModel "
+                             "(steptime.roofline)")
         check_number("noise", noise, hint="the lognormal sigma, 0 = no noise")
         check_int("seed", seed, minimum=-2**63)
         check_int("placeholder_token", placeholder_token, minimum=PLACEHOLDER_TOKEN)
@@ -54,12 +55,15 @@ class SimBackend(Backend):
                                                enable_prefix_caching, reserve_blocks)
         self.noise = float(noise)
         self.seed = seed
-        check_instance("speculative_config", speculative_config, SpeculativeConfig, "a SpeculativeConfig",
-                       allow_none=True, hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
+        check_instance("speculative_config", speculative_config, SpeculativeConfig,
+                       "a SpeculativeConfig", allow_none=True,
+                       hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
         self.speculative = speculative_config
-        if (self.speculative is None) != (acceptance is None) or not isinstance(acceptance, (AcceptanceModel, type(None))):
-            raise ValueError(f"acceptance={acceptance!r}: a speculative config needs an AcceptanceModel (how many "
-                             "drafted tokens a check accepts), and an AcceptanceModel needs a speculative config")
+        if ((self.speculative is None) != (acceptance is None)
+                or not isinstance(acceptance, (AcceptanceModel, type(None)))):
+            raise ValueError(f"acceptance={acceptance!r}: a speculative config needs an "
+                             "AcceptanceModel (how many drafted tokens a check accepts), and an "
+                             "AcceptanceModel needs a speculative config")
         self._draft_pass = self._draft_pass_model(cost_model)
         if self.speculative is not None and hasattr(cost_model, "speculating"):
             # the engine as vLLM runs this drafter
@@ -70,10 +74,12 @@ class SimBackend(Backend):
         self.reset()
 
     @classmethod
-    def for_args(cls, cost_model: StepTimeModel, kv_capacity_tokens: int, args: EngineArgs, *, paged: bool = True,
-                 noise: float = 0.0, seed: int = 0, placeholder_token: int = PLACEHOLDER_TOKEN) -> "SimBackend":
+    def for_args(cls, cost_model: StepTimeModel, kv_capacity_tokens: int, args: EngineArgs, *,
+                 paged: bool = True, noise: float = 0.0, seed: int = 0,
+                 placeholder_token: int = PLACEHOLDER_TOKEN) -> "SimBackend":
         """The simulator under vLLM's flags ``args`` (their context length, blocks and prefix
-        caching; a reserving, slot-like cache with ``paged=False``): the one builder of it from flags."""
+        caching; a reserving, slot-like cache with ``paged=False``): the one builder of it from
+        flags."""
         return cls(cost_model, kv_capacity_tokens, args.max_model_len, noise, seed,
                    args.block_size if paged else None, bool(args.enable_prefix_caching),
                    placeholder_token=placeholder_token)
@@ -84,13 +90,15 @@ class SimBackend(Backend):
         method = None if self.speculative is None else self.speculative.method
         if method == "early_exit":
             if not hasattr(cost_model, "early_exit"):
-                raise ValueError(f"method='early_exit' needs a cost model that knows the model's layers (a "
-                                 f"RooflineCostModel or a VllmStepModel), not {type(cost_model).__name__}")
+                raise ValueError("method='early_exit' needs a cost model that knows the model's "
+                                 "layers (a RooflineCostModel or a VllmStepModel), not "
+                                 f"{type(cost_model).__name__}")
             return cost_model.early_exit(self.speculative.early_exit_layer)
         if method == "draft_model":
             if not hasattr(cost_model, "draft_model"):
-                raise ValueError(f"method='draft_model' needs a cost model that prices another model's kernels on "
-                                 f"the same GPUs (a VllmStepModel), not {type(cost_model).__name__}")
+                raise ValueError("method='draft_model' needs a cost model that prices another "
+                                 "model's kernels on the same GPUs (a VllmStepModel), not "
+                                 f"{type(cost_model).__name__}")
             return cost_model.draft_model(self.speculative.model)
         return None
 
@@ -132,7 +140,8 @@ class SimBackend(Backend):
             if not c.samples:
                 continue
             rid, req = c.request_id, requests[c.request_id]
-            stream = self._streams.get(rid) or self._streams.setdefault(rid, self.acceptance.stream(rid))
+            stream = (self._streams.get(rid)
+                      or self._streams.setdefault(rid, self.acceptance.stream(rid)))
             emitted = 1
             if c.draft:
                 del result.new_tokens[rid]
@@ -187,7 +196,8 @@ class SimBackend(Backend):
         else:
             # cost_model.predict_features, written out: this runs once per simulated step.
             fixed, per_seq, per_token, per_pair = self._coefficients
-            duration = fixed + per_seq * num_seqs + per_token * num_tokens + per_pair * attention_pairs
+            duration = (fixed + per_seq * num_seqs + per_token * num_tokens
+                        + per_pair * attention_pairs)
         if self.noise:
             i = self._noise_next
             if i == len(self._noise_factors):
@@ -209,5 +219,5 @@ class SimBackend(Backend):
         if isinstance(self.kv, BlockManager):
             seq += (f", block_size={self.kv.block_size}, enable_prefix_caching="
                     f"{self.kv.enable_prefix_caching}")
-        return (f"SimBackend(kv_capacity_tokens={self.kv.capacity_tokens}{seq}, noise={self.noise}, "
-                f"seed={self.seed}, cost_model={self.cost_model!r})")
+        return (f"SimBackend(kv_capacity_tokens={self.kv.capacity_tokens}{seq}, "
+                f"noise={self.noise}, seed={self.seed}, cost_model={self.cost_model!r})")

@@ -59,12 +59,15 @@ class AcceptanceModel:
         # bisection: expected_accepted rises with alpha
         for _ in range(60):
             mid = (low + high) / 2
-            low, high = (mid, high) if sum(expected_accepted(mid, d) for d, _ in checks) < accepted else (low, mid)
-        fractions = [sum(a for _, a in cs) / sum(d for d, _ in cs) for cs in checks_by_request if cs]
+            low, high = ((mid, high) if sum(expected_accepted(mid, d) for d, _ in checks) < accepted
+                         else (low, mid))
+        fractions = [sum(a for _, a in cs) / sum(d for d, _ in cs)
+                     for cs in checks_by_request if cs]
         m, v = float(np.mean(fractions)), float(np.var(fractions))
         concentration = float(np.clip(m * (1 - m) / v - 1, 1.0, 1000.0)) if v > 0 else 1000.0
-        # each sampling step emits 1 + accepted tokens; the first (the prompt's) cannot carry a draft
-        decodes = sum(n - sum(a for _, a in cs) - 1 for cs, n in zip(checks_by_request, num_outputs))
+        # each sampling step emits 1 + accepted tokens; the first (the prompt's) can carry no draft
+        decodes = sum(n - sum(a for _, a in cs) - 1
+                      for cs, n in zip(checks_by_request, num_outputs))
         return cls(round((low + high) / 2, 4), round(concentration, 2),
                    min(1.0, round(len(checks) / max(decodes, 1), 4)), seed)
 

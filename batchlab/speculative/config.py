@@ -42,22 +42,24 @@ class SpeculativeConfig:
                                _check_schedule(self.num_speculative_tokens_per_batch_size))
         if (self.method == "draft_model") != (self.model is not None):
             if self.model is None:
-                raise ValueError('method "draft_model" needs model: the drafter, a MODEL_SHAPES name or a '
-                                 "config.json path (e.g. \"Llama-3.2-1B\")")
-            raise ValueError(f'model={self.model!r} belongs to method "draft_model", not {self.method!r}')
+                raise ValueError('method "draft_model" needs model: the drafter, a MODEL_SHAPES '
+                                 "name or a config.json path (e.g. \"Llama-3.2-1B\")")
+            raise ValueError(f'model={self.model!r} belongs to method "draft_model", '
+                             f"not {self.method!r}")
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             fail("model", self.model,
                  "the drafter's name: a MODEL_SHAPES name or a config.json path")
         if (self.method == "early_exit") != (self.early_exit_layer is not None):
             if self.early_exit_layer is None:
-                raise ValueError('method "early_exit" needs early_exit_layer: how many of the model\'s '
-                                 "layers the draft runs (1 to its layers - 1)")
-            raise ValueError(f'early_exit_layer={self.early_exit_layer!r} belongs to method "early_exit", '
-                             f"not {self.method!r}")
+                raise ValueError('method "early_exit" needs early_exit_layer: how many of the '
+                                 "model's layers the draft runs (1 to its layers - 1)")
+            raise ValueError(f"early_exit_layer={self.early_exit_layer!r} belongs to method "
+                             f'"early_exit", not {self.method!r}')
         if self.method != "ngram":
             for name in ("prompt_lookup_min", "prompt_lookup_max"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f'{name}={getattr(self, name)!r} belongs to method "ngram", not {self.method!r}')
+                    raise ValueError(f'{name}={getattr(self, name)!r} belongs to method "ngram", '
+                                     f"not {self.method!r}")
             return
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
         if low is None and high is None:
@@ -84,8 +86,9 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(cls, value: "str | dict | SpeculativeConfig") -> "SpeculativeConfig":
-        """From vLLM's ``--speculative-config`` JSON (``{"method": "ngram", "num_speculative_tokens":
-        3, ...}``) or its dict. Keys batchlab does not know are an error, named."""
+        """From vLLM's ``--speculative-config`` JSON
+        (``{"method": "ngram", "num_speculative_tokens": 3, ...}``) or its dict. Keys batchlab
+        does not know are an error, named."""
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
@@ -101,9 +104,11 @@ class SpeculativeConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:
-            raise ValueError(f"speculative config keys {unknown} are not supported; batchlab takes {sorted(known)}")
+            raise ValueError(f"speculative config keys {unknown} are not supported; batchlab "
+                             f"takes {sorted(known)}")
         if "num_speculative_tokens" not in value:
-            raise ValueError("speculative config needs num_speculative_tokens (k, the tokens drafted per step)")
+            raise ValueError("speculative config needs num_speculative_tokens (k, the tokens "
+                             "drafted per step)")
         schedule = value.get("num_speculative_tokens_per_batch_size")
         if isinstance(schedule, list):
             value = {**value, "num_speculative_tokens_per_batch_size": tuple(
@@ -112,7 +117,8 @@ class SpeculativeConfig:
 
     def to_json(self) -> str:
         """vLLM's JSON for this config (``--speculative-config``)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if getattr(self, f.name) is not None}
         return json.dumps(out)
 
 
@@ -127,11 +133,13 @@ def check_runs_on_the_model(spec: SpeculativeConfig) -> None:
 
 def _check_schedule(schedule: object) -> tuple[tuple[int, int, int], ...]:
     """vLLM's rules for ``num_speculative_tokens_per_batch_size``; the ranges sorted."""
-    name, allowed = "num_speculative_tokens_per_batch_size", "a non-empty list of (first, last, k) batch-size ranges"
+    name, allowed = ("num_speculative_tokens_per_batch_size",
+                     "a non-empty list of (first, last, k) batch-size ranges")
     if not isinstance(schedule, (list, tuple)) or not schedule:
         fail(name, schedule, allowed)
     for entry in schedule:
-        if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(is_int(x) for x in entry):
+        if (not isinstance(entry, (list, tuple)) or len(entry) != 3
+                or not all(is_int(x) for x in entry)):
             fail(name, schedule, allowed, f"entry {entry!r} is not three ints")
         if entry[0] < 1 or entry[1] < entry[0] or entry[2] < 0:
             fail(name, schedule, allowed,

@@ -15,13 +15,17 @@ hand the requests to an engine.
 from batchlab.workloads.arrivals import (
     ARRIVALS, arrivals_at_once, arrivals_fixed, arrivals_gamma, arrivals_poisson, make_arrivals,
 )
-from batchlab.workloads.files import WORKLOAD_FORMAT, load_workload, read_workload_header, save_workload
+from batchlab.workloads.files import (
+    WORKLOAD_FORMAT, load_workload, read_workload_header, save_workload,
+)
 from batchlab.workloads.lengths import (
     PRESETS, SCALES, Fixed, LengthPreset, Mixture, Range, get_preset,
 )
 from batchlab.workloads.make import make_workload, request_ids, scale_arrivals
 from batchlab.workloads.prompts import CORPUS_PATH, CorpusPrompts, prompt_seed
-from batchlab.workloads.sessions import SessionShape, SessionWorkload, ideal_prefix_reuse, make_sessions
+from batchlab.workloads.sessions import (
+    SessionShape, SessionWorkload, ideal_prefix_reuse, make_sessions,
+)
 
 __all__ = [
     "ARRIVALS", "arrivals_at_once", "arrivals_fixed", "arrivals_gamma", "arrivals_poisson",

@@ -47,7 +47,8 @@ def save_workload(requests: Iterable[Request], path: str | Path, *, meta: Mappin
             row["prompt_ids"] = req.prompt_ids
         if req.sampling != SamplingParams():
             default = SamplingParams()   # temperature, top_p and seed always; the rest when set
-            row["sampling"] = {k: v for k in _SAMPLING_KEYS if (v := getattr(req.sampling, k)) != getattr(default, k)
+            row["sampling"] = {k: v for k in _SAMPLING_KEYS
+                               if (v := getattr(req.sampling, k)) != getattr(default, k)
                                or k in ("temperature", "top_p", "seed")}
         if req.stop_token_ids:
             row["stop_token_ids"] = list(req.stop_token_ids)
@@ -79,7 +80,8 @@ def _parse_line(line: str, path: str | Path, lineno: int) -> dict:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}): {line.strip()[:80]!r}") from None
+        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}): "
+                         f"{line.strip()[:80]!r}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}:{lineno}: must be a JSON object, got {line.strip()[:80]!r}")
     return obj
@@ -100,7 +102,8 @@ def load_workload(path: str | Path, tokenizer: Any = None,
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     if not lines or not lines[0].strip():
-        raise ValueError(f"{path}:1: empty file; the first line must be the {WORKLOAD_FORMAT} header")
+        raise ValueError(f"{path}:1: empty file; the first line must be the "
+                         f"{WORKLOAD_FORMAT} header")
     header = _parse_line(lines[0], path, 1)
     if header.get("format") != WORKLOAD_FORMAT:
         raise ValueError(f"{path}:1: the first line must be a header with "

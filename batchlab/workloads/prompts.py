@@ -58,7 +58,8 @@ def _vocab_size(tokenizer: Any) -> int | None:
 
 
 class CorpusPrompts:
-    """A prompt source: windows of real English text from ``corpus.txt`` (package data, beside this module).
+    """A prompt source: windows of real English text from ``corpus.txt`` (package data, beside
+    this module).
 
     ``prompts(length, rng)`` picks a word in the corpus at random (with ``rng``) and returns the
     first ``length`` tokens of the text starting there. The corpus wraps around at its end, so any
@@ -105,7 +106,8 @@ def _check_prompt_ids(ids: Any, length: int, vocab_size: int | None, request_id:
 
 def _prompt_source(tokenizer: Any, prompt_source: PromptSource | None) -> PromptSource | None:
     if tokenizer is not None and prompt_source is not None:
-        raise ValueError("give tokenizer= (prompts cut from the corpus) or prompt_source=, not both")
+        raise ValueError("give tokenizer= (prompts cut from the corpus) or prompt_source=, "
+                         "not both")
     if tokenizer is not None:
         return CorpusPrompts(tokenizer)
     if prompt_source is not None:

@@ -80,7 +80,8 @@ def _system_prompt_picks(shape: SessionShape, rng: np.random.Generator) -> np.nd
 
 def _session_turns(session: int, system: list[int], num_turns: int, shape: SessionShape,
                    start: float, rngs: list[np.random.Generator]) -> list[Request]:
-    """One session's requests: each turn's prompt is the previous prompt, its answer, a new message."""
+    """One session's requests: each turn's prompt is the previous prompt, its answer, a new
+    message."""
     length_rng, think_rng, token_rng = rngs
     user_lens = shape.user_len.sample(num_turns, length_rng)
     output_lens = shape.output_len.sample(num_turns, length_rng)
@@ -101,7 +102,8 @@ def make_sessions(shape: SessionShape, seed: Seed = 0) -> SessionWorkload:
     """
     if not isinstance(shape, SessionShape):
         raise ValueError(f"shape={shape!r}; must be a SessionShape")
-    start_rng, pick_rng, turn_rng, system_rng, length_rng, think_rng, token_rng = _child_rngs(seed, 7)
+    start_rng, pick_rng, turn_rng, system_rng, length_rng, think_rng, token_rng = \
+        _child_rngs(seed, 7)
     starts = np.cumsum(start_rng.exponential(1.0 / shape.session_rate, size=shape.num_sessions))
     starts -= starts[0]                                            # the first session at t = 0
     systems = [_tokens(system_rng, shape.system_prompt_len, shape.vocab_size)

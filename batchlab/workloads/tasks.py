@@ -21,9 +21,11 @@ TASK_KINDS = ("code_edit", "quote", "chat")
 _FUNCTIONS = (blocks_for, chain_hash, steps_before_blocks_run_out, chunk_attention_pairs,
               chunk_counts, step_features, ready_tokens, propose_ngram)
 _EDITS = ("Add type hints and a docstring to this Python function. Reply with the whole function.",
-          "Rename the function's arguments to longer, clearer names. Reply with the whole function.",
+          ("Rename the function's arguments to longer, clearer names. "
+           "Reply with the whole function."),
           "Add a comment above each line of this Python function. Reply with the whole function.",
-          "Rewrite this Python function so it checks its arguments first. Reply with the whole function.")
+          ("Rewrite this Python function so it checks its arguments first. "
+           "Reply with the whole function."))
 _QUESTIONS = (
     "What are three tips for learning to cook?", "Explain why the sky is blue.",
     "Write a short poem about trains.", "How do I make a good cup of tea?", "What is a hash table?",
@@ -42,10 +44,11 @@ def task_texts(kind: str) -> list[str]:
     if kind == "chat":
         return list(_QUESTIONS)
     if kind == "code_edit":
-        return [f"{edit}\n\n```python\n{inspect.getsource(f)}```" for f in _FUNCTIONS for edit in _EDITS[:2]]
+        return [f"{edit}\n\n```python\n{inspect.getsource(f)}```"
+                for f in _FUNCTIONS for edit in _EDITS[:2]]
     paragraphs = [p for p in CORPUS_PATH.read_text().split("\n\n") if len(p.split()) >= 40]
-    return [f"Here is a paragraph:\n\n{p}\n\nCopy the paragraph exactly, then say in one sentence what it "
-            "is about." for p in paragraphs[:16]]
+    return [f"Here is a paragraph:\n\n{p}\n\nCopy the paragraph exactly, then say in one "
+            "sentence what it is about." for p in paragraphs[:16]]
 
 
 def task_requests(kind: str, n: int, tokenizer, max_new_tokens: int = 128,
