@@ -74,16 +74,8 @@ class ModelBackend(Backend):
                        "a SpeculativeConfig", allow_none=True,
                        hint="SpeculativeConfig.parse(text) reads vLLM's JSON")
         self.speculative = speculative_config
-        if self.speculative is not None and self.speculative.num_speculative_tokens >= max_seq_len:
-            raise ValueError(f"num_speculative_tokens={self.speculative.num_speculative_tokens}; "
-                             f"must be below max_seq_len={max_seq_len} (a check computes k + 1 "
-                             "positions of one sequence)")
-        if self.speculative is not None:
-            check_runs_on_the_model(self.speculative)
-        exit_layer = None if self.speculative is None else self.speculative.early_exit_layer
-        if exit_layer is not None and not exit_layer < cfg.num_layers:
-            raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{cfg.num_layers - 1} "
-                             f"(the draft runs fewer layers than the model's {cfg.num_layers})")
+        if speculative_config is not None:
+            _check_speculation(speculative_config, max_seq_len, cfg.num_layers)
 
     def _paged_cache(self, num_slots: int, max_seq_len: int, kv_memory_bytes: int | None,
                      block_size: int, num_kv_blocks: int | None, enable_prefix_caching: bool,
@@ -194,3 +186,17 @@ class ModelBackend(Backend):
         for rid, extra in borrowed:
             self.kv.rollback(rid, extra)
         return {rid: d for (rid, *_), d in zip(seqs, drafts)}
+
+
+def _check_speculation(spec: SpeculativeConfig, max_seq_len: int, num_layers: int) -> None:
+    """A speculative config this backend can run: its checks fit a sequence, its drafter runs
+    on the model itself, an early exit leaves layers out."""
+    if spec.num_speculative_tokens >= max_seq_len:
+        raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens}; "
+                         f"must be below max_seq_len={max_seq_len} (a check computes k + 1 "
+                         "positions of one sequence)")
+    check_runs_on_the_model(spec)
+    exit_layer = spec.early_exit_layer
+    if exit_layer is not None and not exit_layer < num_layers:
+        raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{num_layers - 1} "
+                         f"(the draft runs fewer layers than the model's {num_layers})")

@@ -188,17 +188,21 @@ class ServerMetrics:
         for attr, name, doc, buckets in HISTOGRAMS:
             setattr(self, attr, histogram(name, doc, token_buckets if buckets is None else buckets))
         self.registry.register(_EngineCollector(read_stats, labels))
-        self.spec = None
-        if num_speculative_tokens:            # vLLM shows these only with a speculative config
-            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                              "Accepted tokens per draft position.",
-                              names + ["position"], registry=self.registry)
-            self.spec = (counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
-                         counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
-                         counter("vllm:spec_decode_num_accepted_tokens",
-                                 "Number of accepted tokens."),
-                         [per_pos.labels(**labels, position=str(i))
-                          for i in range(num_speculative_tokens)])
+        self.spec = (self._spec_counters(counter, labels, num_speculative_tokens)
+                     if num_speculative_tokens else None)
+
+    def _spec_counters(self, counter: Callable[[str, str], Counter], labels: dict[str, str],
+                       num_speculative_tokens: int) -> tuple:
+        """Drafts, draft tokens, accepted tokens, and accepted tokens per draft position (vLLM
+        shows these only with a speculative config)."""
+        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                          "Accepted tokens per draft position.",
+                          list(labels) + ["position"], registry=self.registry)
+        return (counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+                counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+                counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+                [per_pos.labels(**labels, position=str(i))
+                 for i in range(num_speculative_tokens)])
 
     # --- the engine's thread ---------------------------------------------------------------------
     def step(self, num_tokens: int) -> None:

@@ -149,7 +149,6 @@ def _last_chunks(gen: GenerationRequest, rid: str, out: ResponseText, text: str,
 
 async def whole_response(runner: EngineRunner, handle: Handle, request: Request) -> JSONResponse:
     """Wait for the end (aborting if the client disconnects), then answer the whole response."""
-    gen: GenerationRequest = handle.gen
     out = ResponseText(runner, handle)
     parts: list[str] = []
 
@@ -172,24 +171,30 @@ async def whole_response(runner: EngineRunner, handle: Handle, request: Request)
                 continue
             if isinstance(event, ErrorEvent):
                 return error_response(APIError(500, event.message, None, "server_error"))
-            timings = event.timings
-            more, finish = out.finish(timings, event.token_ids)
-            if finish == "abort":                # e.g. the server is shutting down
-                LOG.warning("request %s ended after %d tokens: %s", handle.request_id,
-                            out.num_tokens, timings["finish_detail"])
-                return error_response(APIError(
-                    503, f"the request was ended after {out.num_tokens} tokens: "
-                         f"{timings['finish_detail']}", None, "service_unavailable"))
-            body = response_body(gen, _response_id(handle), "".join(parts) + more, finish,
-                                 out.num_tokens, timings, out.logprobs())
-            # where the decode part pulls
-            if handle.transfer is not None and handle.transfer.part == "prefill":
-                host, port = request.scope.get("server") or ("127.0.0.1", 0)
-                body["kv_transfer_params"] = runner.connector.params_for_decode(handle.request_id,
-                                                                                host, port)
-            return JSONResponse(body)
+            return _whole_answer(runner, handle, request, out, "".join(parts), event)
     finally:
         watcher.cancel()
+
+
+def _whole_answer(runner: EngineRunner, handle: Handle, request: Request, out: ResponseText,
+                  text: str, event: EndEvent) -> JSONResponse:
+    """The whole response once its request has ended (a 503 if it was aborted)."""
+    timings = event.timings
+    more, finish = out.finish(timings, event.token_ids)
+    if finish == "abort":                # e.g. the server is shutting down
+        LOG.warning("request %s ended after %d tokens: %s", handle.request_id,
+                    out.num_tokens, timings["finish_detail"])
+        return error_response(APIError(
+            503, f"the request was ended after {out.num_tokens} tokens: "
+                 f"{timings['finish_detail']}", None, "service_unavailable"))
+    body = response_body(handle.gen, _response_id(handle), text + more, finish,
+                         out.num_tokens, timings, out.logprobs())
+    # where the decode part pulls
+    if handle.transfer is not None and handle.transfer.part == "prefill":
+        host, port = request.scope.get("server") or ("127.0.0.1", 0)
+        body["kv_transfer_params"] = runner.connector.params_for_decode(handle.request_id,
+                                                                        host, port)
+    return JSONResponse(body)
 
 
 __all__ = ["ResponseText", "stream_events", "whole_response"]

@@ -44,15 +44,8 @@ class SimBackend(Backend):
         check_int("placeholder_token", placeholder_token, minimum=PLACEHOLDER_TOKEN)
         self.placeholder_token = placeholder_token
         self.cost_model = cost_model
-        if block_size is None:
-            if enable_prefix_caching or reserve_blocks:
-                raise ValueError("enable_prefix_caching and reserve_blocks need a paged cache: "
-                                 "give block_size (e.g. 16)")
-            self.kv = TokenKVSpace(kv_capacity_tokens, max_seq_len)  # validates both numbers
-        else:
-            TokenKVSpace(kv_capacity_tokens, max_seq_len)   # the same checks of both numbers
-            self.kv = BlockManager.from_tokens(kv_capacity_tokens, block_size, max_seq_len,
-                                               enable_prefix_caching, reserve_blocks)
+        self.kv = _kv_space(kv_capacity_tokens, max_seq_len, block_size, enable_prefix_caching,
+                            reserve_blocks)
         self.noise = float(noise)
         self.seed = seed
         check_instance("speculative_config", speculative_config, SpeculativeConfig,
@@ -221,3 +214,16 @@ class SimBackend(Backend):
                     f"{self.kv.enable_prefix_caching}")
         return (f"SimBackend(kv_capacity_tokens={self.kv.capacity_tokens}{seq}, "
                 f"noise={self.noise}, seed={self.seed}, cost_model={self.cost_model!r})")
+
+
+def _kv_space(kv_capacity_tokens: int, max_seq_len: int | None, block_size: int | None,
+              enable_prefix_caching: bool, reserve_blocks: int) -> TokenKVSpace | BlockManager:
+    """The simulator's KV space: token slots, or paged blocks when ``block_size`` is given."""
+    if block_size is None:
+        if enable_prefix_caching or reserve_blocks:
+            raise ValueError("enable_prefix_caching and reserve_blocks need a paged cache: "
+                             "give block_size (e.g. 16)")
+        return TokenKVSpace(kv_capacity_tokens, max_seq_len)  # validates both numbers
+    TokenKVSpace(kv_capacity_tokens, max_seq_len)   # the same checks of both numbers
+    return BlockManager.from_tokens(kv_capacity_tokens, block_size, max_seq_len,
+                                    enable_prefix_caching, reserve_blocks)
