@@ -67,13 +67,15 @@ def check_number(name: str, value: object, minimum: float = 0.0, *, strict: bool
     ``maximum``)."""
     if value is None and allow_none:
         return
-    real = type(value) in (float, int) or (isinstance(value, numbers.Real) and not isinstance(value, bool))
+    real = (type(value) in (float, int)
+            or (isinstance(value, numbers.Real) and not isinstance(value, bool)))
     ok = (real and (math.isfinite(value) or (allow_inf and maximum is None and value == math.inf))
           and (value > minimum if strict else value >= minimum)
           and (maximum is None or value <= maximum))
     if not ok:
         if maximum is None:
-            allowed = f"a {'' if allow_inf else 'finite '}number {'>' if strict else '>='} {minimum:g}"
+            allowed = (f"a {'' if allow_inf else 'finite '}number "
+                       f"{'>' if strict else '>='} {minimum:g}")
             allowed += " or math.inf" if allow_inf else ""
         else:
             allowed = f"a finite number in {'(' if strict else '['}{minimum:g}, {maximum:g}]"
@@ -98,7 +100,7 @@ def check_bool(name: str, value: object) -> None:
 
 
 def check_choice(name: str, value: object, allowed: Iterable[Any], *, hint: str = "") -> None:
-    """``value`` is one of ``allowed`` (compared with ``==``; an unhashable value is simply not one)."""
+    """``value`` is one of ``allowed`` (compared with ``==``; an unhashable value is not one)."""
     options = list(allowed)
     try:
         ok = value in options

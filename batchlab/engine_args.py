@@ -27,7 +27,8 @@ HELP = {
     "max_num_batched_tokens": "the most tokens one step computes (prompt chunks and decodes)",
     "max_model_len": "the context: prompt + output tokens",
     "enable_chunked_prefill": "split a long prompt over steps",
-    "long_prefill_token_threshold": "the most prompt tokens one request computes in a step (chunked prefill)",
+    "long_prefill_token_threshold": ("the most prompt tokens one request computes in a step "
+                                     "(chunked prefill)"),
     "enable_prefix_caching": "reuse the KV blocks of a shared prompt prefix",
     "block_size": "tokens per KV block",
     "gpu_memory_utilization": "the share of GPU memory vLLM may use",
@@ -85,7 +86,8 @@ class EngineArgs:
         out: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is None or value is False and f.name in OFF_BY_DEFAULT or f.name == "dtype" and value == "auto":
+            if (value is None or value is False and f.name in OFF_BY_DEFAULT
+                    or f.name == "dtype" and value == "auto"):
                 continue
             if isinstance(value, bool):
                 out.append(flag(f.name) if value else flag(f.name).replace("--", "--no-", 1))
@@ -103,7 +105,8 @@ class EngineArgs:
             if names is not None and f.name not in names:
                 continue
             shown = getattr(defaults, f.name) if defaults is not None else None
-            text = HELP[f.name] + (f" (default: {shown})" if shown is not None else " (default: vLLM's)")
+            text = HELP[f.name] + (f" (default: {shown})" if shown is not None
+                                   else " (default: vLLM's)")
             if f.name in OFF_BY_DEFAULT:
                 parser.add_argument(flag(f.name), action="store_true", default=None,
                                     help=HELP[f.name])
@@ -118,7 +121,8 @@ class EngineArgs:
     @classmethod
     def from_cli(cls, namespace: argparse.Namespace,
                  names: tuple[str, ...] | None = None) -> "EngineArgs":
-        """The flags ``add_cli_flags(parser, names)`` added, as ``parser`` read them into ``namespace``."""
+        """The flags ``add_cli_flags(parser, names)`` added, as ``parser`` read them into
+        ``namespace``."""
         return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)
                       if names is None or f.name in names})
 
@@ -135,7 +139,8 @@ class EngineArgs:
             fail("max_model_len", max_len, f"<= {model.max_model_len}",
                  f"{model.name}'s max_position_embeddings; vLLM refuses a longer context")
         chunked = self.enable_chunked_prefill is not False
-        budget = self.max_num_batched_tokens or ((8192 if large else 2048) if chunked else max(max_len, 2048))
+        budget = self.max_num_batched_tokens or ((8192 if large else 2048) if chunked
+                                                 else max(max_len, 2048))
         # vLLM caps its default by the budget
         seqs = self.max_num_seqs or min(1024 if large else 256, budget)
         if not chunked and budget < max_len:
@@ -158,8 +163,10 @@ class EngineArgs:
             enable_expert_parallel=bool(self.enable_expert_parallel))
 
     def with_defaults(self, defaults: "EngineArgs") -> "EngineArgs":
-        """These flags, each left at ``None`` taking ``defaults``' value (a caller's own defaults)."""
-        return dataclasses.replace(self, **{f.name: getattr(defaults, f.name) for f in dataclasses.fields(self)
+        """These flags, each left at ``None`` taking ``defaults``' value (a caller's own
+        defaults)."""
+        return dataclasses.replace(self, **{f.name: getattr(defaults, f.name)
+                                            for f in dataclasses.fields(self)
                                             if getattr(self, f.name) is None})
 
     @property

@@ -35,8 +35,9 @@ def steps_before_blocks_run_out(held_tokens: Sequence[int], block_size: int,
                                 free_blocks: int) -> int:
     """Decode steps (one token per sequence each) the sequences can take before a new block is
     needed and none is free. A sequence holding ``h`` tokens takes a block in every step that
-    writes a position ``h + i - 1`` at the start of a block: first at step ``(-h) % block_size + 1``,
-    then every ``block_size`` steps; each cycle of ``block_size`` steps takes one block each."""
+    writes a position ``h + i - 1`` at the start of a block: first at step
+    ``(-h) % block_size + 1``, then every ``block_size`` steps; each cycle of ``block_size`` steps
+    takes one block each."""
     counts = [0] * block_size        # counts[r]: sequences whose next block comes at step r + 1
     for h in held_tokens:
         counts[(-h) % block_size] += 1
@@ -225,15 +226,16 @@ class BlockManager(BlockPool):
         check_int("max_seq_len", max_seq_len, allow_none=True)
         check_bool("enable_prefix_caching", enable_prefix_caching)
         if not is_int(reserve_blocks) or not 0 <= reserve_blocks < num_blocks:
-            raise ValueError(f"reserve_blocks={reserve_blocks!r}; must be an int in 0..{num_blocks - 1} "
+            raise ValueError(f"reserve_blocks={reserve_blocks!r}; must be an int in "
+                             f"0..{num_blocks - 1} "
                              "(free blocks kept back from admission for running sequences to grow)")
         super().__init__(num_blocks, block_size, enable_prefix_caching)
         self.max_seq_len = max_seq_len
         self.reserve_blocks = reserve_blocks
         self.tables: dict[str, list[int]] = {}
         self.num_tokens_of: dict[str, int] = {}       # token positions each sequence has room for
-        # How far each sequence can grow with nothing to do (no block to take or prompt block to hash)
-        # (``grow``'s quick check: most growth is that)
+        # How far each sequence can grow with nothing to do (no block to take or prompt block to
+        # hash) (``grow``'s quick check: most growth is that)
         self._room: dict[str, int] = {}
         # Prefix caching: each sequence's prompt ids, and how many of its full blocks are hashed.
         self._prompt_of: dict[str, Sequence[int]] = {}
@@ -253,7 +255,7 @@ class BlockManager(BlockPool):
         return cls(capacity_tokens // block_size, block_size, max_seq_len, enable_prefix_caching,
                    reserve_blocks)
 
-    # --- sizes (the KVSpace interface, with BlockPool's capacity_tokens and used_tokens) -------------
+    # --- sizes (the KVSpace interface, with BlockPool's capacity_tokens and used_tokens) ----------
     @property
     def held_tokens(self) -> int:
         """Token positions sequences hold room for, summed per sequence (shared blocks count for
@@ -274,7 +276,7 @@ class BlockManager(BlockPool):
             raise KeyError(f"request {request_id!r} holds no KV blocks; a scheduler must admit it "
                            "before it runs") from None
 
-    # --- admission ---------------------------------------------------------------------------------
+    # --- admission --------------------------------------------------------------------------------
     def _blocks_to_take(self, num_tokens: int, hits: list[int]) -> int:
         """Free blocks that admitting a sequence of ``num_tokens`` with ``hits`` would use up: new
         blocks, plus hit blocks that are free (reviving one takes it off the free blocks)."""
@@ -289,19 +291,22 @@ class BlockManager(BlockPool):
 
     def _admissible(self, num_tokens: int, hits: list[int]) -> bool:
         return (self.fits_ever(num_tokens)
-                and self._blocks_to_take(num_tokens, hits) + self.reserve_blocks <= self.num_free_blocks)
+                and (self._blocks_to_take(num_tokens, hits) + self.reserve_blocks
+                     <= self.num_free_blocks))
 
     def admit(self, request_id: str, num_tokens: int, max_tokens: int | None = None,
               prompt_ids: Sequence[int] | None = None) -> int:
         """Give ``request_id`` blocks for its first ``num_tokens`` tokens; return how many of them
         were already cached (prefix hits, which the sequence need not compute)."""
         if request_id in self.tables:
-            raise ValueError(f"request {request_id!r} already holds {len(self.tables[request_id])} KV blocks")
+            raise ValueError(f"request {request_id!r} already holds "
+                             f"{len(self.tables[request_id])} KV blocks")
         hits = self.prefix_hits(prompt_ids, num_tokens - 1)
         if not self._admissible(num_tokens, hits):
             raise KVCacheFullError(
-                f"request {request_id!r} needs blocks for {num_tokens} tokens; {self.num_free_blocks} of "
-                f"{self.num_blocks} blocks of {self.block_size} are free ({self.reserve_blocks} reserved)")
+                f"request {request_id!r} needs blocks for {num_tokens} tokens; "
+                f"{self.num_free_blocks} of {self.num_blocks} blocks of {self.block_size} are free "
+                f"({self.reserve_blocks} reserved)")
         for b in hits:
             self._reference(b)
         self.tables[request_id] = list(hits)
@@ -314,13 +319,14 @@ class BlockManager(BlockPool):
         self.num_hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
 
-    # --- growth ------------------------------------------------------------------------------------
+    # --- growth -----------------------------------------------------------------------------------
     def can_grow(self, request_id: str, num_tokens: int) -> bool:
         """Could ``request_id`` hold ``num_tokens`` more tokens (using any free block)?"""
         held = self.num_tokens_of[request_id] + num_tokens
         if self.max_seq_len is not None and held > self.max_seq_len:
             return False
-        return blocks_for(held, self.block_size) - len(self.tables[request_id]) <= self.num_free_blocks
+        return (blocks_for(held, self.block_size) - len(self.tables[request_id])
+                <= self.num_free_blocks)
 
     def grow_each(self, request_ids: Sequence[str]) -> int:
         """``grow(id, 1)`` for each sequence in turn until one finds no room; how many grew. (A
@@ -343,7 +349,8 @@ class BlockManager(BlockPool):
             self.num_tokens_of[request_id] = held
             return True
         if num_tokens < 0:
-            raise ValueError(f"request {request_id!r}: grow by num_tokens={num_tokens}; must be >= 0")
+            raise ValueError(f"request {request_id!r}: grow by num_tokens={num_tokens}; "
+                             "must be >= 0")
         if self.max_seq_len is not None and held > self.max_seq_len:
             return False
         table = self.tables[request_id]
@@ -381,7 +388,8 @@ class BlockManager(BlockPool):
         """Give back the room of the sequence's last ``num_tokens`` tokens (rejected drafts) and the
         blocks that held only those (no hash is lost: only prompt blocks are hashed)."""
         if not 0 <= num_tokens <= (held := self.num_tokens_of[request_id]):
-            raise ValueError(f"request {request_id!r}: rollback of num_tokens={num_tokens}; must be in 0..{held}")
+            raise ValueError(f"request {request_id!r}: rollback of num_tokens={num_tokens}; "
+                             f"must be in 0..{held}")
         held -= num_tokens
         table, keep = self.tables[request_id], blocks_for(held, self.block_size)
         self._unreference(reversed(table[keep:]))
@@ -389,7 +397,7 @@ class BlockManager(BlockPool):
         self.num_tokens_of[request_id] = held
         self._room[request_id] = min(self._room[request_id], len(table) * self.block_size)
 
-    # --- release -----------------------------------------------------------------------------------
+    # --- release ----------------------------------------------------------------------------------
     def free(self, request_id: str) -> None:
         """Drop the sequence's references. A block nobody holds becomes free; its tail blocks
         first, so a shared prompt's head blocks are the last of them to be evicted."""
@@ -403,8 +411,9 @@ class BlockManager(BlockPool):
         self._unreference(reversed(table))
 
     def __repr__(self) -> str:
-        return (f"BlockManager({self.used_blocks}/{self.num_blocks} blocks of {self.block_size} used, seqs="
-                f"{len(self.tables)}, cached={self.num_cached_blocks}, prefix_caching={self.enable_prefix_caching})")
+        return (f"BlockManager({self.used_blocks}/{self.num_blocks} blocks of {self.block_size} "
+                f"used, seqs={len(self.tables)}, cached={self.num_cached_blocks}, "
+                f"prefix_caching={self.enable_prefix_caching})")
 
 
 def check_books(kv: BlockManager) -> None:
@@ -418,8 +427,8 @@ def check_books(kv: BlockManager) -> None:
             raise AssertionError(f"request {rid!r} holds {len(table)} blocks for "
                                  f"{kv.num_tokens_of[rid]} tokens")
         if not kv.num_tokens_of[rid] <= kv._room[rid] <= len(table) * kv.block_size:
-            raise AssertionError(f"request {rid!r}: room {kv._room[rid]} outside its {kv.num_tokens_of[rid]} "
-                                 f"tokens and its {len(table)} blocks")
+            raise AssertionError(f"request {rid!r}: room {kv._room[rid]} outside its "
+                                 f"{kv.num_tokens_of[rid]} tokens and its {len(table)} blocks")
         for b in table:
             counts[b] += 1
     if counts != kv.ref_count:
@@ -429,7 +438,8 @@ def check_books(kv: BlockManager) -> None:
         raise AssertionError("the free blocks are not exactly the unreferenced blocks")
     if any(kv.block_hash[b] is None for b in kv.free_cached) or any(kv.block_hash[b] is not None
                                                                    for b in kv.free_uncached):
-        raise AssertionError("a free block is filed as cached when it caches nothing, or the reverse")
+        raise AssertionError("a free block is filed as cached when it caches nothing, "
+                             "or the reverse")
     for h, b in kv.hash_to_block.items():
         if kv.block_hash[b] != h:
             raise AssertionError(f"block {b} is cached under a hash it does not carry")

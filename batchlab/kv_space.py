@@ -44,13 +44,14 @@ class KVSpace(Protocol):
 
     def admit(self, request_id: str, num_tokens: int, max_tokens: int,
               prompt_ids: Sequence[int] | None = None) -> int:
-        """Admit the sequence; return its cached prefix tokens. ``KVCacheFullError`` if it does not fit."""
+        """Admit the sequence; return its cached prefix tokens. ``KVCacheFullError`` if it does
+        not fit."""
 
     def can_grow(self, request_id: str, num_tokens: int) -> bool:
         """Could the sequence hold ``num_tokens`` more tokens than it has room for now?"""
 
     def grow(self, request_id: str, num_tokens: int) -> bool:
-        """Give the sequence room for ``num_tokens`` more tokens; False (nothing changed) if none."""
+        """Give the sequence room for ``num_tokens`` more tokens; False (no change) if none."""
 
     def grow_each(self, request_ids: Sequence[str]) -> int:
         """``grow(id, 1)`` for each sequence in turn, stopping at the first with no room; returns
@@ -172,4 +173,5 @@ class TokenKVSpace(ReservingKVSpace):
         self._used -= num_tokens
 
     def __repr__(self) -> str:
-        return f"TokenKVSpace(used={self._used}/{self._capacity} tokens, seqs={len(self._reserved)})"
+        return (f"TokenKVSpace(used={self._used}/{self._capacity} tokens, "
+                f"seqs={len(self._reserved)})")

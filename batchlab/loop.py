@@ -95,7 +95,8 @@ def _timer(scheduler: Scheduler, out: Idle, now: float) -> float:
     if out.wake_at is None:
         return math.inf
     if not out.wake_at > now:
-        raise EngineError(f"{scheduler!r} planned nothing at now={now} but set wake_at={out.wake_at}, "
+        raise EngineError(f"{scheduler!r} planned nothing at now={now} but set "
+                          f"wake_at={out.wake_at}, "
                           "which is not in the future; it would never make progress")
     return out.wake_at
 
@@ -104,8 +105,9 @@ def check_nothing_pending(engine: ServingEngine) -> None:
     """With nothing left to arrive and no timer, a scheduler that still holds work is stuck."""
     if engine.scheduler.has_pending():
         stuck = [rid for rid, r in engine.requests.items() if not r.is_done]
-        raise EngineError(f"deadlock: {engine.scheduler!r} holds {len(stuck)} unfinished requests (first: "
-                          f"{stuck[:5]}) but planned nothing, set no timer, and no request is left to arrive")
+        raise EngineError(f"deadlock: {engine.scheduler!r} holds {len(stuck)} unfinished requests "
+                          f"(first: {stuck[:5]}) but planned nothing, set no timer, and no request "
+                          "is left to arrive")
 
 
 @contextmanager

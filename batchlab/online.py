@@ -57,12 +57,13 @@ class EngineInbox:
             raise ValueError(f"request {req.request_id!r} carries run state; add a fresh request")
         with self._cond:
             if self._stopping:
-                raise RuntimeError(f"the engine is stopping; request {req.request_id!r} was not added")
+                raise RuntimeError("the engine is stopping; "
+                                   f"request {req.request_id!r} was not added")
             self._pending.adds.append((req, time.perf_counter()))
             self._cond.notify()
 
     def abort(self, request_id: str, reason: str) -> None:
-        """End ``request_id`` early with ``reason`` (no-op if it has already ended or is unknown)."""
+        """End ``request_id`` early with ``reason`` (no-op if it already ended or is unknown)."""
         if not isinstance(reason, str) or not reason:
             raise ValueError(f"reason={reason!r}; an abort must say why (a non-empty string)")
         with self._cond:
@@ -95,7 +96,7 @@ class EngineInbox:
             self._cond.wait(timeout)
 
 
-# --- the driver ------------------------------------------------------------------------------------
+# --- the driver -----------------------------------------------------------------------------------
 class InboxArrivals(Arrivals):
     """The loop's arrivals from an inbox: its adds, aborts and stop, applied at each pass."""
 
@@ -113,7 +114,8 @@ class InboxArrivals(Arrivals):
             engine.add_request(req, now)
         aborts = commands.aborts
         if commands.stop_reason is not None:
-            aborts = aborts + [(rid, commands.stop_reason) for rid, r in requests.items() if not r.is_done]
+            aborts = aborts + [(rid, commands.stop_reason) for rid, r in requests.items()
+                               if not r.is_done]
         if aborts and any([engine.abort(rid, why, now) for rid, why in aborts]):
             # aborted running requests leave the scheduler and free their KV
             engine.release_ended(now)

@@ -40,10 +40,12 @@ class ScheduledChunk:
         if self.start < 0:
             raise ValueError(f"chunk for {self.request_id!r}: start={self.start}; must be >= 0")
         if self.num_tokens < 1:
-            raise ValueError(f"chunk for {self.request_id!r}: num_tokens={self.num_tokens}; must be >= 1")
+            raise ValueError(f"chunk for {self.request_id!r}: num_tokens={self.num_tokens}; "
+                             "must be >= 1")
         if self.draft and (not self.samples or len(self.draft) >= self.num_tokens):
-            raise ValueError(f"chunk for {self.request_id!r}: a draft of {len(self.draft)} tokens needs a sampling "
-                             f"chunk of more tokens (num_tokens={self.num_tokens}, samples={self.samples})")
+            raise ValueError(f"chunk for {self.request_id!r}: a draft of {len(self.draft)} tokens "
+                             "needs a sampling chunk of more tokens "
+                             f"(num_tokens={self.num_tokens}, samples={self.samples})")
 
     @property
     def is_decode(self) -> bool:

@@ -22,7 +22,8 @@ class RequestStatus(str, enum.Enum):
 
 
 class FinishReason(enum.StrEnum):
-    """Why a request ended (vLLM's ``FinishReason``, plus REJECTED); the words are in ``finish_detail``.
+    """Why a request ended (vLLM's ``FinishReason``, plus REJECTED); the words are in
+    ``finish_detail``.
 
     A string enum: ``FinishReason.LENGTH == "length"`` and ``str(FinishReason.LENGTH) == "length"``,
     so it compares, prints and serializes as its value.
@@ -51,7 +52,8 @@ def parse_finish_reason(text: str | None) -> tuple[FinishReason | None, str | No
     try:
         return FinishReason(text), None
     except ValueError:
-        raise ValueError(f"finish_reason={text!r}; must be one of {[r.value for r in FinishReason]} "
+        raise ValueError(f"finish_reason={text!r}; must be one of "
+                         f"{[r.value for r in FinishReason]} "
                          "(or 'aborted: <why>', 'rejected: <why>')") from None
 
 
@@ -104,7 +106,8 @@ class SamplingParams:
         check_int("min_tokens", self.min_tokens, minimum=0)
         check_int("logprobs", self.logprobs, minimum=0, allow_none=True)
         if not isinstance(self.logit_bias, tuple) or not all(
-                isinstance(pair, tuple) and len(pair) == 2 and is_int(pair[0]) and pair[0] >= 0 and is_number(pair[1])
+                isinstance(pair, tuple) and len(pair) == 2 and is_int(pair[0]) and pair[0] >= 0
+                and is_number(pair[1])
                 for pair in self.logit_bias):
             fail("logit_bias", self.logit_bias, "a tuple of (token id >= 0, finite bias) pairs")
 
@@ -115,7 +118,8 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """Whether the logits depend on the tokens so far (a penalty is on)."""
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
 
     @property
     def plain_greedy(self) -> bool:
@@ -162,8 +166,8 @@ class KVTransfer:
             check_number(f"kv_transfer.{name}", getattr(self, name), hint="seconds")
         shape = getattr(self.kv, "shape", None)
         if self.kv is not None and (shape is None or len(shape) != 5 or shape[1] < self.tokens):
-            raise ValueError(f"kv_transfer.kv of shape {shape}; must be a tensor (num_layers, >= tokens = "
-                             f"{self.tokens}, 2, num_kv_heads, head_dim), or None")
+            raise ValueError(f"kv_transfer.kv of shape {shape}; must be a tensor (num_layers, "
+                             f">= tokens = {self.tokens}, 2, num_kv_heads, head_dim), or None")
 
     def start(self, now: float) -> None:
         """The request is admitted at ``now``: the pull starts into the KV space it now holds."""
@@ -239,7 +243,8 @@ class Request:
             raise ValueError(f"request_id={self.request_id!r}; must be a non-empty string")
         if self.prompt_ids is not None:
             ids = self.prompt_ids       # a list of Python ints is copied as it is (a fast check)
-            self.prompt_ids = list(ids) if type(ids) is list and set(map(type, ids)) <= {int} else list(map(int, ids))
+            self.prompt_ids = (list(ids) if type(ids) is list and set(map(type, ids)) <= {int}
+                               else list(map(int, ids)))
             if self.prompt_len not in (-1, len(self.prompt_ids)):
                 raise ValueError(
                     f"request {self.request_id!r}: prompt_len={self.prompt_len} but prompt_ids has "
@@ -251,28 +256,33 @@ class Request:
                 "(a prompt needs at least 1 token)")
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(
-                f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens!r}; must be an int >= 1")
+                f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens!r}; "
+                "must be an int >= 1")
         if not isinstance(self.sampling, SamplingParams):
-            raise ValueError(f"request {self.request_id!r}: sampling={self.sampling!r}; must be a SamplingParams")
+            raise ValueError(f"request {self.request_id!r}: sampling={self.sampling!r}; "
+                             "must be a SamplingParams")
         if self.sampling.min_tokens > self.max_new_tokens:
-            raise ValueError(f"request {self.request_id!r}: min_tokens={self.sampling.min_tokens}; must be at most "
-                             f"max_new_tokens={self.max_new_tokens}")
+            raise ValueError(f"request {self.request_id!r}: min_tokens={self.sampling.min_tokens}; "
+                             f"must be at most max_new_tokens={self.max_new_tokens}")
         if not is_number(self.arrival_time) or self.arrival_time < 0:
             raise ValueError(
-                f"request {self.request_id!r}: arrival_time={self.arrival_time!r}; must be a finite "
-                "number of seconds >= 0")
+                f"request {self.request_id!r}: arrival_time={self.arrival_time!r}; must be a "
+                "finite number of seconds >= 0")
         stops = self.stop_token_ids
         if isinstance(stops, (str, bytes)) or not all(is_int(t) for t in stops):
             raise ValueError(f"request {self.request_id!r}: stop_token_ids={stops!r}; must be a "
                              "list of token ids (ints)")
         self.stop_token_ids = tuple(int(t) for t in stops)
         transfer = self.kv_transfer
-        if transfer is not None and (not isinstance(transfer, KVTransfer) or transfer.tokens >= self.prompt_len):
-            raise ValueError(f"request {self.request_id!r}: kv_transfer={transfer!r}; must be a KVTransfer of at most "
-                             f"prompt_len - 1 = {self.prompt_len - 1} tokens (the last prompt token is computed "
-                             "where the request decodes), or None")
+        if transfer is not None and (not isinstance(transfer, KVTransfer)
+                                     or transfer.tokens >= self.prompt_len):
+            raise ValueError(f"request {self.request_id!r}: kv_transfer={transfer!r}; must be a "
+                             f"KVTransfer of at most prompt_len - 1 = {self.prompt_len - 1} tokens "
+                             "(the last prompt token is computed where the request decodes), "
+                             "or None")
         if not isinstance(self.kv_export, bool):
-            raise ValueError(f"request {self.request_id!r}: kv_export={self.kv_export!r}; must be True or False")
+            raise ValueError(f"request {self.request_id!r}: kv_export={self.kv_export!r}; "
+                             "must be True or False")
 
     # --- sizes -------------------------------------------------------------------------------
     @property
@@ -295,7 +305,8 @@ class Request:
                                RequestStatus.ABORTED)
 
     def stops_on(self, token: int) -> bool:
-        """Whether sampling ``token`` last ends this request: a stop token, once it has ``min_tokens``."""
+        """Whether sampling ``token`` last ends this request: a stop token, once it has
+        ``min_tokens``."""
         return token in self.stop_token_ids and len(self.output_ids) >= self.sampling.min_tokens
 
     def ends_on(self, token: int) -> FinishReason | None:
@@ -319,8 +330,8 @@ class Request:
             raise ValueError(f"request {self.request_id!r} is simulated (no prompt_ids); it can "
                              "only run on the simulator")
         if start < 0 or num < 1 or start + num > self.num_known_tokens:
-            raise ValueError(f"request {self.request_id!r}: tokens [{start}, {start + num}) are outside "
-                             f"the {self.num_known_tokens} known tokens")
+            raise ValueError(f"request {self.request_id!r}: tokens [{start}, {start + num}) are "
+                             f"outside the {self.num_known_tokens} known tokens")
         seq = self.prompt_ids + self.output_ids
         return seq[start:start + num]
 
@@ -330,7 +341,8 @@ class Request:
         ...), and no run state."""
         # The prompt, checked token by token when this request was made, is copied after (a
         # simulation copies every request of its workload; long prompts made that scan its cost).
-        same_prompt = (self.prompt_ids is not None and "prompt_ids" not in inputs and "prompt_len" not in inputs
+        same_prompt = (self.prompt_ids is not None
+                       and "prompt_ids" not in inputs and "prompt_len" not in inputs
                        and len(self.prompt_ids) == self.prompt_len)
         same = {"request_id": self.request_id, "max_new_tokens": self.max_new_tokens,
                 # (else copied by __post_init__)

@@ -1,4 +1,5 @@
-"""Models' shapes as data: the sizes that decide a decoder's weights, its work per token, its KV cache.
+"""Models' shapes as data: the sizes that decide a decoder's weights, its work per token, its KV
+cache.
 
 The rules and their reasons: ``docs/the-core.md``.
 """
@@ -47,7 +48,8 @@ class LayerShape:
                              f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
 
     def __str__(self) -> str:
-        return (f"hidden {self.hidden_size}, {self.num_heads} heads of {self.head_dim} ({self.num_kv_heads} KV), "
+        return (f"hidden {self.hidden_size}, {self.num_heads} heads of {self.head_dim} "
+                f"({self.num_kv_heads} KV), "
                 f"MLP {self.intermediate_size}{' gated' if self.gated_mlp else ''}")
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
@@ -56,7 +58,8 @@ class LayerShape:
         check_int("tensor_parallel", tensor_parallel)
         sizes = {"num_heads": self.num_heads, "intermediate_size": self.intermediate_size}
         kv = self.num_kv_heads
-        if any(size % tensor_parallel for size in sizes.values()) or (kv % tensor_parallel and tensor_parallel % kv):
+        if (any(size % tensor_parallel for size in sizes.values())
+                or (kv % tensor_parallel and tensor_parallel % kv)):
             raise ValueError(f"tensor_parallel={tensor_parallel}; must divide "
                              + ", ".join(f"{k}={v}" for k, v in sizes.items())
                              + f", and divide num_kv_heads={kv} or be a multiple of it")
@@ -157,13 +160,15 @@ class ModelShape:
         rows only; tied, the LM head *is* the embedding table.)"""
         per_layer = self.layer.matmul_params
         if self.moe is not None:
-            dense_mlp = (3 if self.layer.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-            per_layer += self.hidden_size * (self.moe.params_per_layer + self.moe.num_experts) - dense_mlp
+            dense_mlp = ((3 if self.layer.gated_mlp else 2) * self.hidden_size
+                         * self.intermediate_size)
+            per_layer += (self.hidden_size * (self.moe.params_per_layer + self.moe.num_experts)
+                          - dense_mlp)
         return self.num_layers * per_layer + self.hidden_size * self.vocab_size
 
     @property
     def num_params(self) -> int:
-        """All parameters as usually counted (adds the embedding table when it is not tied; norms)."""
+        """All parameters as usually counted (adds the embedding table when not tied; norms)."""
         norms = (2 * self.num_layers + 1) * self.hidden_size
         embed = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
         return self.matmul_params + embed + norms
@@ -173,14 +178,16 @@ class ModelShape:
 
     @property
     def attention_flops_per_pair(self) -> int:
-        """q·k and p·v for one query-key pair: 2 multiply-adds of ``head_dim`` per query head per layer."""
+        """q·k and p·v for one query-key pair: 2 multiply-adds of ``head_dim`` per query head
+        per layer."""
         return 4 * self.num_layers * self.num_heads * self.head_dim
 
     # --- the KV cache ---------------------------------------------------------------------------
     def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
         """A key and a value per KV head per layer, of ``dtype_bytes`` each element; with
         ``tensor_parallel``, on each GPU (its share of the KV heads, or one replicated head)."""
-        heads = self.num_kv_heads if tensor_parallel == 1 else self.layer.kv_heads_per_gpu(tensor_parallel)
+        heads = (self.num_kv_heads if tensor_parallel == 1
+                 else self.layer.kv_heads_per_gpu(tensor_parallel))
         return kv_bytes_per_token(self.num_layers, heads, self.head_dim, dtype_bytes)
 
     @property
@@ -212,7 +219,8 @@ class ModelShape:
     @classmethod
     def from_llama_config(cls, config, name: str, source: str,
                           dtype: str = "float32") -> "ModelShape":
-        """From ``batchlab.model.llama.LlamaConfig`` (e.g. ``weights.config`` of the loaded model)."""
+        """From ``batchlab.model.llama.LlamaConfig`` (e.g. ``weights.config`` of the loaded
+        model)."""
         return cls(name, config.num_layers, config.hidden_size, config.num_heads,
                    config.num_kv_heads,
                    config.head_dim, config.intermediate_size, config.vocab_size, True, source,
@@ -220,7 +228,8 @@ class ModelShape:
 
     @classmethod
     def from_config_json(cls, path: str | Path, name: str | None = None) -> "ModelShape":
-        """From a Hugging Face ``config.json`` of a dense Llama-style decoder (see ``DENSE_DECODERS``)."""
+        """From a Hugging Face ``config.json`` of a dense Llama-style decoder (see
+        ``DENSE_DECODERS``)."""
         path = Path(path)
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
@@ -237,12 +246,14 @@ class ModelShape:
         if architectures[0] not in allowed:
             fail("architectures", architectures, f"one of {allowed}",
                  f"{name}: not a Llama-style decoder "
-                 "(dense, or Mixtral/Qwen-MoE experts); MLA and other attention variants are not priced")
+                 "(dense, or Mixtral/Qwen-MoE experts); "
+                 "MLA and other attention variants are not priced")
         moe = moe_from_config(config, name) if architectures[0] in MOE_DECODERS else None
         missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
                                "intermediate_size", "vocab_size") if k not in config]
         if missing:
-            raise ValueError(f"{name}: config lacks {missing}; a decoder's config.json names them all")
+            raise ValueError(f"{name}: config lacks {missing}; "
+                             "a decoder's config.json names them all")
         heads = config["num_attention_heads"]
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         return cls(name, config["num_hidden_layers"], config["hidden_size"], heads,
@@ -267,8 +278,8 @@ def moe_from_config(config: dict, name: str) -> MoEShape:
     per_token = config.get("num_experts_per_tok")
     inter = config.get("moe_intermediate_size") or config.get("intermediate_size")
     if not (experts and per_token and inter):
-        raise ValueError(f"{name}: an MoE config names num_local_experts (or num_experts), num_experts_per_tok "
-                         "and the experts' intermediate size")
+        raise ValueError(f"{name}: an MoE config names num_local_experts (or num_experts), "
+                         "num_experts_per_tok and the experts' intermediate size")
     return MoEShape(int(experts), int(per_token), int(inter))
 
 

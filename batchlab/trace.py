@@ -99,7 +99,8 @@ def request_records(requests: Sequence[Request], release_times: Mapping[str, flo
                           r.finish_reason,
                           r.first_scheduled_time, r.token_times, release_times[r.request_id],
                           streamed,
-                          r.output_ids, r.finish_detail, [] if r.spec is None else r.spec.checks) for r in requests]
+                          r.output_ids, r.finish_detail,
+                          [] if r.spec is None else r.spec.checks) for r in requests]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def metric_stats(metric: str, seconds: Sequence[float], percentiles: Sequence[fl
 
 def rate_fields(duration: float, completed: int, failed: int, input_tokens: int,
                 output_tokens: int) -> dict:
-    """The run's counts and rates: requests and tokens per second of ``duration`` (0 when it is 0)."""
+    """The run's counts and rates: requests and tokens per second of ``duration`` (0 if it is 0)."""
     per_s = 1.0 / duration if duration > 0 else 0.0
     return {"duration": duration, "completed": completed, "failed": failed,
             "total_input_tokens": input_tokens, "total_output_tokens": output_tokens,

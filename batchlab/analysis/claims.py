@@ -1,4 +1,4 @@
-"""One-line verdicts for a notebook's claims: a measured quantity against the bound its prose states.
+"""One-line verdicts on a notebook's claims: a measured quantity against the bound its prose states.
 
 The rules and their reasons: ``docs/workloads-and-metrics.md``.
 """
@@ -59,7 +59,8 @@ def expect_close(claim: str, value, target: float, rel_tol: float) -> None:
     check_fraction("rel_tol", rel_tol, "[0, 1)", hint="expect_close: a share of the target")
     arr = _values(value)
     # Within rel_tol of the target itself (not of the larger of the two, as math.isclose measures).
-    ok = bool(np.isfinite(arr).all()) and bool((np.abs(arr - target) <= rel_tol * abs(target)).all())
+    ok = (bool(np.isfinite(arr).all())
+          and bool((np.abs(arr - target) <= rel_tol * abs(target)).all()))
     line = f"{claim}: {_shown(arr)} (needs {target:.4g} ± {rel_tol:.0%})"
     if not ok:
         raise AssertionError(f"FAILED: {line}")
@@ -94,6 +95,7 @@ def expect_same_answers(claim: str, parted: Mapping, total: int, exact: bool,
         expect_true(f"{claim}: {same}", not parted, detail)
         return
     margins = [margin for _, margin in parted.values()]
-    shown = f"; {len(parted)} parted at a margin of {_shown(np.array(margins))} logits" if parted else ""
+    shown = (f"; {len(parted)} parted at a margin of {_shown(np.array(margins))} logits"
+             if parted else "")
     expect_true(f"{claim}: {same}{shown}", [m < near_tie for m in margins] or [True],
                 f"needs each parting at a margin < {near_tie:g}")

@@ -43,7 +43,8 @@ def load_device_profiles(folder: str | Path = PROFILES_DIR) -> list[StoredProfil
         data = json.loads(path.read_text())
         try:
             steps = pd.DataFrame(data["profile"])
-            decode = steps[steps["kind"] == "decode"].sort_values("batch_size").reset_index(drop=True)
+            decode = (steps[steps["kind"] == "decode"].sort_values("batch_size")
+                      .reset_index(drop=True))
             profiles.append(StoredProfile(data["device"], data["dtype"], data["measured_at"],
                                           float(data["bandwidth_Bps"]), float(data["peak_flops"]),
                                           decode, path))

@@ -124,7 +124,8 @@ def num_waiting_at(trace: Trace, times: np.ndarray) -> np.ndarray:
     wait: the engine turns them away on arrival). Shape: same as ``times``.
     """
     times = np.asarray(times, dtype=float)
-    arrivals = np.sort([r.arrival_time for r in trace.requests if r.first_scheduled_time is not None])
+    arrivals = np.sort([r.arrival_time for r in trace.requests
+                        if r.first_scheduled_time is not None])
     starts = np.sort([r.first_scheduled_time for r in trace.requests
                       if r.first_scheduled_time is not None])
     # Arrived by t (arrival <= t) minus started by t (first step started at or before t).

@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from batchlab.checks import check_choice, check_fraction, check_instance, check_list, check_number, fail
+from batchlab.checks import (check_choice, check_fraction, check_instance, check_list, check_number,
+                             fail)
 from batchlab.requests import RequestStatus
 from batchlab.trace import RequestRecord, Trace
 
@@ -35,7 +36,8 @@ def _check_trace(trace: Trace) -> None:
 
 
 def check_percentiles(percentiles: Iterable[float]) -> tuple[float, ...]:
-    """Validate percentiles: a non-empty collection of numbers in [0, 100]. Returns them as floats."""
+    """Validate percentiles: a non-empty collection of numbers in [0, 100]. Returns them as
+    floats."""
     values = check_list("percentiles", percentiles, "a non-empty sequence of numbers in [0, 100]",
                         hint="e.g. (50, 90, 99)")
     for i, p in enumerate(values):
@@ -63,7 +65,8 @@ class SLO:
     e2e: float | None = None
 
     def __post_init__(self) -> None:
-        given = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        given = {f.name: getattr(self, f.name) for f in fields(self)
+                 if getattr(self, f.name) is not None}
         if not given:
             raise ValueError("an SLO needs at least one bound: ttft, tpot or e2e (seconds)")
         for name, bound in given.items():
@@ -102,8 +105,8 @@ def _finished(trace: Trace) -> list[RequestRecord]:
     done = [r for r in trace.requests if r.status == RequestStatus.FINISHED]
     for r in done:
         if not r.token_times:
-            raise ValueError(f"request {r.request_id!r} is marked finished but has no output tokens; "
-                             "the trace is inconsistent")
+            raise ValueError(f"request {r.request_id!r} is marked finished but has no output "
+                             "tokens; the trace is inconsistent")
     return done
 
 
@@ -164,7 +167,8 @@ def steps_waited(trace: Trace) -> pd.Series:
     a step that gave nobody in the trace a token is not counted."""
     _check_trace(trace)
     done = [r for r in _finished(trace) if r.first_scheduled_time is not None]
-    ends = np.unique(np.concatenate([np.asarray(r.token_times, dtype=float) for r in done] or [np.empty(0)]))
+    ends = np.unique(np.concatenate([np.asarray(r.token_times, dtype=float) for r in done]
+                                    or [np.empty(0)]))
     counts = [max(0, int(np.searchsorted(ends, r.first_scheduled_time, "left")
                          - np.searchsorted(ends, r.arrival_time, "right"))) for r in done]
     return pd.Series(counts, index=[r.request_id for r in done], name="steps_waited", dtype=int)
@@ -242,7 +246,8 @@ def slo_attainment(sweep: pd.DataFrame) -> pd.Series:
     ``num_good / num_requests``, from a table with those columns (``load_sweep(..., slo=...)``)."""
     missing = {"num_good", "num_requests"} - set(sweep.columns)
     if missing:
-        raise ValueError(f"the table lacks {sorted(missing)}: run load_sweep with slo=... to count good requests")
+        raise ValueError(f"the table lacks {sorted(missing)}: run load_sweep with slo=... to "
+                         "count good requests")
     return sweep["num_good"].astype(float) / sweep["num_requests"].astype(float)
 
 
@@ -297,7 +302,8 @@ def _stats(values: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, floa
 
 def latency_values(trace: Trace, metric: str) -> np.ndarray:
     """The population a latency statistic is computed over: one value per finished request for
-    ``ttft``, ``tpot`` (requests with >1 token), ``e2e``, ``queue_time``; every pooled gap for ``itl``."""
+    ``ttft``, ``tpot`` (requests with >1 token), ``e2e``, ``queue_time``; every pooled gap for
+    ``itl``."""
     check_choice("metric", metric, LATENCY_METRICS)
     if metric == "itl":
         return itl_values(trace)
@@ -435,7 +441,7 @@ def compare(traces: Mapping[str, Trace], slo: SLO | Mapping[str, float] | None =
     return df.infer_objects()
 
 
-# --- what other tools call ITL and TPOT -------------------------------------------------------------
+# --- what other tools call ITL and TPOT -----------------------------------------------------------
 def _weighted_inverse_cdf(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """GuideLLM's weighted percentile: sort the values, turn weights into probabilities, and
     return the first value whose cumulative probability reaches ``q`` (no interpolation)."""
@@ -478,8 +484,9 @@ def itl_definitions(trace: Trace, percentiles: Iterable[float] = (50, 99)) -> pd
     * ``guidellm_time_per_output_token`` -- GuideLLM ``time_per_output_token_ms``: per request
       ``(t_n - arrival) / n`` (first token *included*, like LLMPerf's ITL), weighted by ``n``.
       (``vllm-project/guidellm``: ``src/guidellm/schemas/request_stats.py``,
-      ``GenerativeRequestStats``; weights in ``src/guidellm/benchmark/schemas/generative/metrics.py``,
-      ``GenerativeMetrics.compile``; weighted percentiles in ``src/guidellm/schemas/statistics.py``,
+      ``GenerativeRequestStats``; weights in
+      ``src/guidellm/benchmark/schemas/generative/metrics.py``, ``GenerativeMetrics.compile``;
+      weighted percentiles in ``src/guidellm/schemas/statistics.py``,
       ``DistributionSummary.from_values`` / ``Percentiles.from_pdf``.)
 
     Columns: ``tool``, ``reported_as``, ``formula``, ``includes_first_token``, ``population``,
@@ -497,7 +504,8 @@ def itl_definitions(trace: Trace, percentiles: Iterable[float] = (50, 99)) -> pd
     last = np.array([v[-1] for v in visible], dtype=float)
     multi = n > 1
 
-    chunk_gaps = np.concatenate([np.diff(np.unique(v)) for v in visible]) if visible else np.empty(0)
+    chunk_gaps = (np.concatenate([np.diff(np.unique(v)) for v in visible]) if visible
+                  else np.empty(0))
     vllm_tpot = ((last - first)[multi] / (n[multi] - 1))
     llmperf = (last - arrival) / n if len(n) else np.empty(0)
     guide_itl, guide_itl_w = vllm_tpot, n[multi] - 1
@@ -513,7 +521,8 @@ def itl_definitions(trace: Trace, percentiles: Iterable[float] = (50, 99)) -> pd
             return {"count": 0, "mean": np.nan, **{percentile_column(p): np.nan for p in pcts}}
         return {"count": int(round(weights.sum())),
                 "mean": float((values * weights).sum() / weights.sum()),
-                **{percentile_column(p): _weighted_inverse_cdf(values, weights, p / 100) for p in pcts}}
+                **{percentile_column(p): _weighted_inverse_cdf(values, weights, p / 100)
+                   for p in pcts}}
 
     rows = [
         {"definition": "vllm_itl", "tool": "vLLM bench serve", "reported_as": "ITL",

@@ -39,7 +39,7 @@ _UNIT_SCALE = {"s": 1.0, "ms": 1e3}
 
 
 def _check_table(df: pd.DataFrame, columns: Mapping[str, str | None], what: str) -> None:
-    """``df`` is a non-empty DataFrame holding each named column (``{argument: column or None}``)."""
+    """``df`` is a non-empty DataFrame with each named column (``{argument: column or None}``)."""
     if not isinstance(df, pd.DataFrame) or df.empty:
         fail("df", df, "a non-empty DataFrame", what)
     for name, column in columns.items():
@@ -239,8 +239,9 @@ def plot_latency_cdf(traces: Mapping[str, Trace] | Trace, metric: str = "ttft",
     """Empirical CDF of one latency metric, one line per trace.
 
     ``metric``: ``ttft``, ``tpot``, ``e2e``, ``queue_time`` (one value per finished request) or
-    ``itl`` (every pooled gap between visible tokens); see ``batchlab.analysis.metrics``. ``unit``: ``"ms"``
-    or ``"s"``. A single ``Trace`` is labelled by ``trace.meta["policy"]`` when present.
+    ``itl`` (every pooled gap between visible tokens); see ``batchlab.analysis.metrics``.
+    ``unit``: ``"ms"`` or ``"s"``. A single ``Trace`` is labelled by ``trace.meta["policy"]``
+    when present.
     """
     check_choice("metric", metric, LATENCY_METRICS)
     check_choice("unit", unit, _UNIT_SCALE)

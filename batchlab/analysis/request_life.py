@@ -4,7 +4,7 @@ The glossary in notebook 00 draws it; ``metrics`` computes the same numbers for 
 For one finished request with visible token times ``t_1 .. t_n``:
 
     arrival ── queue ──> first step ── prefill ──> t_1 ── gap ── t_2 ── ... ── t_n
-    TTFT = t_1 - arrival      ITL = each gap      TPOT = (t_n - t_1) / (n - 1)      E2E = t_n - arrival
+    TTFT = t_1 - arrival     ITL = each gap     TPOT = (t_n - t_1) / (n - 1)     E2E = t_n - arrival
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def _record(trace: Trace, request_id: str) -> RequestRecord:
     for r in trace.requests:
         if r.request_id == request_id:
             if r.status != RequestStatus.FINISHED or not r.token_times:
-                raise ValueError(f"request {request_id!r} did not finish (status {r.status.value}); "
+                raise ValueError(f"request {request_id!r} did not finish "
+                                 f"(status {r.status.value}); "
                                  "only a finished request has a whole life to show")
             return r
     raise ValueError(f"no request {request_id!r} in the trace; it has "

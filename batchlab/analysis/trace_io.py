@@ -35,7 +35,7 @@ def _from_us(us: int | None) -> float | None:
     return None if us is None else us / _US
 
 
-# --- replaying steps -------------------------------------------------------------------------------
+# --- replaying steps ------------------------------------------------------------------------------
 class _Replay:
     """Follows the engine's rules over a list of steps: how many tokens each request has
     computed and produced, which chunk samples, and when each token appears."""
@@ -49,17 +49,21 @@ class _Replay:
 
     def step(self, decodes: list[int], prefills: list[tuple[int, int]], end_us: int,
              max_new_tokens: list[int], where: str,
-             checks: dict[int, tuple[int, int]] | None = None) -> list[tuple[int, int, int, bool, int]]:
+             checks: dict[int, tuple[int, int]] | None = None
+             ) -> list[tuple[int, int, int, bool, int]]:
         """Apply one step; returns its chunks as (request index, start, num_tokens, samples,
-        drafted). ``checks``: request index -> (drafted, accepted) for decodes that checked a draft."""
+        drafted). ``checks``: request index -> (drafted, accepted) for decodes that checked a
+        draft."""
         chunks, sampled, checks = [], [], checks or {}
         for r, num_tokens in [(r, 1) for r in decodes] + prefills:
             if not 0 <= r < len(self.computed):
-                raise ValueError(f"{where}: request index {r} is outside 0..{len(self.computed) - 1}")
+                raise ValueError(f"{where}: request index {r} is outside "
+                                 f"0..{len(self.computed) - 1}")
             start = self.computed[r]
             known = self.prompt_lens[r] + self.num_out[r]
             if num_tokens < 1 or start + num_tokens > known:
-                raise ValueError(f"{where}: request {r} computes tokens [{start}, {start + num_tokens}) "
+                raise ValueError(f"{where}: request {r} computes tokens "
+                                 f"[{start}, {start + num_tokens}) "
                                  f"but has only {known} known tokens")
             samples = start + num_tokens == known
             drafted, accepted = checks.get(r, (0, 0)) if num_tokens == 1 else (0, 0)
@@ -75,7 +79,7 @@ class _Replay:
         return chunks
 
 
-# --- to and from a dict ----------------------------------------------------------------------------
+# --- to and from a dict ---------------------------------------------------------------------------
 def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
     """The JSON-able form of ``trace`` (see the module docstring). ``meta`` replaces the trace's
     own ``meta`` when given (e.g. to leave out labels a reader should not see)."""
@@ -105,11 +109,12 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
         decodes, prefills, checks = [], [], {}
         for c in s.chunks:
             if c.request_id not in index:
-                raise ValueError(f"step {s.index} computes {c.request_id!r}, which is not a request "
-                                 "of this trace")
+                raise ValueError(f"step {s.index} computes {c.request_id!r}, which is not a "
+                                 "request of this trace")
             if c.start != replay.computed[index[c.request_id]]:
-                raise ValueError(f"step {s.index}: {c.request_id!r} starts at token {c.start}, not where "
-                                 "its computed tokens end; traces with preemptions or prefix-cache "
+                raise ValueError(f"step {s.index}: {c.request_id!r} starts at token {c.start}, "
+                                 "not where its computed tokens end; "
+                                 "traces with preemptions or prefix-cache "
                                  "hits (paged KV) cannot be saved in this format yet")
             if c.draft:
                 i = index[c.request_id]
@@ -162,7 +167,8 @@ def trace_to_dict(trace: Trace, meta: dict | None = None) -> dict:
 def _check_of(record: RequestRecord, chunk: ScheduledChunk, nth: int, step: int) -> tuple[int, int]:
     """The (drafted, accepted) pair of a chunk's checked draft: its request's ``nth`` check."""
     if nth >= len(record.spec_checks) or record.spec_checks[nth][0] != len(chunk.draft):
-        raise ValueError(f"step {step} checks a draft of {len(chunk.draft)} tokens of {record.request_id!r}, but "
+        raise ValueError(f"step {step} checks a draft of {len(chunk.draft)} tokens of "
+                         f"{record.request_id!r}, but "
                          f"its spec_checks {shown(record.spec_checks)} have no such check #{nth}")
     return record.spec_checks[nth]
 
@@ -201,7 +207,8 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
     m = len(_column(step_table, "duration", None, where))
     st = {k: _column(step_table, k, m, where) for k in
           ("idle_before", "duration", "held_slots", "batch_id", "decodes", "prefills")}
-    st["checks"] = _column(step_table, "checks", m, where) if version == SPECULATIVE_FILE_VERSION else [[]] * m
+    st["checks"] = (_column(step_table, "checks", m, where) if version == SPECULATIVE_FILE_VERSION
+                    else [[]] * m)
     replay = _Replay(req["prompt_len"])
     spec_checks: list[list[tuple[int, int]]] = [[] for _ in ids]
     steps, end_us = [], 0
@@ -213,7 +220,8 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
         decodes = list(replay.expected_decodes) if decodes is None else decodes
         flat = st["prefills"][k]
         if not isinstance(flat, list) or len(flat) % 2:
-            raise ValueError(f"{step_where}: prefills must be a flat list of (request, num_tokens) pairs")
+            raise ValueError(f"{step_where}: prefills must be a flat list of "
+                             "(request, num_tokens) pairs")
         prefills = list(zip(flat[0::2], flat[1::2]))
         checks = _step_checks(st["checks"][k], decodes, step_where)
         chunks = replay.step(decodes, prefills, end_us, req["max_new_tokens"], step_where, checks)
@@ -230,8 +238,8 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
         token_us = []
         for rid, arrival, g in zip(ids, req["arrival"], gaps):
             if not isinstance(g, list) or any(not is_int(x) or x < 0 for x in g):
-                raise ValueError(f"{where}: request {rid!r}: token_gaps={shown(g)}; must be a list of "
-                                 "ints >= 0")
+                raise ValueError(f"{where}: request {rid!r}: token_gaps={shown(g)}; "
+                                 "must be a list of ints >= 0")
             times, t = [], arrival
             for x in g:
                 t += x
@@ -240,11 +248,13 @@ def trace_from_dict(data: dict, where: str = "trace") -> Trace:
     else:
         token_us = replay.token_times_us
     output_ids = _column(req_table, "output_ids", n, where) if "output_ids" in req_table else None
-    details = _column(req_table, "finish_detail", n, where) if "finish_detail" in req_table else [None] * n
+    details = (_column(req_table, "finish_detail", n, where) if "finish_detail" in req_table
+               else [None] * n)
 
     records = []
     for i, rid in enumerate(ids):
-        outs = list(output_ids[i]) if output_ids is not None else [PLACEHOLDER_TOKEN] * len(token_us[i])
+        outs = (list(output_ids[i]) if output_ids is not None
+                else [PLACEHOLDER_TOKEN] * len(token_us[i]))
         if len(outs) != len(token_us[i]):
             raise ValueError(f"{where}: request {rid!r} has {len(token_us[i])} token times but "
                              f"{len(outs)} output ids")
@@ -271,17 +281,18 @@ def _step_checks(flat: object, decodes: list[int], where: str) -> dict[int, tupl
     """A step's ``checks`` column: request index -> (drafted, accepted), each a decode of the step
     with 0 <= accepted <= drafted, drafted >= 1."""
     if not isinstance(flat, list) or len(flat) % 3 or not all(is_int(x) for x in flat):
-        raise ValueError(f"{where}: checks={shown(flat)}; must be a flat list of (request, drafted, accepted) ints")
+        raise ValueError(f"{where}: checks={shown(flat)}; must be a flat list of "
+                         "(request, drafted, accepted) ints")
     checks = {}
     for r, drafted, accepted in zip(flat[0::3], flat[1::3], flat[2::3]):
         if r not in decodes or r in checks or not 0 <= accepted <= drafted or drafted < 1:
-            raise ValueError(f"{where}: check ({r}, {drafted}, {accepted}) must be one of the step's decodes "
-                             "(once) with 1 <= drafted and 0 <= accepted <= drafted")
+            raise ValueError(f"{where}: check ({r}, {drafted}, {accepted}) must be one of the "
+                             "step's decodes (once) with 1 <= drafted and 0 <= accepted <= drafted")
         checks[r] = (drafted, accepted)
     return checks
 
 
-# --- files -------------------------------------------------------------------------------------------
+# --- files ----------------------------------------------------------------------------------------
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 

@@ -28,7 +28,8 @@ class CacheAwareConfig:
     def __post_init__(self) -> None:
         check_number("cache_threshold", self.cache_threshold)
         if self.cache_threshold > 1:
-            raise ValueError(f"cache_threshold={self.cache_threshold!r}; must be in [0, 1] (a match ratio)")
+            raise ValueError(f"cache_threshold={self.cache_threshold!r}; must be in [0, 1] "
+                             "(a match ratio)")
         check_int("balance_abs_threshold", self.balance_abs_threshold, minimum=0)
         check_number("balance_rel_threshold", self.balance_rel_threshold, hint="a ratio of loads")
         check_number("eviction_interval_s", self.eviction_interval_s, strict=True)
@@ -51,7 +52,8 @@ class CacheAwareRouter(Router):
         """Step 1 of the rule: both thresholds exceeded."""
         loads = [self.in_flight[r] for r in self.alive]
         low, high = min(loads), max(loads)
-        return high - low > self.config.balance_abs_threshold and high > low * self.config.balance_rel_threshold
+        return (high - low > self.config.balance_abs_threshold
+                and high > low * self.config.balance_rel_threshold)
 
     def choose(self, req: RouteRequest, reports: ReplicaReports) -> Routed:
         self._prune_if_due(reports.now)

@@ -23,8 +23,9 @@ from batchlab.requests import Request
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """How many replicas, which routing policy (one of ``ROUTING_POLICIES``) with which parameters (the
-    fields of its config dataclass, e.g. ``{"cache_threshold": 0.5}``), and the router's seed."""
+    """How many replicas, which routing policy (one of ``ROUTING_POLICIES``) with which parameters
+    (the fields of its config dataclass, e.g. ``{"cache_threshold": 0.5}``), and the router's
+    seed."""
 
     num_replicas: int
     policy: str = "cache_aware"
@@ -35,7 +36,8 @@ class ClusterConfig:
         check_int("num_replicas", self.num_replicas, hint="a cluster needs at least one replica")
         check_policy(self.policy)
         if not isinstance(self.policy_params, Mapping):
-            raise ValueError(f"policy_params={self.policy_params!r}; must be a dict of the policy's parameters")
+            raise ValueError(f"policy_params={self.policy_params!r}; must be a dict of the "
+                             "policy's parameters")
         check_int("seed", self.seed, minimum=0)
         # checks the params
         make_router(self.policy, self.num_replicas, self.seed, self.policy_params)
@@ -50,7 +52,8 @@ class Cluster:
         if not isinstance(config, ClusterConfig):
             raise ValueError(f"config={config!r}; must be a ClusterConfig")
         if (replica is None) == (engine_factory is None):
-            raise ValueError("give exactly one of replica= (a ReplicaSpec) and engine_factory= (index -> Engine)")
+            raise ValueError("give exactly one of replica= (a ReplicaSpec) and "
+                             "engine_factory= (index -> Engine)")
         if replica is not None and not isinstance(replica, ReplicaSpec):
             raise ValueError(f"replica={replica!r}; must be a ReplicaSpec")
         self.config = config
@@ -66,7 +69,8 @@ class Cluster:
         """Replica ``replica`` dies at time ``at`` in every later run: the step it is running
         completes, its unfinished requests are aborted with that reason, the router avoids it."""
         if not is_int(replica) or not 0 <= replica < self.config.num_replicas:
-            raise ValueError(f"replica={replica!r}; must be an int in 0..{self.config.num_replicas - 1}")
+            raise ValueError(f"replica={replica!r}; must be an int in "
+                             f"0..{self.config.num_replicas - 1}")
         check_number("at", at, hint="seconds on the run's clock")
         self.kills.append((float(at), int(replica)))
 
@@ -85,7 +89,8 @@ class Cluster:
             result = build_result(run, {"policy": c.policy, "policy_params": dict(c.policy_params),
                                         "router": repr(router), "seed": c.seed,
                                         "kills": list(self.kills)})
-        result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = time.perf_counter() - wall_start
+        result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = (
+            time.perf_counter() - wall_start)
         return result
 
     def _engine(self, index: int) -> Engine:

@@ -85,7 +85,8 @@ class DisaggregatedCluster:
         decode = prefill if decode is None else decode
         for name, spec in (("prefill", prefill), ("decode", decode)):
             if not isinstance(spec, ReplicaSpec) and not callable(spec):
-                raise ValueError(f"{name}={spec!r}; must be a ReplicaSpec or a function index -> Engine")
+                raise ValueError(f"{name}={spec!r}; must be a ReplicaSpec or a function "
+                                 "index -> Engine")
         check_number("kv_bytes_per_token", kv_bytes_per_token, strict=True)
         self.config, self.link = config, kv_link(config.link)
         self.build = {pool: spec.build if isinstance(spec, ReplicaSpec) else spec
@@ -114,7 +115,8 @@ class DisaggregatedCluster:
 
     def __repr__(self) -> str:
         c = self.config
-        return f"DisaggregatedCluster({c.num_prefill}P:{c.num_decode}D, link={self.link.name!r}, kills={self.kills})"
+        return (f"DisaggregatedCluster({c.num_prefill}P:{c.num_decode}D, "
+                f"link={self.link.name!r}, kills={self.kills})")
 
     def run(self, requests: Sequence[Request],
             session_of: Mapping[str, str] | None = None) -> DisaggregatedResult:
@@ -135,7 +137,8 @@ class DisaggregatedCluster:
                     "prefill_policy": c.prefill_policy, "decode_policy": c.decode_policy,
                     "seed": c.seed, "kills": list(self.kills)}
             result = run.result(workload, meta)
-        result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = time.perf_counter() - wall_start
+        result.meta["wall_seconds"] = result.merged.meta["wall_seconds"] = (
+            time.perf_counter() - wall_start)
         return result
 
 
@@ -144,8 +147,9 @@ class DisaggregatedCluster:
         if not isinstance(engine, Engine):
             raise ValueError(f"the {pool} pool's engine {index} is {engine!r}, not an Engine")
         if pool == "decode" and not engine.scheduler.takes_transferred_kv:
-            raise ValueError(f"the decode pool's {engine.scheduler!r} cannot admit a request whose KV was computed "
-                             "elsewhere; use continuous batching (ContinuousBatcher)")
+            raise ValueError(f"the decode pool's {engine.scheduler!r} cannot admit a request "
+                             "whose KV was computed elsewhere; "
+                             "use continuous batching (ContinuousBatcher)")
         return engine
 
 
@@ -171,7 +175,8 @@ class _DisaggregatedRun:
         self.link_free = [0.0] * len(prefill[0])                 # each prefill worker's link
 
     def run(self, workload: Sequence[Request], kills: Sequence[tuple[float, str, int]]) -> None:
-        """Arrivals and deaths in time order (a death first at a tie), then every worker to its end."""
+        """Arrivals and deaths in time order (a death first at a tie), then every worker to its
+        end."""
         events = sorted([(t, 0, pool, i) for t, pool, i in kills]
                         + [(req.arrival_time, 1, k, req) for k, req in enumerate(workload)],
                         key=lambda e: e[:2])
@@ -197,7 +202,8 @@ class _DisaggregatedRun:
         self.decode.hear_until(math.inf)
 
     def _prefilled(self, replica: int, req: Request, t: float) -> None:
-        """A prefill ended at ``t``: it goes to the decode pool, and its KV takes the link's next turn."""
+        """A prefill ended at ``t``: it goes to the decode pool, and its KV takes the link's next
+        turn."""
         if req.status is not RequestStatus.FINISHED:
             # rejected or aborted: its record is the last word
             return
@@ -222,15 +228,16 @@ class _DisaggregatedRun:
             self.decode.route(decode, at=ended)
 
     def kill(self, pool: str, replica: int, t: float) -> None:
-        """Worker ``replica`` of ``pool`` dies at ``t``; a prefill worker's undelivered KV dies with it."""
+        """Worker ``replica`` of ``pool`` dies at ``t``; a prefill worker's undelivered KV dies
+        with it."""
         for rep in self.decode.live:
             if rep.time < t:
                 rep.advance_to(t)
         (self.prefill if pool == "prefill" else self.decode).kill(t, replica)
         if pool == "decode":
             return
-        why = (f"prefill worker {replica} died at t={t:.6g} s before its KV reached a decode worker; "
-               "the decode worker never received it")
+        why = (f"prefill worker {replica} died at t={t:.6g} s before its KV reached a decode "
+               "worker; the decode worker never received it")
         # not yet sent to the decode pool
         for handoff in [h for h in self.handoffs if h[3] == replica]:
             req = self.originals[handoff[2]]
@@ -255,10 +262,11 @@ class _DisaggregatedRun:
         records = (list(decode.merged.requests) + self.lost
                    + [r for r in prefill.merged.requests if r.request_id not in later])
         records.sort(key=lambda r: (r.arrival_time, r.request_id))
-        if [r.request_id for r in records] != sorted((q.request_id for q in workload),
-                                                     key=lambda rid: (self.originals[rid].arrival_time, rid)):
-            raise EngineError(f"the disaggregated cluster ended with {len(records)} records for {len(workload)} "
-                              "requests: some were lost or counted twice")
+        if [r.request_id for r in records] != sorted(
+                (q.request_id for q in workload),
+                key=lambda rid: (self.originals[rid].arrival_time, rid)):
+            raise EngineError(f"the disaggregated cluster ended with {len(records)} records for "
+                              f"{len(workload)} requests: some were lost or counted twice")
         merged_meta = {**meta, "num_requests": len(records),
                        "num_rejected": sum(r.status is RequestStatus.REJECTED for r in records),
                        "num_aborted": sum(r.status is RequestStatus.ABORTED for r in records)}
@@ -270,7 +278,8 @@ class _DisaggregatedRun:
         """One row per hand-off; ``kv_arrived`` (and ``transfer_start``) NaN for KV never used."""
         rows = []
         for request_id, (sender, ended, _) in self.sent.items():
-            req, seconds = self.decoding.get(request_id), self.transfer_time(self.originals[request_id])
+            req, seconds = (self.decoding.get(request_id),
+                            self.transfer_time(self.originals[request_id]))
             used = req is not None and req.first_scheduled_time is not None
             arrived = req.kv_transfer.arrival_time if used else math.nan
             rows.append((request_id, sender, ended, arrived - seconds, arrived,

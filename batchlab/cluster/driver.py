@@ -138,10 +138,12 @@ class ClusterRun:
         if block_size is None or view.prompt_ids is None:
             return 0
         hashes = view.hashes(block_size)
-        return stored_blocks(rep.engine.backend.kv, hashes, (view.prompt_len - 1) // block_size) * block_size
+        return stored_blocks(rep.engine.backend.kv, hashes,
+                             (view.prompt_len - 1) // block_size) * block_size
 
     def reject(self, req: Request, why: str) -> None:
-        """The cluster itself turns ``req`` away (no replica to send it to); it stays in the result."""
+        """The cluster itself turns ``req`` away (no replica to send it to); it stays in the
+        result."""
         self.rejected.append(RequestRecord(req.request_id, req.arrival_time, req.prompt_len,
                                            req.max_new_tokens,
                                            RequestStatus.REJECTED, FinishReason.REJECTED, None, [],

@@ -64,7 +64,8 @@ class KVAwareRouter(Router):
             tied = [r for r, c in costs.items() if c == low]
             return tied[0] if len(tied) == 1 else self.rng.choice(tied)
         replicas = list(costs)
-        weights = [math.exp(-(costs[r] - low) / (high - low) / self.config.temperature) for r in replicas]
+        weights = [math.exp(-(costs[r] - low) / (high - low) / self.config.temperature)
+                   for r in replicas]
         return self.rng.choices(replicas, weights)[0]
 
     def sent(self, req: RouteRequest, replica: int, reports: ReplicaReports) -> None:

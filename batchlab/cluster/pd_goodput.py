@@ -41,8 +41,8 @@ def attainment_table(model: str, device: str, num_gpus: int, rates: Sequence[flo
                      link: str = "infiniband-ndr", policy: str = "least_outstanding",
                      seed: int = 0) -> pd.DataFrame:
     """One row per layout and rate: ``num_good`` of ``num_requests`` met ``slo``, with the TTFT and
-    TPOT medians and 90th percentiles (seconds). ``prompt_len``, ``output_len``: as ``make_workload``
-    takes them (an int or a ``Range``)."""
+    TPOT medians and 90th percentiles (seconds). ``prompt_len``, ``output_len``: as
+    ``make_workload`` takes them (an int or a ``Range``)."""
     slo = SLO.coerce(slo)
     rows = []
     for layout in layout_names or layouts(num_gpus):

@@ -50,7 +50,8 @@ class PrefixIndex:
         last: dict[int, None] = {}
         for i, h in enumerate(hashes):
             holders = self.holders.get(h)
-            still = set() if holders is None else (set(holders) if active is None else active & holders.keys())
+            still = set() if holders is None else (set(holders) if active is None
+                                                   else active & holders.keys())
             for r in (active or set()) - still:
                 depth[r] = i
             if not still:

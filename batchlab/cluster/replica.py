@@ -34,7 +34,8 @@ REPLICA_ARGS = EngineArgs(max_num_seqs=256, max_num_batched_tokens=2048,
 
 
 class AdmissionLog(BlockManager):
-    """A ``BlockManager`` that remembers the cached prompt tokens of each request's first admission."""
+    """A ``BlockManager`` that remembers the cached prompt tokens of each request's first
+    admission."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -71,7 +72,8 @@ class ReplicaSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost_model, StepTimeModel):
-            raise ValueError(f"cost_model={self.cost_model!r}; must be a CostModel or a RooflineCostModel")
+            raise ValueError(f"cost_model={self.cost_model!r}; must be a CostModel or a "
+                             "RooflineCostModel")
         check_int("kv_capacity_tokens", self.kv_capacity_tokens)
         check_instance("args", self.args, EngineArgs, "an EngineArgs")
         object.__setattr__(self, "args", self.args.with_defaults(REPLICA_ARGS))
@@ -89,7 +91,8 @@ class ReplicaSpec:
         """A replica of ``model`` on ``tensor_parallel_size`` GPUs of preset ``device``, as vLLM
         serves it (``VllmReplica``): its step time, KV blocks and budgets, vLLM's defaults for
         the GPU (an H100: 1,024 sequences, 8,192 tokens a step). ``kwargs``: vLLM's flags by
-        their ``EngineArgs`` names (``max_num_seqs=256``), or ``noise``, ``seed``, ``fast_decode_runs``."""
+        their ``EngineArgs`` names (``max_num_seqs=256``), or ``noise``, ``seed``,
+        ``fast_decode_runs``."""
         own = {k: kwargs.pop(k) for k in SPEC_ONLY if k in kwargs}
         names = {f.name for f in fields(EngineArgs)}
         for key in kwargs:
@@ -130,7 +133,8 @@ class Replica:
         self.time = self.engine.start(listener)
 
     def advance_to(self, t: float) -> None:
-        """Run every step that starts before ``t`` (the serving loop, with arrivals the driver adds)."""
+        """Run every step that starts before ``t`` (the serving loop, with arrivals the driver
+        adds)."""
         self.time = run_until(self.engine, self.arrivals, self.time, until=t, fast=self.fast)
 
     def sync(self) -> None:
@@ -154,7 +158,8 @@ class Replica:
 
     def kill(self, t: float) -> float:
         """Die at ``t``: the step in progress completes, then every unfinished request is aborted
-        with the reason in words; returns the time of the aborts (the end of that step, or ``t``)."""
+        with the reason in words; returns the time of the aborts (the end of that step, or
+        ``t``)."""
         self.advance_to(t)
         self.sync()
         if self.fast is not None:
@@ -171,7 +176,7 @@ class Replica:
         return at
 
     def drain(self) -> None:
-        """No request will arrive any more: run to the end (the loop fails loudly if work is stuck)."""
+        """No more requests will arrive: run to the end (the loop fails loudly if work is stuck)."""
         self.arrivals.exhausted = True
         self.advance_to(math.inf)
 

@@ -44,7 +44,8 @@ class LiveReports:
         self.num_scrapes = 0
 
     def scrape(self, t: float) -> None:
-        """Read every live replica's queue depth, load (running + waiting) and KV usage as of ``t``."""
+        """Read every live replica's queue depth, load (running + waiting) and KV usage as of
+        ``t``."""
         for rep in self.replicas:
             if not rep.alive:
                 continue

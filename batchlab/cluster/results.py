@@ -31,7 +31,8 @@ class ClusterResult:
         return self.merged.requests_df().merge(self.routing, on="request_id", how="left")
 
     def replicas_df(self) -> pd.DataFrame:
-        """One row per replica: what it was sent, how it ended them, how busy it was, what it reused."""
+        """One row per replica: what it was sent, how it ended them, how busy it was, what it
+        reused."""
         rows = []
         for i, trace in enumerate(self.traces):
             statuses = pd.Series([r.status.value for r in trace.requests], dtype=object)
@@ -56,11 +57,13 @@ class ClusterResult:
             raise ValueError("no request was routed, so there are no prefix hits to summarise")
         predicted = df["predicted_hit_tokens"].astype(float)
         out = {"prompt_tokens": prompt,
-               "predicted_hit_share": float(predicted.sum()) / prompt if predicted.notna().any() else np.nan,
+               "predicted_hit_share": (float(predicted.sum()) / prompt if predicted.notna().any()
+                                       else np.nan),
                "cached_at_route_share": float(df["cached_at_route_tokens"].sum()) / prompt,
                "admitted_hit_share": float(df["admitted_hit_tokens"].sum()) / prompt}
         known = predicted.notna()
-        out["overpredicted_share"] = (float((predicted[known] > df["cached_at_route_tokens"][known]).mean())
+        out["overpredicted_share"] = (float((predicted[known]
+                                             > df["cached_at_route_tokens"][known]).mean())
                                       if known.any() else np.nan)
         return out
 
@@ -87,8 +90,8 @@ def build_result(run: ClusterRun, meta: dict) -> ClusterResult:
     records.sort(key=lambda r: (r.arrival_time, r.request_id))
     expected = {req.request_id for req in run.workload}
     if len(records) != len(expected) or {r.request_id for r in records} != expected:
-        raise EngineError(f"the cluster ended with {len(records)} request records for {len(expected)} "
-                          "requests: some were lost or counted twice")
+        raise EngineError(f"the cluster ended with {len(records)} request records for "
+                          f"{len(expected)} requests: some were lost or counted twice")
     merged_meta = {**meta, "num_requests": len(records), "num_replicas": len(traces),
                    "num_rejected": sum(r.status is RequestStatus.REJECTED for r in records),
                    "num_aborted": sum(r.status is RequestStatus.ABORTED for r in records),

@@ -60,7 +60,8 @@ class ReplicaReports(Protocol):
         """The replica's waiting-queue length, as last scraped."""
 
     def load(self, replica: int) -> int:
-        """The replica's requests running and waiting, as last scraped (what ``/get_load`` reports)."""
+        """The replica's requests running and waiting, as last scraped (what ``/get_load``
+        reports)."""
 
     def kv_usage(self, replica: int) -> float:
         """The fraction of the replica's KV cache in use, as last scraped."""

@@ -60,8 +60,8 @@ class PowerOfTwoConfig:
 
     def __post_init__(self) -> None:
         if self.load not in ("in_flight", "polled"):
-            raise ValueError(f"load={self.load!r}; must be 'in_flight' (the router's own count) or 'polled' "
-                             "(the replicas' reports, as vllm-router reads /get_load)")
+            raise ValueError(f"load={self.load!r}; must be 'in_flight' (the router's own count) "
+                             "or 'polled' (the replicas' reports, as vllm-router reads /get_load)")
         check_number("poll_interval_s", self.poll_interval_s, strict=True,
                      hint="seconds between polls")
 

@@ -27,7 +27,8 @@ RunFn = Callable[..., Mapping[str, Any]]
 
 
 def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
-    """Every combination of the given values, as a list of settings (the last axis varies fastest)."""
+    """Every combination of the given values, as a list of settings (the last axis varies
+    fastest)."""
     for name, values in axes.items():
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
             raise ValueError(f"{name}={values!r}; must be a non-empty list of values")
@@ -43,7 +44,8 @@ def call_point(fn: RunFn, point: Mapping[str, Any]) -> dict[str, Any]:
     except Exception as err:   # the run's own failure: reported in its row, the others go on
         return {"error": f"{type(err).__name__}: {err}"}
     if not isinstance(row, Mapping):
-        raise ValueError(f"{getattr(fn, '__name__', fn)}({dict(point)}) returned {type(row).__name__}, "
+        raise ValueError(f"{getattr(fn, '__name__', fn)}({dict(point)}) returned "
+                         f"{type(row).__name__}, "
                          "not a dict: a sweep's runs return small rows, never traces")
     return dict(row)
 
@@ -58,7 +60,8 @@ def run_sweep(fn: RunFn, points: Sequence[Mapping[str, Any]], *, use_ray: bool =
     if not callable(fn):
         raise ValueError(f"fn={fn!r}; must be a function settings -> dict")
     if isinstance(points, Mapping) or not isinstance(points, Sequence) or not points:
-        raise ValueError("points must be a non-empty list of settings (dicts); grid(...) builds one")
+        raise ValueError("points must be a non-empty list of settings (dicts); "
+                         "grid(...) builds one")
     if not all(isinstance(p, Mapping) for p in points):
         raise ValueError("every point must be a dict of settings")
     check_bool("use_ray", use_ray)
@@ -66,7 +69,8 @@ def run_sweep(fn: RunFn, points: Sequence[Mapping[str, Any]], *, use_ray: bool =
     rows = run_on_ray(fn, points, num_cpus) if use_ray else [call_point(fn, p) for p in points]
     failed = sum("error" in row for row in rows)
     if failed:
-        print(f"run_sweep: {failed} of {len(rows)} points failed; their rows hold the error (column 'error')")
+        print(f"run_sweep: {failed} of {len(rows)} points failed; their rows hold the error "
+              "(column 'error')")
     return pd.DataFrame([{**p, **row} for p, row in zip(points, rows)])
 
 
@@ -106,7 +110,8 @@ def run_on_ray(fn: RunFn, points: Sequence[Mapping[str, Any]],
     try:
         import ray
     except ImportError:
-        raise ImportError("use_ray=True needs Ray: pip install -r requirements.txt (it pins ray)") from None
+        raise ImportError("use_ray=True needs Ray: pip install -r requirements.txt "
+                          "(it pins ray)") from None
     started = start_ray(num_cpus)
     try:
         task = ray.remote(num_cpus=1)(call_point)
@@ -156,8 +161,8 @@ def _cluster_row(policy: str, num_replicas: int, seed: int, num_sessions: int, s
     result = Cluster(ClusterConfig(num_replicas, policy, seed=seed), spec).run(workload.requests,
                                                                                workload.session_of)
     counts = result.routing["replica"].value_counts().reindex(range(num_replicas), fill_value=0)
-    row = {k: v for k, v in summary_row(result.merged).items() if not k.startswith(("num_steps", "busy", "mean_num",
-                                                                                    "slot_waste"))}
+    row = {k: v for k, v in summary_row(result.merged).items()
+           if not k.startswith(("num_steps", "busy", "mean_num", "slot_waste"))}
     return {**row, **result.hit_summary(), "imbalance": float(counts.max() / counts.mean())}
 
 

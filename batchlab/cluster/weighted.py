@@ -31,7 +31,8 @@ class WeightedConfig:
         for name in ("prefix_weight", "queue_weight", "kv_weight"):
             check_number(name, getattr(self, name))
         if self.prefix_weight + self.queue_weight + self.kv_weight == 0:
-            raise ValueError("prefix_weight, queue_weight and kv_weight are all 0; give at least one weight > 0")
+            raise ValueError("prefix_weight, queue_weight and kv_weight are all 0; "
+                             "give at least one weight > 0")
         check_int("hash_block_tokens", self.hash_block_tokens)
         check_int("max_prefix_blocks", self.max_prefix_blocks)
         check_int("lru_capacity_blocks", self.lru_capacity_blocks)

@@ -25,7 +25,8 @@ for dtype in (torch.float32, torch.bfloat16):
 
 
 def cpu_kernel_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
-    """The flags of ``KERNEL_FLAGS`` this CPU reports, in that order (empty without /proc/cpuinfo)."""
+    """The flags of ``KERNEL_FLAGS`` this CPU reports, in that order (empty without
+    /proc/cpuinfo)."""
     try:
         with open(cpuinfo) as f:
             flags = set(next(line for line in f if line.startswith("flags")).split())
@@ -36,13 +37,15 @@ def cpu_kernel_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
 
 def parse_onednn_log(text: str) -> dict[str, str | None]:
     """From oneDNN's verbose log of ``_PROBE``: ``isa`` (its "cpu,isa:" line) and the kernel of each
-    inner product it ran, in order: ``fp32_kernel``, ``bf16_kernel`` (e.g. ``brg_matmul:avx512_core_amx``)."""
+    inner product it ran, in order: ``fp32_kernel``, ``bf16_kernel`` (e.g.
+    ``brg_matmul:avx512_core_amx``)."""
     isa, kernels = None, []
     for line in text.splitlines():
         parts = line.split(",")
         if line.startswith("onednn_verbose") and ",info,cpu,isa:" in line:
             isa = line.split("isa:", 1)[1].strip()
-        elif line.startswith("onednn_verbose") and "primitive,exec,cpu,inner_product" in line and len(parts) > 6:
+        elif (line.startswith("onednn_verbose") and "primitive,exec,cpu,inner_product" in line
+              and len(parts) > 6):
             kernels.append(parts[6])
     return {"isa": isa, "fp32_kernel": kernels[0] if kernels else None,
             "bf16_kernel": kernels[1] if len(kernels) > 1 else None}
@@ -76,10 +79,13 @@ def describe_kernels(report: dict) -> str:
     """One line for a benchmark's header."""
     flags = " ".join(report["flags"]) or "none of " + "/".join(KERNEL_FLAGS)
     cap = report["onednn_isa_cap"] or "none"
-    return (f"CPU flags {flags}; oneDNN ISA {report['isa'] or 'unknown'} (ONEDNN_MAX_CPU_ISA cap: {cap}); "
-            f"packed products fp32 {report['fp32_kernel'] or 'unknown'}, bf16 {report['bf16_kernel'] or 'unknown'}"
-            f"{'' if report['bf16_units'] else ' (no usable bf16 units: the step widens bf16 to fp32)'}; "
-            f"torch kernels {report['torch_capability']}")
+    return (
+        f"CPU flags {flags}; oneDNN ISA {report['isa'] or 'unknown'} "
+        f"(ONEDNN_MAX_CPU_ISA cap: {cap}); "
+        f"packed products fp32 {report['fp32_kernel'] or 'unknown'}, "
+        f"bf16 {report['bf16_kernel'] or 'unknown'}"
+        f"{'' if report['bf16_units'] else ' (no usable bf16 units: the step widens bf16 to fp32)'}"
+        f"; torch kernels {report['torch_capability']}")
 
 
 __all__ = ["KERNEL_FLAGS", "cpu_kernel_flags", "describe_kernels", "kernel_report",

@@ -27,7 +27,8 @@ BF16_FLAG_LEVEL = {"avx512_bf16": "AVX512_CORE_BF16", "amx_bf16": "AVX512_CORE_A
 
 def onednn_isa_cap() -> str | None:
     """The instruction-set level oneDNN is capped at (``ONEDNN_MAX_CPU_ISA``, or its older name
-    ``DNNL_MAX_CPU_ISA``), upper-cased; None when unset, ``ALL``/``DEFAULT`` or not a known level."""
+    ``DNNL_MAX_CPU_ISA``), upper-cased; None when unset, ``ALL``/``DEFAULT`` or not a known
+    level."""
     cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
     return cap if cap in ONEDNN_ISA_LEVELS else None
 
@@ -50,7 +51,8 @@ def cpu_bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
 
 
 def widens_bf16(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether a bf16 product on ``device`` is computed in fp32 (a CPU without usable bf16 units)."""
+    """Whether a bf16 product on ``device`` is computed in fp32 (a CPU without usable bf16
+    units)."""
     return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not cpu_bf16_flags()
 
 
@@ -72,12 +74,14 @@ def prepack_available() -> bool:
 
 
 def min_pack_rows(dtype: torch.dtype) -> int:
-    """From how many rows a product in ``dtype`` uses the packed copy (fp32 keeps ``x @ w`` at one)."""
+    """From how many rows a product in ``dtype`` uses the packed copy (fp32 keeps ``x @ w`` at
+    one)."""
     return 2 if dtype == torch.float32 else 1
 
 
 def uses_packing(dtype: torch.dtype, device: torch.device | str, widen_bf16: bool) -> bool:
-    """Whether the step packs its weights for this dtype and device (fp32, or bf16 on bf16 units)."""
+    """Whether the step packs its weights for this dtype and device (fp32, or bf16 on bf16
+    units)."""
     packable = dtype == torch.float32 or (dtype == torch.bfloat16 and not widen_bf16)
     return PREPACK and packable and torch.device(device).type == "cpu" and prepack_available()
 
@@ -93,10 +97,10 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 
 class StepProducts:
-    """``x @ w`` for a model's (in, out) weights, each by the step's route on their dtype and device:
-    the weight's packed copy from ``min_rows`` rows on, else a plain matmul; bf16 on a CPU without
-    bf16 units (``widen``) takes fp32's route on an fp32 copy of each weight and rounds the result
-    back. The copies are made here, once."""
+    """``x @ w`` for a model's (in, out) weights, each by the step's route on their dtype and
+    device: the weight's packed copy from ``min_rows`` rows on, else a plain matmul; bf16 on a CPU
+    without bf16 units (``widen``) takes fp32's route on an fp32 copy of each weight and rounds
+    the result back. The copies are made here, once."""
 
     def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str) -> None:
@@ -112,8 +116,9 @@ class StepProducts:
     @widen.setter
     def widen(self, widen: bool) -> None:
         self._widen = widen
-        # id(weight) -> its fp32 copy (the same values: bf16 widens to fp32 exactly), while ``widen``
-        self.widened: dict[int, torch.Tensor] = {id(w): w.float() for w in self.weights} if widen else {}
+        # id(weight) -> its fp32 copy (same values: bf16 widens to fp32 exactly), while ``widen``
+        self.widened: dict[int, torch.Tensor] = ({id(w): w.float() for w in self.weights}
+                                                 if widen else {})
         route = torch.float32 if widen else self.dtype
         self.min_rows = min_pack_rows(route)
         # id(weight) -> the packed copy of what it multiplies by (empty where the step does not

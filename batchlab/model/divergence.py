@@ -1,4 +1,5 @@
-"""Does batching change my answer? Greedy answers served alone and together, compared token by token.
+"""Does batching change my answer? Greedy answers served alone and together, compared token by
+token.
 
 The rules and their reasons: ``docs/the-core.md``.
 """
@@ -47,17 +48,19 @@ def greedy_batch_logits(weights: LlamaWeights, prompts: Sequence[Sequence[int]],
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first token where two answers differ (None when one is a prefix of the other)."""
+    """Index of the first token where two answers differ (None if one is a prefix of the other)."""
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def tie_margin(logits: torch.Tensor, chosen: int, other: int) -> float:
-    """How many logits ``chosen`` beat ``other`` by in one row of logits (V,): near 0, a near-tie."""
+    """How many logits ``chosen`` beat ``other`` by in one row of logits (V,): near 0, a
+    near-tie."""
     return float(logits[chosen] - logits[other])
 
 
 def parted_from_alone(weights: LlamaWeights, prompts: Mapping[Hashable, Sequence[int]],
-                      answers: Mapping[Hashable, Sequence[int]]) -> dict[Hashable, tuple[int, float]]:
+                      answers: Mapping[Hashable, Sequence[int]]
+                      ) -> dict[Hashable, tuple[int, float]]:
     """Serve each answered prompt alone (greedy, as many tokens as its answer) and compare.
 
     ``prompts`` and ``answers`` are keyed alike (a request's id, say). Returns, for every answer
@@ -77,7 +80,8 @@ def parted_from_alone(weights: LlamaWeights, prompts: Mapping[Hashable, Sequence
 
 
 def parted_between(weights: LlamaWeights, prompts: Mapping[Hashable, Sequence[int]],
-                   runs: Mapping[str, Mapping[Hashable, Sequence[int]]]) -> dict[Hashable, tuple[int, float]]:
+                   runs: Mapping[str, Mapping[Hashable, Sequence[int]]]
+                   ) -> dict[Hashable, tuple[int, float]]:
     """The answers that differ between ``runs`` (run name -> key -> answer), each with where the
     runs parted from its lone run: ``(first different token of any run, the largest margin)``.
 

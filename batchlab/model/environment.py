@@ -38,7 +38,8 @@ def device_name(device: str | torch.device = "cpu") -> str:
 
 
 def device_slug(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"nvidia-h200"``, ``"CPU: AMD EPYC"`` -> ``"cpu-amd-epyc"``: a file name."""
+    """``"NVIDIA H200"`` -> ``"nvidia-h200"``, ``"CPU: AMD EPYC"`` -> ``"cpu-amd-epyc"``: a file
+    name."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
 
 

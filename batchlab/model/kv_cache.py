@@ -53,15 +53,17 @@ class KVCache(ReservingKVSpace):
     def from_budget(cls, memory_bytes: int, max_seq_len: int, num_layers: int, num_kv_heads: int,
                     head_dim: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
                     max_slots: int | None = None) -> "KVCache":
-        """As many slots of ``max_seq_len`` tokens as ``memory_bytes`` holds (at most ``max_slots``)."""
+        """As many slots of ``max_seq_len`` tokens as ``memory_bytes`` holds (at most
+        ``max_slots``)."""
         per_token = cls.token_bytes(num_layers, num_kv_heads, head_dim, dtype)
         slots = int(memory_bytes // (per_token * max_seq_len))
         if max_slots is not None:
             slots = min(slots, max_slots)
         if slots < 1:
             raise ValueError(
-                f"memory_bytes={memory_bytes:,} cannot hold one sequence of max_seq_len={max_seq_len} "
-                f"tokens ({per_token * max_seq_len:,} bytes); give more memory or a shorter max_seq_len")
+                f"memory_bytes={memory_bytes:,} cannot hold one sequence of "
+                f"max_seq_len={max_seq_len} tokens ({per_token * max_seq_len:,} bytes); "
+                "give more memory or a shorter max_seq_len")
         return cls(num_layers, num_kv_heads, head_dim, slots, max_seq_len, dtype, device)
 
     @staticmethod
@@ -144,14 +146,16 @@ class KVCache(ReservingKVSpace):
 
     # --- a disaggregated hand-off: a sequence's keys and values, out and in ----------------------
     def read_tokens(self, request_id: str, num_tokens: int) -> torch.Tensor:
-        """A copy of the sequence's first ``num_tokens`` positions: (layers, num_tokens, 2, KV, hd)."""
+        """A copy of the sequence's first ``num_tokens`` positions:
+        (layers, num_tokens, 2, KV, hd)."""
         slot = self.slot_of(request_id)
         # a moved sequence's past is where it went
         self._apply_moves()
         return self.kv[:, :, slot, :, :num_tokens].permute(0, 3, 1, 2, 4).contiguous()
 
     def write_tokens(self, request_id: str, kv: torch.Tensor) -> None:
-        """Write ``kv`` (layers, n, 2, KV, hd), computed elsewhere, into positions ``0..n-1`` of the slot."""
+        """Write ``kv`` (layers, n, 2, KV, hd), computed elsewhere, into positions ``0..n-1`` of
+        the slot."""
         slot, n = self.slot_of(request_id), kv.shape[1]
         self._apply_moves()
         self.kv[:, :, slot, :, :n] = kv.permute(0, 2, 3, 1, 4)
@@ -217,7 +221,8 @@ class SlotStepLayout(StepLayout):
         if chunk.slot in self._seen_slots:
             raise ValueError(f"slot {chunk.slot} appears twice in one step")
         if not 0 <= chunk.slot < self.cache.num_slots:
-            raise ValueError(f"slot={chunk.slot} is outside the cache's slots 0..{self.cache.num_slots - 1}")
+            raise ValueError(f"slot={chunk.slot} is outside the cache's slots "
+                             f"0..{self.cache.num_slots - 1}")
         self._seen_slots.add(chunk.slot)
         written = self.cache._written
         written[chunk.slot] = max(written[chunk.slot], chunk.start + len(chunk.token_ids))

@@ -40,7 +40,8 @@ class LlamaConfig:
             raise ValueError(f"rope_type={rope_type!r} is not supported by this compact forward; "
                              "only 'default' rotary embeddings are implemented")
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        head_dim = (getattr(config, "head_dim", None)
+                    or config.hidden_size // config.num_attention_heads)
         return cls(config.vocab_size, config.hidden_size, config.intermediate_size,
                    config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
                    head_dim, float(theta), float(config.rms_norm_eps),
@@ -80,7 +81,8 @@ class LlamaWeights:
                  final_norm: torch.Tensor, lm_head: torch.Tensor) -> None:
         self.config, self.embed, self.layers = config, embed, layers
         self.final_norm, self.lm_head = final_norm, lm_head
-        # Rotary tables for every position: (max_position, hd); column i and i + hd/2 share a frequency.
+        # Rotary tables for every position: (max_position, hd); column i and i + hd/2 share a
+        # frequency.
         hd = config.head_dim
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
         angles = torch.outer(torch.arange(config.max_position, dtype=torch.float64), inv_freq)
@@ -108,19 +110,23 @@ class LlamaWeights:
         self.products.widen = widen
 
     def project(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w`` for a (rows, in) activation and one of these (in, out) weights (``products``)."""
+        """``x @ w`` for a (rows, in) activation and one of these (in, out) weights
+        (``products``)."""
         return self.products(x, w)
 
     @classmethod
     def from_hf(cls, model) -> "LlamaWeights":
-        """Take the weights of a transformers ``LlamaForCausalLM``, fused and transposed to (in, out)."""
+        """Take the weights of a transformers ``LlamaForCausalLM``, fused and transposed to
+        (in, out)."""
         cfg = LlamaConfig.from_hf(model.config)
         m = model.model
         layers = []
         for layer in m.layers:
             a, p = layer.self_attn, layer.mlp
-            if any(getattr(x, "bias", None) is not None for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj)):
-                raise ValueError("attention projections with bias are not supported by this compact forward")
+            if any(getattr(x, "bias", None) is not None
+                   for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj)):
+                raise ValueError("attention projections with bias are not supported by this "
+                                 "compact forward")
             layers.append(LayerWeights(
                 attn_norm=layer.input_layernorm.weight.detach(),
                 w_qkv=_in_out(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
@@ -150,7 +156,8 @@ class LlamaWeights:
     def new_kv_cache(self, num_slots: int, max_seq_len: int) -> KVCache:
         c = self.config
         if max_seq_len > c.max_position:
-            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's context length {c.max_position}")
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's context length "
+                             f"{c.max_position}")
         return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_slots, max_seq_len,
                        self.dtype, str(self.device))
 
@@ -161,7 +168,8 @@ class LlamaWeights:
         c = self.config
         max_seq_len = c.max_position if max_seq_len is None else max_seq_len
         if max_seq_len > c.max_position:
-            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's context length {c.max_position}")
+            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's context length "
+                             f"{c.max_position}")
         return PagedKVCache(c.num_layers, c.num_kv_heads, c.head_dim, num_blocks, block_size,
                             max_seq_len,
                             self.dtype, str(self.device), enable_prefix_caching, reserve_blocks)

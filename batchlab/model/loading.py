@@ -63,7 +63,8 @@ def gguf_path() -> Path:
 
 
 def cache_root() -> Path:
-    """Per-user cache folder: $BATCHLAB_CACHE, else $XDG_CACHE_HOME/batchlab, else ~/.cache/batchlab."""
+    """Per-user cache folder: $BATCHLAB_CACHE, else $XDG_CACHE_HOME/batchlab, else
+    ~/.cache/batchlab."""
     if os.environ.get("BATCHLAB_CACHE"):
         return Path(os.environ["BATCHLAB_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -81,7 +82,7 @@ DEVICE_ENV, DTYPE_ENV = "BATCHLAB_DEVICE", "BATCHLAB_DTYPE"
 
 
 def from_environment(value: str, variable: str, allowed: tuple[str, ...]) -> str:
-    """``value``, or the environment variable's when ``value`` is "auto" (an explicit argument wins).
+    """``value``, or the environment variable's if ``value`` is "auto" (an explicit argument wins).
 
     An unset or empty variable leaves "auto". A bad one is an error naming the variable, its value
     and what is allowed (``cuda:N`` is allowed for the device).
@@ -91,7 +92,8 @@ def from_environment(value: str, variable: str, allowed: tuple[str, ...]) -> str
     env = os.environ.get(variable, "").strip()
     if not env:
         return value
-    if env not in allowed and not (variable == DEVICE_ENV and env.startswith("cuda:") and env[5:].isdigit()):
+    if env not in allowed and not (variable == DEVICE_ENV and env.startswith("cuda:")
+                                   and env[5:].isdigit()):
         extra = " or 'cuda:N'" if variable == DEVICE_ENV else ""
         raise ValueError(f"the environment variable {variable}={env!r} is not allowed; "
                          f"use one of {allowed}{extra}, or unset it")
@@ -102,11 +104,13 @@ def resolve_device(device: str = "auto") -> str:
     import torch
 
     if device not in ALLOWED_DEVICES and not str(device).startswith("cuda:"):
-        raise ValueError(f"device={device!r} is not allowed; use one of {ALLOWED_DEVICES} or 'cuda:N'")
+        raise ValueError(f"device={device!r} is not allowed; use one of {ALLOWED_DEVICES} "
+                         "or 'cuda:N'")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was asked for, but torch sees no CUDA device; use 'cpu' or 'auto'")
+        raise ValueError(f"device={device!r} was asked for, but torch sees no CUDA device; "
+                         "use 'cpu' or 'auto'")
     return device
 
 
@@ -184,9 +188,10 @@ def load_model(device: str = "auto", dtype: str = "auto", threads: int | None = 
     """Load the tokenizer and model, ready for inference (``eval`` mode, no grad needed).
 
     device: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
-    dtype: "auto" (fp32 on CPU unless bf16 measures faster there, bf16/fp16 on GPU), "float32", "bfloat16", "float16".
-        Left at "auto", each follows its environment variable when set (``BATCHLAB_DEVICE``,
-        ``BATCHLAB_DTYPE``): one switch for every notebook. An explicit argument wins.
+    dtype: "auto" (fp32 on CPU unless bf16 measures faster there, bf16/fp16 on GPU), "float32",
+        "bfloat16", "float16". Left at "auto", each follows its environment variable when set
+        (``BATCHLAB_DEVICE``, ``BATCHLAB_DTYPE``): one switch for every notebook. An explicit
+        argument wins.
     threads: CPU threads for torch (default: one per core no other process is keeping busy).
     hub_model: opt-in only, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct" on Colab; this one is
         downloaded by transformers. The default embedded model never touches the network.

@@ -40,8 +40,8 @@ class PagedKVCache(BlockManager):
         block_bytes = KVCache.token_bytes(num_layers, num_kv_heads, head_dim, dtype) * block_size
         num_blocks = int(memory_bytes // block_bytes)
         if num_blocks < 1:
-            raise ValueError(f"memory_bytes={memory_bytes:,} is below one block of {block_size} tokens "
-                             f"({block_bytes:,} bytes); give more memory or smaller blocks")
+            raise ValueError(f"memory_bytes={memory_bytes:,} is below one block of {block_size} "
+                             f"tokens ({block_bytes:,} bytes); give more memory or smaller blocks")
         return cls(num_layers, num_kv_heads, head_dim, num_blocks, block_size, max_seq_len, dtype,
                    device, enable_prefix_caching, reserve_blocks)
 
@@ -75,7 +75,8 @@ class PagedKVCache(BlockManager):
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def read_tokens(self, request_id: str, num_tokens: int) -> torch.Tensor:
-        """A copy of the sequence's first ``num_tokens`` positions: (layers, num_tokens, 2, KV, hd)."""
+        """A copy of the sequence's first ``num_tokens`` positions:
+        (layers, num_tokens, 2, KV, hd)."""
         return self.kv[:, self.token_rows(request_id, num_tokens)]
 
     def write_tokens(self, request_id: str, kv: torch.Tensor) -> None:
@@ -113,14 +114,17 @@ class PagedStepLayout(StepLayout):
         self.block_size = cache.block_size
         super().__init__(chunks, config, device)
         past_rows = [self._rows(c.block_table, c.start + len(c.token_ids)) for c in chunks]
-        self.slot_mapping = torch.cat([rows[c.start:] for c, rows in zip(chunks, past_rows)]).to(device)  # (T,)
-        self.multi_past_rows = [rows.to(device) for c, rows in zip(chunks, past_rows) if len(c.token_ids) > 1]
+        self.slot_mapping = torch.cat([rows[c.start:]
+                                       for c, rows in zip(chunks, past_rows)]).to(device)  # (T,)
+        self.multi_past_rows = [rows.to(device) for c, rows in zip(chunks, past_rows)
+                                if len(c.token_ids) > 1]
         # The single-token chunks attend in groups of similar context (``context_groups``), each
-        # gathered and padded to its own longest past: (rows in q, pool rows (n·ctx,), (n, ctx), mask).
+        # gathered and padded to its longest past: (rows in q, pool rows (n·ctx,), (n, ctx), mask).
         self.single_groups = []
         for members in context_groups([c.start + 1 for _, c in self.single]):
             chunks_g = [self.single[i][1] for i in members]
-            rows = (slice(0, len(members)) if members == list(range(len(members))) and self.singles_first
+            rows = (slice(0, len(members))
+                    if members == list(range(len(members))) and self.singles_first
                     else torch.tensor([self.single[i][0] for i in members], dtype=torch.long,
                                       device=device))
             self.single_groups.append((rows, *self._past_grid(chunks_g, device)))
@@ -150,7 +154,8 @@ class PagedStepLayout(StepLayout):
         return f"the chunk at {chunk.start} with {len(chunk.block_table)} blocks"
 
     def position_limit(self, chunk: PagedSeqChunk) -> tuple[int, str]:
-        return len(chunk.block_table) * self.block_size, f"{len(chunk.block_table)} blocks of {self.block_size}"
+        return (len(chunk.block_table) * self.block_size,
+                f"{len(chunk.block_table)} blocks of {self.block_size}")
 
 
 def paged_attention(q: torch.Tensor, kv_new: torch.Tensor, kv_layer: torch.Tensor,

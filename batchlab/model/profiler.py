@@ -21,7 +21,8 @@ def measure_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5,
                       device: str | torch.device = "cpu") -> float:
     """Memory read bandwidth in bytes/s: the best of ``repeats`` sums over a large fp32 tensor."""
     if num_bytes < 2**20:
-        raise ValueError(f"num_bytes={num_bytes}; use at least 1 MiB (ideally more than the caches)")
+        raise ValueError(f"num_bytes={num_bytes}; use at least 1 MiB "
+                         "(ideally more than the caches)")
     device = torch.device(device)
     data = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
     data.sum()
@@ -38,7 +39,8 @@ def measure_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5,
 def measure_matmul_flops(size: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32,
                          device: str | torch.device = "cpu") -> float:
     """Peak matmul throughput in FLOP/s: the best of ``repeats`` (size × size) @ (size × size)
-    products. It is the compute ceiling of the roofline, as ``measure_bandwidth`` is the memory one."""
+    products. It is the compute ceiling of the roofline, as ``measure_bandwidth`` is the memory
+    one."""
     if size < 64:
         raise ValueError(f"size={size}; use at least 64 (ideally 1024 or more)")
     device = torch.device(device)
@@ -114,7 +116,8 @@ def profile_steps(weights: LlamaWeights,
     Columns: kind, batch_size, num_tokens, context_len, ms_per_step, ms_per_token,
     tokens_per_s, floor_ms (weight bytes / measured bandwidth), x_floor (ms_per_step / floor_ms).
     """
-    batch_sizes, prefill_sizes, context_lens = list(batch_sizes), list(prefill_sizes), list(context_lens)
+    batch_sizes, prefill_sizes, context_lens = (list(batch_sizes), list(prefill_sizes),
+                                                list(context_lens))
     for name, values in [("batch_sizes", batch_sizes), ("prefill_sizes", prefill_sizes),
                          ("context_lens", context_lens)]:
         for i, v in enumerate(values):

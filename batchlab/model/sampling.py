@@ -97,9 +97,11 @@ class RequestSampler:
 
     def sample(self, logits: torch.Tensor,
                requests: Sequence[Request]) -> tuple[list[int], dict[str, TokenLogprobs]]:
-        """One token per row of ``logits`` (S, V), and the log-probabilities of the requests that ask."""
+        """One token per row of ``logits`` (S, V), and the log-probabilities of the requests that
+        ask."""
         if logits.shape[0] != len(requests):
-            raise ValueError(f"{logits.shape[0]} logit rows for {len(requests)} requests; they must match")
+            raise ValueError(f"{logits.shape[0]} logit rows for {len(requests)} requests; "
+                             "they must match")
         # argmax in fp32: exact for bf16/fp16 logits, and torch's CPU argmax over 16 rows of 49,152
         # bf16 logits took 1.5 ms against 0.7 ms with the conversion (2026-12-02, torch 2.13)
         greedy = logits.float().argmax(dim=-1).tolist()

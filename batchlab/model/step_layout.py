@@ -33,9 +33,9 @@ class StepLayout:
             self.check(c)
             limit, why = self.position_limit(c)
             if c.start < 0 or end > min(limit, config.max_position):
-                raise ValueError(f"{self.describe(c)}: positions {c.start}..{end - 1} go past the limit of "
-                                 f"{min(limit, config.max_position)} tokens ({why}, model context "
-                                 f"{config.max_position})")
+                raise ValueError(f"{self.describe(c)}: positions {c.start}..{end - 1} go past the "
+                                 f"limit of {min(limit, config.max_position)} tokens ({why}, model "
+                                 f"context {config.max_position})")
             bad = [t for t in c.token_ids if not 0 <= t < config.vocab_size]
             if bad:
                 raise ValueError(f"{self.describe(c)}: token id {bad[0]} is outside the vocabulary "
@@ -45,8 +45,8 @@ class StepLayout:
             (self.single if n == 1 else self.multi).append((row, c))
             if c.want_logits:              # the last row, or the last num_logits (a draft's check)
                 if not 1 <= c.num_logits <= n:
-                    raise ValueError(f"{self.describe(c)}: num_logits={c.num_logits}; must be in 1..{n}, "
-                                     "the chunk's tokens")
+                    raise ValueError(f"{self.describe(c)}: num_logits={c.num_logits}; "
+                                     f"must be in 1..{n}, the chunk's tokens")
                 logit_rows += range(row + n - c.num_logits, row + n)
             row += n
         self.num_tokens = row
@@ -88,7 +88,8 @@ def context_groups(lengths: list[int], call_keys: int | None = None) -> list[lis
     groups, rest = [], order
     while len(groups) < MAX_CONTEXT_GROUPS - 1 and len(rest) > 1:
         longest = lengths[rest[0]]
-        saved, j = max(((len(rest) - j) * (longest - lengths[rest[j]]), j) for j in range(1, len(rest)))
+        saved, j = max(((len(rest) - j) * (longest - lengths[rest[j]]), j)
+                       for j in range(1, len(rest)))
         if saved <= call_keys:
             break
         groups.append(rest[:j])

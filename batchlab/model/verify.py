@@ -21,7 +21,8 @@ class _Continued:
 
     def __init__(self, req: Request, extra: Sequence[int]) -> None:
         self.request_id = req.request_id
-        self.sampling, self.prompt_ids, self.stop_token_ids = req.sampling, req.prompt_ids, req.stop_token_ids
+        self.sampling, self.prompt_ids, self.stop_token_ids = (req.sampling, req.prompt_ids,
+                                                               req.stop_token_ids)
         self.output_ids = req.output_ids + list(extra)
 
 
@@ -37,7 +38,8 @@ def accept_greedy(choices: Sequence[int], draft: Sequence[int]) -> list[int]:
 def verify_draft(logits: torch.Tensor, req: Request, draft: Sequence[int],
                  sampler: RequestSampler) -> tuple[list[int], list[TokenLogprobs] | None]:
     """The tokens one request's check emits (1 to ``k + 1``), and their log-probabilities when
-    ``req.sampling.logprobs`` asks. ``logits``: (k + 1, V), the rows after each verified position."""
+    ``req.sampling.logprobs`` asks. ``logits``: (k + 1, V), the rows after each verified
+    position."""
     p = req.sampling
     if p.plain_greedy:
         tokens = accept_greedy(logits.float().argmax(dim=-1).tolist(), draft)

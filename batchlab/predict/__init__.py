@@ -1,11 +1,13 @@
-"""Before you rent the GPUs: predict a vLLM deployment's latencies and throughput end to end.
+r"""Before you rent the GPUs: predict a vLLM deployment's latencies and throughput end to end.
 
-    python -m batchlab.predict --model Llama-3-8B --gpu H100 --request-rate 10 --input-len 600 --output-len 250
+    python -m batchlab.predict --model Llama-3-8B --gpu H100 --request-rate 10 \
+        --input-len 600 --output-len 250
 
 The pieces, in the order a prediction uses them:
 
 - ``batchlab.vllm_sim``  (below this package) one replica as vLLM builds it: its flags
-                    (``EngineArgs``) and defaults, KV memory, step time on measured kernels, scheduler
+                    (``EngineArgs``) and defaults, KV memory, step time on measured kernels,
+                    scheduler
 - ``traffic``       generated traffic (``vllm bench serve``'s random dataset) or a logged trace
 - ``deployment``    the whole setup, checked, and ``predict``: the simulator serves the traffic
                     on one replica or many behind a router (``batchlab.cluster``);

@@ -29,7 +29,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m batchlab.predict",
-                      description="Predict a vLLM deployment's latencies and throughput on GPUs, before renting them.")
+                      description="Predict a vLLM deployment's latencies and throughput on GPUs, "
+                                  "before renting them.")
     p.add_argument("--model", required=True,
                    help=f"one of {sorted(MODEL_SHAPES)}, or a config.json path")
     p.add_argument("--gpu", required=True,
@@ -43,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-version",
                    help="the vLLM version whose measured kernels to use: the newest measured at "
                                           "or below it (default: the newest measured)")
-    EngineArgs.add_cli_flags(p.add_argument_group("vLLM's flags (vLLM's names; unset: vLLM's default for the GPU)"))
+    EngineArgs.add_cli_flags(p.add_argument_group("vLLM's flags (vLLM's names; unset: vLLM's "
+                                                  "default for the GPU)"))
     load = p.add_argument_group("traffic: generated (vllm bench serve's random dataset) or --trace")
     load.add_argument("--trace",
                       help="CSV (with a header) or JSONL: arrival_s, input_tokens, output_tokens"
@@ -65,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument("--seed", type=int, default=0)
     p.add_argument("--metric-percentiles", default="50,90,99",
                    help="comma-separated, e.g. 50,90,99")
-    rec = p.add_argument_group("--recommend: the cheapest deployments meeting an SLO at --request-rate")
+    rec = p.add_argument_group("--recommend: the cheapest deployments meeting an SLO at "
+                               "--request-rate")
     rec.add_argument("--recommend", action="store_true",
                      help="search GPUs x TP x replicas x batch knobs")
     rec.add_argument("--slo-ttft-ms", type=float)
@@ -103,9 +106,10 @@ def run_recommend(args: argparse.Namespace, engine_args: EngineArgs, traffic) ->
                               usd_per_gpu_hour=parse_prices(args.gpu_hour_usd),
                               vllm_version=args.vllm_version,
                               pd_link=None if args.pd_link == "none" else args.pd_link)
-    lines = [f"the cheapest deployments of {args.model} meeting {slo.describe()} for {traffic.describe()}",
-             f"({search['predictions']} candidates predicted in {search['seconds']:.0f} s; margins: how far under "
-             "each bound; cost: GPU-hours per million output tokens)", ""]
+    lines = [(f"the cheapest deployments of {args.model} meeting {slo.describe()} "
+              f"for {traffic.describe()}"),
+             (f"({search['predictions']} candidates predicted in {search['seconds']:.0f} s; "
+              "margins: how far under each bound; cost: GPU-hours per million output tokens)"), ""]
     return lines + table.to_string(float_format=lambda v: f"{v:,.3g}").splitlines()
 
 
@@ -119,20 +123,24 @@ def run(args: argparse.Namespace) -> list[str]:
                               args.num_prefix_groups, args.seed).generate()
     if args.recommend:
         if not args.trace and args.request_rate == math.inf:
-            raise ValueError("request_rate=inf; --recommend needs a rate to meet (--request-rate) or a --trace")
+            raise ValueError("request_rate=inf; --recommend needs a rate to meet (--request-rate) "
+                             "or a --trace")
         return run_recommend(args, engine_args, traffic)
     deployment = Deployment(args.model, args.gpu, args.tensor_parallel_size,
                             args.data_parallel_size, engine_args, args.routing, args.vllm_version)
     try:
         percentiles = tuple(float(p) for p in args.metric_percentiles.split(","))
     except ValueError:
-        raise ValueError(f"metric_percentiles={args.metric_percentiles!r}; must be numbers separated by commas") from None
+        raise ValueError(f"metric_percentiles={args.metric_percentiles!r}; must be numbers "
+                         "separated by commas") from None
     if not all(0 < p < 100 for p in percentiles):
-        raise ValueError(f"metric_percentiles={args.metric_percentiles!r}; must each be between 0 and 100")
+        raise ValueError(f"metric_percentiles={args.metric_percentiles!r}; must each be "
+                         "between 0 and 100")
     prediction = predict(deployment, traffic, percentiles)
     prediction.setup.update(request_rate=None if args.trace else args.request_rate,
                             burstiness=None if args.trace else args.burstiness)
-    lines = deployment.describe() + [f"traffic: {traffic.describe()}", ""] + prediction.summary_lines()
+    lines = (deployment.describe() + [f"traffic: {traffic.describe()}", ""]
+             + prediction.summary_lines())
     lines.append(f"(predicted in {prediction.wall_seconds:.1f} s of wall time)")
     if args.out:
         Path(args.out).write_text(json.dumps(prediction.bench_result(), indent=1) + "\n",

@@ -2,8 +2,9 @@
 
 ``Deployment`` is ``data_parallel_size`` copies of one ``VllmReplica`` (``batchlab.vllm_sim``:
 the setup checked as vLLM checks it, ``tensor_parallel_size`` GPUs on measured kernels, the KV
-blocks vLLM allots, vLLM's scheduler and budgets) and the router between them. ``predict(deployment, traffic)`` serves the traffic on one replica, or on
-``data_parallel_size`` replicas behind a ``batchlab.cluster`` router, and returns a ``Prediction``.
+blocks vLLM allots, vLLM's scheduler and budgets) and the router between them.
+``predict(deployment, traffic)`` serves the traffic on one replica, or on ``data_parallel_size``
+replicas behind a ``batchlab.cluster`` router, and returns a ``Prediction``.
 """
 
 from __future__ import annotations
@@ -77,10 +78,11 @@ class Deployment:
 
     def describe(self) -> list[str]:
         f = self.resolved_args
-        return [f"{self.shape.name} on {self.data_parallel_size} x {self.tensor_parallel_size} {self.gpu} "
-                f"({self.num_gpus} GPUs; tensor parallel {self.tensor_parallel_size}, {self.data_parallel_size} "
-                f"replica{'s' if self.data_parallel_size > 1 else ''}"
-                + (f" behind a {self.routing} router" if self.data_parallel_size > 1 else "") + f"), {f.dtype}",
+        return [f"{self.shape.name} on {self.data_parallel_size} x {self.tensor_parallel_size} "
+                f"{self.gpu} ({self.num_gpus} GPUs; tensor parallel {self.tensor_parallel_size}, "
+                f"{self.data_parallel_size} replica{'s' if self.data_parallel_size > 1 else ''}"
+                + (f" behind a {self.routing} router" if self.data_parallel_size > 1 else "")
+                + f"), {f.dtype}",
                 *self.replica.describe()]
 
 

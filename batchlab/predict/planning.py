@@ -25,7 +25,8 @@ def sweep_rates(candidates: Mapping[str, Deployment], traffic_at: Callable[[floa
     if progress:
         from tqdm.auto import tqdm
         pairs = tqdm(pairs, desc="predicting", unit="run")
-    return pd.DataFrame([{"candidate": name, **run_at(candidates[name], traffic_at, rate)} for name, rate in pairs])
+    return pd.DataFrame([{"candidate": name, **run_at(candidates[name], traffic_at, rate)}
+                         for name, rate in pairs])
 
 
 def run_at(deployment: Deployment, traffic_at: Callable[[float], TrafficSpec], rate: float) -> dict:
@@ -91,7 +92,8 @@ def best_rate(table: pd.DataFrame, slo: Mapping[str, float]) -> pd.DataFrame:
     ``num_gpus``; NaN where no swept rate does."""
     missing = [k for k in slo if k not in table.columns]
     if missing:
-        raise ValueError(f"slo={dict(slo)!r}; its keys must be columns of the table: {missing} are not")
+        raise ValueError(f"slo={dict(slo)!r}; its keys must be columns of the table: "
+                         f"{missing} are not")
     ok = table.apply(lambda row: meets_slo(row, slo), axis=1)
     rows = []
     for name, group in table.groupby("candidate", sort=False):
@@ -99,7 +101,8 @@ def best_rate(table: pd.DataFrame, slo: Mapping[str, float]) -> pd.DataFrame:
         best = good.loc[good["rate"].idxmax()] if len(good) else None
         rows.append({"candidate": name, "num_gpus": int(group["num_gpus"].iloc[0]),
                      "best_rate": float(best["rate"]) if best is not None else float("nan"),
-                     "output_tok_s": float(best["output_tok_s"]) if best is not None else float("nan")})
+                     "output_tok_s": (float(best["output_tok_s"]) if best is not None
+                                      else float("nan"))})
     return pd.DataFrame(rows).set_index("candidate")
 
 

@@ -53,7 +53,8 @@ class SLO:
         return {m: 1 - result[f"p{self.percentile:g}_{m}_ms"] / b for m, b in self.bounds().items()}
 
     def describe(self) -> str:
-        return " and ".join(f"{m.upper()} p{self.percentile:g} < {b:g} ms" for m, b in self.bounds().items())
+        return " and ".join(f"{m.upper()} p{self.percentile:g} < {b:g} ms"
+                            for m, b in self.bounds().items())
 
 
 def every_rth(traffic: Traffic, r: int) -> Traffic:
@@ -102,8 +103,9 @@ def configurations(model, gpus: Sequence[str], max_gpus: int, base: EngineArgs,
     for gpu in gpus:
         for tp in (t for t in TP_DEGREES if t <= max_gpus):
             for seqs, budget in KNOBS:
-                args = dataclasses.replace(base, max_num_seqs=seqs or base.max_num_seqs,
-                                            max_num_batched_tokens=budget or base.max_num_batched_tokens)
+                args = dataclasses.replace(
+                    base, max_num_seqs=seqs or base.max_num_seqs,
+                    max_num_batched_tokens=budget or base.max_num_batched_tokens)
                 try:
                     resolved = Deployment(model, gpu, tp, args=args,
                                           vllm_version=vllm_version).resolved_args
@@ -183,9 +185,11 @@ def recommend(model, gpus: Sequence[str], traffic: Traffic, slo: SLO, max_gpus: 
              f"met by some deployment of at most {max_gpus} GPUs of {list(gpus)}",
              "whole, behind the router (its replicas' shares met it alone); raise --max-gpus")
     table = pd.DataFrame(rows)
-    cost = "usd_per_M_tokens" if "usd_per_M_tokens" in table and table["usd_per_M_tokens"].notna().all() else \
-        "gpu_hours_per_M_tokens"
-    table = table.sort_values([cost, "num_gpus"]).drop_duplicates(["gpu", "tp", "layout", "replicas"])  # cheapest knobs
+    cost = ("usd_per_M_tokens"
+            if "usd_per_M_tokens" in table and table["usd_per_M_tokens"].notna().all()
+            else "gpu_hours_per_M_tokens")
+    table = (table.sort_values([cost, "num_gpus"])
+             .drop_duplicates(["gpu", "tp", "layout", "replicas"]))  # cheapest knobs
     table = table.head(top).reset_index(drop=True)
     return table, {"predictions": runs, "seconds": time.perf_counter() - wall}
 

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from batchlab.analysis.bench_json import metric_stats, rate_fields
-from batchlab.analysis.metrics import itl_values, per_request_metrics, preemption_stats, request_counts
+from batchlab.analysis.metrics import (itl_values, per_request_metrics, preemption_stats,
+                                       request_counts)
 from batchlab.trace import Trace
 
 SATURATION_SLOPE = 0.02
@@ -38,7 +39,8 @@ class Prediction:
         return self._per_request
 
     def values(self, metric: str) -> np.ndarray:
-        """Seconds: one per finished request (``ttft``, ``tpot``, ``e2el``), every gap for ``itl``."""
+        """Seconds: one per finished request (``ttft``, ``tpot``, ``e2el``), every gap for
+        ``itl``."""
         if metric == "itl":
             return itl_values(self.trace)
         return self.per_request[METRICS[metric]].dropna().to_numpy(float)
@@ -60,7 +62,8 @@ class Prediction:
         ``peak`` over ``num_samples`` instants (a shared prefix counted once per request: an upper
         bound where prefixes are cached)."""
         df = self.per_request
-        start, first = df["first_scheduled_time"].to_numpy(float), df["first_token_time"].to_numpy(float)
+        start, first = (df["first_scheduled_time"].to_numpy(float),
+                        df["first_token_time"].to_numpy(float))
         end, prompt = df["last_token_time"].to_numpy(float), df["prompt_len"].to_numpy(float)
         rate = (df["num_output_tokens"].to_numpy(float) - 1) / np.maximum(end - first, 1e-12)
         held = [np.where((t >= start) & (t < end), prompt + np.clip(t - first, 0, None) * rate,
@@ -72,7 +75,8 @@ class Prediction:
     def bench_result(self) -> dict:
         """``vllm bench serve``'s result keys and units for this prediction."""
         counts, df = request_counts(self.trace), self.per_request
-        duration = float(df["last_token_time"].max() - self.trace.requests[0].arrival_time) if len(df) else 0.0
+        duration = (float(df["last_token_time"].max() - self.trace.requests[0].arrival_time)
+                    if len(df) else 0.0)
         inputs, outputs = int(df["prompt_len"].sum()), int(df["num_output_tokens"].sum())
         out = {"backend": "batchlab.predict", "model_id": self.setup["model"],
                "num_prompts": counts["num_requests"], "request_rate": self.setup.get("request_rate",
@@ -86,14 +90,17 @@ class Prediction:
     def summary_lines(self) -> list[str]:
         """The prediction in words: percentiles, throughput, KV, preemptions, verdict."""
         r, sat, kv = self.bench_result(), self.saturation(), self.kv_usage()
-        head = f"{'metric':>8} {'mean':>10} " + " ".join(f"{'p' + format(p, 'g'):>10}" for p in self.percentiles)
+        head = (f"{'metric':>8} {'mean':>10} "
+                + " ".join(f"{'p' + format(p, 'g'):>10}" for p in self.percentiles))
         lines = [head]
         for name in METRICS:
             lines.append(f"{name.upper():>8} {r[f'mean_{name}_ms']:8.1f}ms "
                          + " ".join(f"{r[f'p{p:g}_{name}_ms']:8.1f}ms" for p in self.percentiles))
         pre = preemption_stats(self.trace)
-        lines += [f"throughput: {r['request_throughput']:.2f} req/s, {r['output_throughput']:,.0f} output tok/s "
-                  f"({r['completed']:,} of {r['num_prompts']:,} requests finished over {r['duration']:.1f} s)",
+        lines += [f"throughput: {r['request_throughput']:.2f} req/s, "
+                  f"{r['output_throughput']:,.0f} output tok/s "
+                  f"({r['completed']:,} of {r['num_prompts']:,} requests finished "
+                  f"over {r['duration']:.1f} s)",
                   f"KV cache: {kv['mean']:.0%} held on average, {kv['peak']:.0%} at the peak; "
                   f"{pre['num_preemptions']} preemptions",
                   self._verdict(sat)]
@@ -102,13 +109,15 @@ class Prediction:
     @staticmethod
     def _verdict(sat: dict) -> str:
         if sat["saturated"] is None:
-            return (f"verdict: none - every request arrived at once, so there is no rate to keep up with (the last "
-                    f"fifth waited {sat['late_wait_s']:.1f} s in the queue at the median); give --request-rate")
+            return (f"verdict: none - every request arrived at once, so there is no rate to "
+                    f"keep up with (the last fifth waited {sat['late_wait_s']:.1f} s in the "
+                    f"queue at the median); give --request-rate")
         if sat["saturated"]:
-            return (f"verdict: SATURATED - the queue grows by {sat['slope']:.2f} s per second of arrivals (the last "
-                    f"fifth waited {sat['late_wait_s']:.1f} s at the median): the deployment serves under the "
-                    "offered rate")
-        return f"verdict: keeps up (queue wait of the last fifth {sat['late_wait_s'] * 1e3:.0f} ms at the median)"
+            return (f"verdict: SATURATED - the queue grows by {sat['slope']:.2f} s per second of "
+                    f"arrivals (the last fifth waited {sat['late_wait_s']:.1f} s at the median): "
+                    "the deployment serves under the offered rate")
+        return (f"verdict: keeps up (queue wait of the last fifth "
+                f"{sat['late_wait_s'] * 1e3:.0f} ms at the median)")
 
 
 __all__ = ["METRICS", "SATURATION_SLOPE", "SATURATION_WAIT_S", "Prediction"]

@@ -44,7 +44,8 @@ class Traffic:
         """The engine's requests: ids ``r0, r1, ...``, ``ignore_eos``-style fixed output lengths."""
         out, start = [], _UNIQUE_BASE
         for i in range(len(self)):
-            n, group, shared = int(self.input_tokens[i]), int(self.prefix_group[i]), int(self.prefix_len[i])
+            n, group, shared = (int(self.input_tokens[i]), int(self.prefix_group[i]),
+                                int(self.prefix_len[i]))
             shared = min(shared, n) if group >= 0 else 0
             prefix = range(_PREFIX_BASE * (group + 1), _PREFIX_BASE * (group + 1) + shared)
             ids = [*prefix, *range(start, start + n - shared)]
@@ -57,9 +58,11 @@ class Traffic:
         rate = (len(self) - 1) / span if span > 0 else math.inf
         shared = self.prefix_len[self.prefix_group >= 0]
         groups = len(np.unique(self.prefix_group[self.prefix_group >= 0]))
-        return (f"{len(self):,} requests over {span:,.1f} s ({rate:.3g} req/s), input {np.mean(self.input_tokens):.0f} "
-                f"tokens on average, output {np.mean(self.output_tokens):.0f}; "
-                + (f"{groups} prefix group{'s' if groups > 1 else ''} sharing {np.mean(shared):.0f} tokens"
+        return (f"{len(self):,} requests over {span:,.1f} s ({rate:.3g} req/s), "
+                f"input {np.mean(self.input_tokens):.0f} tokens on average, "
+                f"output {np.mean(self.output_tokens):.0f}; "
+                + (f"{groups} prefix group{'s' if groups > 1 else ''} "
+                   f"sharing {np.mean(shared):.0f} tokens"
                    if len(shared) else "no shared prefix")
                 + f" ({self.source})")
 
@@ -98,7 +101,8 @@ class TrafficSpec:
     def generate(self) -> Traffic:
         n, rng = self.num_prompts, np.random.default_rng(self.seed)
         if self.arrival == "constant":
-            arrivals = arrivals_fixed(n, self.request_rate) if math.isfinite(self.request_rate) else np.zeros(n)
+            arrivals = (arrivals_fixed(n, self.request_rate) if math.isfinite(self.request_rate)
+                        else np.zeros(n))
         else:
             arrivals = arrivals_gamma(n, self.request_rate, self.burstiness, rng)
 
@@ -124,7 +128,8 @@ def _rows(path: Path):
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path.name} row {number}: not a JSON object ({e.msg})") from None
+                    raise ValueError(f"{path.name} row {number}: not a JSON object "
+                                     f"({e.msg})") from None
                 if not isinstance(row, dict):
                     fail(f"{path.name} row {number}", row,
                          "a JSON object with fields " + ", ".join(TRACE_FIELDS))
@@ -148,15 +153,16 @@ def _field(path: Path, number: int, row: dict, name: str, kind: type, minimum: f
         number_value = kind(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError):
         number_value = None
-    if number_value is None or (kind is int and float(value) != number_value) or not math.isfinite(number_value) \
-            or number_value < minimum:
+    if number_value is None or (kind is int and float(value) != number_value) \
+            or not math.isfinite(number_value) or number_value < minimum:
         what = "an int" if kind is int else "a number"
         fail(f"{path.name} row {number}: {name}", value, f"{what} >= {minimum:g}")
     return number_value
 
 
 def read_trace(path: str | Path) -> Traffic:
-    """A logged trace (see the module docstring), sorted by arrival; arrivals shifted to start at 0."""
+    """A logged trace (see the module docstring), sorted by arrival; arrivals shifted to start
+    at 0."""
     path = Path(path)
     if not path.is_file():
         fail("trace", str(path), "an existing CSV or JSONL file",

@@ -29,7 +29,8 @@ def make_scheduler(name: str, **kwargs) -> Scheduler:
     try:
         cls = SCHEDULERS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown scheduler {name!r}; choose one of {sorted(SCHEDULERS)}") from None
+        raise ValueError(f"unknown scheduler {name!r}; choose one of "
+                         f"{sorted(SCHEDULERS)}") from None
     return cls(**kwargs)
 
 

@@ -14,11 +14,13 @@ from batchlab.plan import StepPlan
 from batchlab.requests import Request, RequestStatus
 from batchlab.trace import PreemptionRecord
 
-_FINISHED, _REJECTED, _ABORTED = RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED
+_FINISHED, _REJECTED, _ABORTED = (RequestStatus.FINISHED, RequestStatus.REJECTED,
+                                  RequestStatus.ABORTED)
 
 
 def split_ended(requests: list[Request]) -> tuple[list[Request], list[Request]]:
-    """Split ``requests`` into (ended: finished, rejected or aborted, still running), keeping their order.
+    """Split ``requests`` into (ended: finished, rejected or aborted, still running), keeping
+    their order.
 
     Statuses are compared by identity because ``req.is_done`` (an enum ``in`` a tuple) costs
     several times more, and this runs once per request per step.
@@ -75,10 +77,13 @@ class Scheduler(ABC):
         transfer = req.kv_transfer
         if transfer is not None and not self.takes_transferred_kv:
             return (f"its KV arrives from elsewhere (kv_transfer.tokens={transfer.tokens}), and "
-                    f"{type(self).__name__} computes every prompt itself (ContinuousBatcher takes transferred KV)")
-        if transfer is not None and transfer.kv is None and self.kv is not None and self.kv.stores_values:
-            return (f"its KV arrives from elsewhere (kv_transfer.tokens={transfer.tokens}) without the keys "
-                    "and values themselves (kv_transfer.kv), and the model's cache needs them")
+                    f"{type(self).__name__} computes every prompt itself "
+                    "(ContinuousBatcher takes transferred KV)")
+        if (transfer is not None and transfer.kv is None and self.kv is not None
+                and self.kv.stores_values):
+            return (f"its KV arrives from elsewhere (kv_transfer.tokens={transfer.tokens}) "
+                    "without the keys and values themselves (kv_transfer.kv), "
+                    "and the model's cache needs them")
         return None
 
     def remove_waiting(self, req: Request) -> bool:
@@ -113,4 +118,5 @@ class Scheduler(ABC):
 
     @abstractmethod
     def running_requests(self) -> list[Request]:
-        """The requests admitted and holding KV space now (a request-level batch: all its members)."""
+        """The requests admitted and holding KV space now (a request-level batch: all its
+        members)."""

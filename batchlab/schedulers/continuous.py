@@ -40,7 +40,8 @@ def _admit(kv, req: Request, num_tokens: int, now: float) -> ScheduledChunk | No
     in_flight = _kv_in_flight(req, now)
     held = ready if in_flight else ready + num_tokens
     start = max(kv.admit(req.request_id, held, req.max_total_tokens, req.prompt_ids), ready)
-    if transfer is not None and transfer.kv is not None:      # the keys and values themselves: into the cache
+    # the keys and values themselves: into the cache
+    if transfer is not None and transfer.kv is not None:
         if kv.stores_values:
             kv.write_tokens(req.request_id, transfer.kv[:, :transfer.tokens])
         transfer.kv = None
@@ -78,8 +79,10 @@ class ContinuousBatcherConfig:
 
     ``max_num_seqs``: the most requests running at once (vLLM's ``--max-num-seqs``; each holds
     KV space, which is a separate limit: the KV space's own size).
-    ``max_num_batched_tokens``: the most tokens computed in one step, prompt chunks and decodes together.
-    ``chunked_prefill``: split a prompt across steps when it does not fit the step's remaining budget.
+    ``max_num_batched_tokens``: the most tokens computed in one step, prompt chunks and decodes
+    together.
+    ``chunked_prefill``: split a prompt across steps when it does not fit the step's remaining
+    budget.
     ``long_prefill_token_threshold``: if set, no request gets more than this many prompt tokens in
     one step, so several long prompts share a step instead of one taking the whole budget
     (needs ``chunked_prefill``). The defaults of the first two are vLLM's usual ones.
@@ -99,8 +102,9 @@ class ContinuousBatcherConfig:
         check_int("long_prefill_token_threshold", threshold, allow_none=True, hint="None: no cap")
         if threshold is not None:
             if not self.chunked_prefill:
-                raise ValueError(f"long_prefill_token_threshold={threshold} needs chunked_prefill=True: "
-                                 "capping a prompt's tokens per step means splitting the prompt")
+                raise ValueError(f"long_prefill_token_threshold={threshold} needs "
+                                 "chunked_prefill=True: capping a prompt's tokens per step means "
+                                 "splitting the prompt")
 
 
 def _first_chunk(config: ContinuousBatcherConfig, kv, req: Request, budget: int) -> int:
@@ -160,7 +164,8 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
     checks_drafts = True
 
     def __init__(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 chunked_prefill: bool = True, long_prefill_token_threshold: int | None = None) -> None:
+                 chunked_prefill: bool = True,
+                 long_prefill_token_threshold: int | None = None) -> None:
         super().__init__()
         self.config = ContinuousBatcherConfig(max_num_seqs, max_num_batched_tokens, chunked_prefill,
                                               long_prefill_token_threshold)
@@ -170,10 +175,11 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
     def why_unschedulable(self, req: Request) -> str | None:
         """Besides the KV check: without chunked prefill a prompt must fit one step's budget."""
         reason = super().why_unschedulable(req)
-        if reason is None and not self.config.chunked_prefill and req.prompt_len > self.config.max_num_batched_tokens:
+        if (reason is None and not self.config.chunked_prefill
+                and req.prompt_len > self.config.max_num_batched_tokens):
             reason = (f"prompt of {req.prompt_len} tokens exceeds max_num_batched_tokens="
-                      f"{self.config.max_num_batched_tokens}, and chunked_prefill=False means a prompt "
-                      "must be computed in one step")
+                      f"{self.config.max_num_batched_tokens}, and chunked_prefill=False means a "
+                      "prompt must be computed in one step")
         return reason
 
     def add_request(self, req: Request) -> None:
@@ -186,7 +192,8 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
         return self.running
 
     def schedule(self, now: float) -> StepPlan:
-        """Plan one step: decodes, then unfinished prompts, then new requests (see the class rules)."""
+        """Plan one step: decodes, then unfinished prompts, then new requests (see the class
+        rules)."""
         if self.kv is None:
             raise RuntimeError("ContinuousBatcher has no KV space; call bind(kv) before schedule()")
         step = _StepBudget(self.config.max_num_batched_tokens)
@@ -248,7 +255,8 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
                                              start + num_tokens == req.num_known_tokens))
 
     def _admit_waiting(self, step: "_StepBudget", now: float) -> None:
-        """3. Admit waiting requests, first come first served; stop at the first that cannot start."""
+        """3. Admit waiting requests, first come first served; stop at the first that cannot
+        start."""
         waiting = self.waiting
         while waiting and len(self.running) < self.config.max_num_seqs:
             req = waiting[0]
@@ -266,7 +274,8 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
         left in the step; 0 if it cannot start now (``_first_chunk``)."""
         return _first_chunk(self.config, self.kv, req, budget)
 
-    def _make_room(self, req: Request, num_tokens: int, planned: list[ScheduledChunk], now: float) -> bool:
+    def _make_room(self, req: Request, num_tokens: int, planned: list[ScheduledChunk],
+                   now: float) -> bool:
         """Grow ``req`` by ``num_tokens``, preempting the most recently admitted running requests
         while it cannot. False if that would undo a chunk already planned in this step, or if
         ``req`` itself had to be preempted."""
@@ -289,7 +298,8 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         if _transfer(req) is not None:
-            req.kv_transfer.arrival_time = None     # KV still in flight: pulled again (once used, recomputed here)
+            # KV still in flight: pulled again (once used, recomputed here)
+            req.kv_transfer.arrival_time = None
         if req.spec is not None:
             req.spec.draft_ids = []                # drafted anew once it samples again
         self.waiting.appendleft(req)
@@ -303,13 +313,15 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
                 self.kv.free(req.request_id)
         return ended
 
-    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int, batch_id: int | None) -> bool:
+    def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int,
+                         batch_id: int | None) -> bool:
         """Yes when that step held every running request in running order (so each decodes next,
         in the order ``schedule`` lists them) and the head of the queue cannot be admitted (no
         seat, budget or KV room; none of that changes before a request arrives or finishes), nor
         reuse cached blocks that nobody holds (the run's new blocks could evict them)."""
         running, waiting, config = self.running, self.waiting, self.config
-        if len(request_ids) != len(running) or request_ids != tuple([r.request_id for r in running]):
+        if (len(request_ids) != len(running)
+                or request_ids != tuple([r.request_id for r in running])):
             return False
         if not waiting or len(running) >= config.max_num_seqs:
             return True
@@ -322,9 +334,10 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
         return f"ContinuousBatcher({', '.join(f'{k}={v}' for k, v in asdict(self.config).items())})"
 
 
-def batcher_for(args: EngineArgs, kind: type[ContinuousBatcher] = ContinuousBatcher) -> ContinuousBatcher:
-    """The scheduler vLLM's flags ``args`` describe (their budgets set, as the caller resolved them);
-    ``kind``: ``ContinuousBatcher`` or a variant of it."""
+def batcher_for(args: EngineArgs,
+                kind: type[ContinuousBatcher] = ContinuousBatcher) -> ContinuousBatcher:
+    """The scheduler vLLM's flags ``args`` describe (their budgets set, as the caller resolved
+    them); ``kind``: ``ContinuousBatcher`` or a variant of it."""
     return kind(args.max_num_seqs, args.max_num_batched_tokens, args.enable_chunked_prefill,
                 args.long_prefill_token_threshold)
 

@@ -1,4 +1,4 @@
-"""Dynamic batching: a batch leaves when it is full or when its oldest request has waited long enough.
+"""Dynamic batching: a batch leaves when it is full or its oldest request has waited long enough.
 
 The rules and their reasons: ``docs/the-core.md``.
 """
@@ -28,7 +28,8 @@ class DynamicBatcherConfig:
 
 
 class DynamicBatcher(RequestLevelBatcher):
-    """Form a batch when ``max_batch_size`` requests wait or the oldest has waited ``timeout`` seconds.
+    """Form a batch when ``max_batch_size`` requests wait or the oldest has waited ``timeout``
+    seconds.
 
     Rules:
 

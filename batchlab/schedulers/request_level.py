@@ -95,7 +95,8 @@ class RequestLevelBatcher(Scheduler, SteadyDecodes):
     def decodes_steadily(self, request_ids: tuple[str, ...], held_slots: int,
                          batch_id: int | None) -> bool:
         unfinished = self._unfinished
-        return bool(unfinished) and batch_id == self.current_batch_id and len(request_ids) == len(unfinished)
+        return (bool(unfinished) and batch_id == self.current_batch_id
+                and len(request_ids) == len(unfinished))
 
     def decode_steps_with_room(self, request_ids: tuple[str, ...], wanted: int) -> int:
         return wanted          # each member's whole length was reserved when the batch started
@@ -116,9 +117,11 @@ class RequestLevelBatcher(Scheduler, SteadyDecodes):
 
     # --- helpers -----------------------------------------------------------------------------
     def _start_batch(self, num_leaving: int) -> None:
-        """Admit up to ``num_leaving`` requests from the front of the queue, as many as the KV fits."""
+        """Admit up to ``num_leaving`` requests from the front of the queue, as many as the KV
+        fits."""
         if self.kv is None:
-            raise RuntimeError(f"{type(self).__name__} has no KV space; call bind(kv) before schedule()")
+            raise RuntimeError(f"{type(self).__name__} has no KV space; "
+                               "call bind(kv) before schedule()")
         members: list[Request] = []
         while self.waiting and len(members) < num_leaving:
             req = self.waiting[0]

@@ -71,7 +71,8 @@ class AttentionFit:
             # beyond the causal triangles
             cached = max(0.0, chunk_pairs - n * (n / chunks + 1) / 2)
             keys = cached / min(QUERY_TILE, max(1.0, n / chunks))
-            t = max(t, fixed) + per_seq * chunks + per_token * n + per_pair * chunk_pairs + per_key * keys
+            t = (max(t, fixed) + per_seq * chunks + per_token * n + per_pair * chunk_pairs
+                 + per_key * keys)
         return t
 
 
@@ -97,7 +98,8 @@ def fit_phase(table, phase: str, heads: int, kv_heads: int, head_dim: int):
              "the attention kernels measured")
     # a table may hold the other phase's kernel too
     other = "prefill" if phase == "decode" else "decode"
-    sources = [name for name in t.kernel_source.value_counts().index if other not in name] or list(t.kernel_source)
+    sources = ([name for name in t.kernel_source.value_counts().index if other not in name]
+               or list(t.kernel_source))
     t = t[t.kernel_source == sources[0]]
     configs = t[["num_heads", "num_key_value_heads"]].drop_duplicates().to_numpy()
     score = np.abs(np.log(configs[:, 0] / heads)) + 2 * np.abs(np.log(configs[:, 1] / kv_heads))

@@ -24,7 +24,8 @@ NODE_OF = {"H100": "h100_dgx", "H200": "h100_dgx", "A100": "a100_dgx"}
 
 @dataclass(frozen=True)
 class AllReduceModel:
-    """One all-reduce among ``num_gpus`` GPUs: ``latency_s + bytes * 2 (n-1)/n / bus_bandwidth_Bps``."""
+    """One all-reduce among ``num_gpus`` GPUs:
+    ``latency_s + bytes * 2 (n-1)/n / bus_bandwidth_Bps``."""
 
     num_gpus: int
     latency_s: float
@@ -37,8 +38,10 @@ class AllReduceModel:
         check_int("num_gpus", self.num_gpus, minimum=2)
         check_number("latency_s", self.latency_s)
         check_number("bus_bandwidth_Bps", self.bus_bandwidth_Bps, strict=True)
-        if len(self.small_bytes) != len(self.small_seconds) or (self.small_bytes and len(self.small_bytes) < 2):
-            raise ValueError(f"small_bytes={self.small_bytes!r}; must pair with small_seconds, two points or more")
+        if (len(self.small_bytes) != len(self.small_seconds)
+                or (self.small_bytes and len(self.small_bytes) < 2)):
+            raise ValueError(f"small_bytes={self.small_bytes!r}; must pair with small_seconds, "
+                             "two points or more")
 
     def nccl_seconds(self, num_bytes):
         n = self.num_gpus
@@ -60,8 +63,8 @@ def fit_all_reduce(table: pd.DataFrame, num_gpus: int) -> tuple[AllReduceModel, 
     in relative error), with ``{"rows", "median_error", "worst_error"}``."""
     rows = table[table["num_workers"] == num_gpus]
     if rows.empty:
-        raise ValueError(f"num_gpus={num_gpus}; must be one of {sorted(table['num_workers'].unique())} "
-                         "(the GPU counts measured)")
+        raise ValueError(f"num_gpus={num_gpus}; must be one of "
+                         f"{sorted(table['num_workers'].unique())} (the GPU counts measured)")
     size = rows["size"].to_numpy(float)
     seconds = rows[TIME_COLUMN].to_numpy(float) * 1e-3
     moved = size * 2 * (num_gpus - 1) / num_gpus
@@ -83,13 +86,14 @@ def all_reduce_model(device: str, num_gpus: int,
     """The stored fit for ``num_gpus`` GPUs of preset ``device`` in one node."""
     check_int("num_gpus", num_gpus, minimum=2)
     if device not in NODE_OF:
-        raise ValueError(f"device={device!r}; tensor parallelism needs a measured all-reduce: one of "
-                         f"{sorted(NODE_OF)} (no all-reduce of a {device} node is in data/gpu_network/)")
+        raise ValueError(f"device={device!r}; tensor parallelism needs a measured all-reduce: "
+                         f"one of {sorted(NODE_OF)} "
+                         f"(no all-reduce of a {device} node is in data/gpu_network/)")
     data = load_collectives(path)
     fits = data["nodes"][NODE_OF[device]]
     if str(num_gpus) not in fits:
-        raise ValueError(f"tensor_parallel={num_gpus}; must be one of {sorted(map(int, fits))} on {device} "
-                         "(the GPU counts measured in one node)")
+        raise ValueError(f"tensor_parallel={num_gpus}; must be one of {sorted(map(int, fits))} "
+                         f"on {device} (the GPU counts measured in one node)")
     entry = fits[str(num_gpus)]
     custom = data.get("custom", {}).get(NODE_OF[device])
     small = {}

@@ -95,7 +95,8 @@ class StepTimeModel:
         return self.predict_features(num_seqs, num_tokens, attention_pairs)
 
     def predict(self, step: StepPlan | StepRecord | Iterable[ScheduledChunk]) -> float:
-        """Seconds for one step, given its plan, its record or its chunks. No chunks: 0 (no step runs)."""
+        """Seconds for one step, given its plan, its record or its chunks. No chunks: 0 (no step
+        runs)."""
         chunks = step.chunks if isinstance(step, (StepPlan, StepRecord)) else step
         num_seqs, num_tokens, pairs = step_features(chunks)
         if num_seqs == 0:
@@ -156,7 +157,8 @@ class CostModel(StepTimeModel):
         check_choice("weight", weight, ("relative", "absolute"))
         table = steps if isinstance(steps, pd.DataFrame) else features_df(steps)
         if "duration" not in table.columns:
-            raise ValueError(f"the steps table needs a 'duration' column; it has {list(table.columns)}")
+            raise ValueError(f"the steps table needs a 'duration' column; "
+                             f"it has {list(table.columns)}")
         x = _design_matrix(table)                         # (num_steps, 4)
         y = table["duration"].to_numpy(dtype=float)       # (num_steps,)
         if len(y) < len(COEFFICIENTS):
@@ -204,7 +206,8 @@ class CostModel(StepTimeModel):
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
-        """Read a model saved by ``save`` (e.g. the fit of the real model shipped with the course)."""
+        """Read a model saved by ``save`` (e.g. the fit of the real model shipped with the
+        course)."""
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def __repr__(self) -> str:
@@ -217,7 +220,8 @@ class CostModel(StepTimeModel):
         # a stored fit, checked (calibration)
         if self.fit_stats and "checked_error" in self.fit_stats:
             terms += (f"; stored {self.fit_stats['stored_minutes_ago']:.0f} min ago, checked on "
-                      f"{self.fit_stats['checked_steps']} fresh steps: median error {self.fit_stats['checked_error']:.1%}")
+                      f"{self.fit_stats['checked_steps']} fresh steps: "
+                      f"median error {self.fit_stats['checked_error']:.1%}")
         return f"CostModel({terms})"
 
 

@@ -23,7 +23,8 @@ _FITTED_KEYS = {"bandwidth_fraction", "compute_fraction", "transition_p", "matmu
 
 @dataclass(frozen=True)
 class DevicePreset:
-    """A device's roofline (bandwidth in bytes/s, dense peak in FLOP/s in ``dtype``) and its kernels."""
+    """A device's roofline (bandwidth in bytes/s, dense peak in FLOP/s in ``dtype``) and its
+    kernels."""
 
     name: str
     memory_bandwidth_Bps: float
@@ -46,7 +47,8 @@ class DevicePreset:
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype={self.dtype!r}; must be one of {sorted(DTYPE_BYTES)} ({hint})")
         if not isinstance(self.source, str) or not self.source:
-            raise ValueError(f"source={self.source!r}; must name the datasheet the numbers come from ({hint})")
+            raise ValueError(f"source={self.source!r}; must name the datasheet the numbers "
+                             f"come from ({hint})")
         if self.kernels is not None and not self.kernels_source:
             raise ValueError(f"kernels_source={self.kernels_source!r}; must say where the kernels' "
                              f"efficiencies come from ({hint})")
@@ -58,7 +60,8 @@ class DevicePreset:
     def kernel_model(self) -> KernelModel:
         """This device's kernels on its datasheet's roofs and SMs."""
         if self.kernels is None:
-            raise ValueError(f"kernels=None; must be set for device {self.name!r} to model its kernels")
+            raise ValueError(f"kernels=None; must be set for device {self.name!r} "
+                             "to model its kernels")
         return KernelModel(self.memory_bandwidth_Bps, self.peak_flops, self.dtype_bytes,
                            self.kernels, self.num_sms)
 
@@ -99,8 +102,8 @@ def _resolve_kernels(path, devices: dict) -> dict[str, tuple[KernelEfficiency, s
         if borrows(entry):
             _check_keys(f"{path}: device {name!r} kernels", kernels, {"like", "source"})
             if kernels["like"] not in fitted:
-                raise ValueError(f"like={kernels['like']!r}; must be a device with fitted kernels, one of "
-                                 f"{sorted(fitted)} ({path}: device {name!r})")
+                raise ValueError(f"like={kernels['like']!r}; must be a device with fitted "
+                                 f"kernels, one of {sorted(fitted)} ({path}: device {name!r})")
             resolved[name] = (fitted[kernels["like"]][0], kernels["source"])
         else:
             resolved[name] = fitted[name]
@@ -115,7 +118,8 @@ def _step_overhead(path, data: dict) -> tuple[float, str]:
 
 
 def load_device_presets(path: str | Path = DEVICE_PRESETS_PATH) -> dict[str, DevicePreset]:
-    """Read the presets file (GB/s, dense TFLOPS, GB, as datasheets state them) into ``DevicePreset``s."""
+    """Read the presets file (GB/s, dense TFLOPS, GB, as datasheets state them) into
+    ``DevicePreset``s."""
     data = json.loads(Path(path).read_text())
     devices = data.get("devices") if isinstance(data, dict) else None
     if not isinstance(devices, dict) or not devices:

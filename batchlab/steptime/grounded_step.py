@@ -1,4 +1,5 @@
-"""A whole step's time from measured kernels (the grounded GPU presets), on one GPU or split over several.
+"""A whole step's time from measured kernels (the grounded GPU presets), on one GPU or split over
+several.
 
 The rules and their reasons: ``docs/step-time-models.md``.
 """
@@ -32,17 +33,19 @@ class GroundedStep:
         check_int("tensor_parallel", self.tensor_parallel)
         self.shape.layer.check_tensor_parallel(self.tensor_parallel)
         if self.tensor_parallel > 1 and self.all_reduce is None:
-            raise ValueError(f"tensor_parallel={self.tensor_parallel} needs all_reduce (seconds for an "
-                             "all-reduce of N bytes, e.g. collectives.AllReduceModel)")
+            raise ValueError(f"tensor_parallel={self.tensor_parallel} needs all_reduce (seconds "
+                             "for an all-reduce of N bytes, e.g. collectives.AllReduceModel)")
 
     def all_reduce_seconds(self, num_tokens: int) -> float:
         """One all-reduce of the hidden states of ``num_tokens`` tokens (0 on one GPU)."""
         if self.tensor_parallel == 1:
             return 0.0
-        return float(self.all_reduce(num_tokens * self.shape.hidden_size * self.kernels.dtype_bytes))
+        return float(self.all_reduce(num_tokens * self.shape.hidden_size
+                                     * self.kernels.dtype_bytes))
 
     def layers_seconds(self, num_tokens: int) -> float:
-        """Every layer's projections, small operators and all-reduces (remembered per token count)."""
+        """Every layer's projections, small operators and all-reduces (remembered per token
+        count)."""
         seconds = self._layers_by_tokens.get(num_tokens)
         if seconds is None:
             layer = float(self.kernels.layer_seconds(self.shape.layer, num_tokens,
@@ -74,7 +77,8 @@ class GroundedStep:
             head = self.kernels.matmul_seconds(h, -(-self.shape.vocab_size // self.tensor_parallel),
                                                num_seqs)
             seconds = self._edges[num_seqs, num_tokens] = float(
-                head + self.kernels.small_ops_seconds(2, 4 * num_tokens * h) + self.all_reduce_seconds(num_tokens))
+                head + self.kernels.small_ops_seconds(2, 4 * num_tokens * h)
+                + self.all_reduce_seconds(num_tokens))
         return seconds
 
     def seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int,

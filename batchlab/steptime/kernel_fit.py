@@ -11,8 +11,8 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from batchlab.steptime.kernel_profiles import MAX_TOKENS, PROJECTION_COLUMNS, SMALL_OP_COLUMNS, compare_profile, \
-    error_summary, layer_shape_of, measured_layer_ms
+from batchlab.steptime.kernel_profiles import MAX_TOKENS, PROJECTION_COLUMNS, SMALL_OP_COLUMNS, \
+    compare_profile, error_summary, layer_shape_of, measured_layer_ms
 from batchlab.steptime.kernels import KernelEfficiency, KernelModel
 from batchlab.shapes import SMALL_OPS_PER_LAYER
 
@@ -72,7 +72,8 @@ def _grid_minimum(f: Callable[[float, float], float], box: list[tuple[float, flo
     bounds_lo, bounds_hi = lo.copy(), hi.copy()
     best = (lo + hi) / 2
     for _ in range(rounds):
-        xs, ys = np.unique(np.linspace(lo[0], hi[0], steps)), np.unique(np.linspace(lo[1], hi[1], steps))
+        xs, ys = (np.unique(np.linspace(lo[0], hi[0], steps)),
+                  np.unique(np.linspace(lo[1], hi[1], steps)))
         values = np.array([[f(x, y) for y in ys] for x in xs])
         i, j = np.unravel_index(np.argmin(values), values.shape)
         best = np.array([xs[i], ys[j]])

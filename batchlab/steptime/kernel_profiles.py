@@ -34,16 +34,18 @@ def _check_numbers(path: Path, table: pd.DataFrame) -> None:
         values = pd.to_numeric(table[column], errors="coerce")
         bad = values.isna() | (values < 1) | (values != values.round())
         if bad.any():
-            raise ValueError(f"{column}={table[column][bad].tolist()[0]!r}; must be an int >= 1 ({path.name})")
+            raise ValueError(f"{column}={table[column][bad].tolist()[0]!r}; must be an int >= 1 "
+                             f"({path.name})")
     for column in LAYER_COLUMNS:
         values = pd.to_numeric(table[column], errors="coerce")
         bad = ~np.isfinite(values) | (values <= 0)
         if bad.any():
-            raise ValueError(f"{column}={table[column][bad].tolist()[0]!r}; must be a finite number of "
-                             f"milliseconds > 0 ({path.name})")
+            raise ValueError(f"{column}={table[column][bad].tolist()[0]!r}; must be a finite "
+                             f"number of milliseconds > 0 ({path.name})")
     gated = table["use_gated_mlp"].map(lambda v: str(v).strip().lower())
     if not gated.isin(["true", "false"]).all():
-        raise ValueError(f"use_gated_mlp={table['use_gated_mlp'][~gated.isin(['true', 'false'])].tolist()[0]!r}; "
+        raise ValueError("use_gated_mlp="
+                         f"{table['use_gated_mlp'][~gated.isin(['true', 'false'])].tolist()[0]!r}; "
                          f"must be True or False ({path.name})")
 
 
@@ -67,7 +69,8 @@ def read_kernel_profile(path: str | Path) -> pd.DataFrame:
     repeated = table.duplicated(["tensor_parallel", "num_tokens"])
     if repeated.any():
         first = table.loc[repeated, ["tensor_parallel", "num_tokens"]].iloc[0].tolist()
-        raise ValueError(f"(tensor_parallel, num_tokens)={tuple(first)}; must appear once in {path.name}")
+        raise ValueError(f"(tensor_parallel, num_tokens)={tuple(first)}; "
+                         f"must appear once in {path.name}")
     shapes = table[list(SHAPE_COLUMNS)].drop_duplicates()
     if len(shapes) > 1:
         raise ValueError(f"shapes={len(shapes)}; must be one model shape per file ({path.name} has "
@@ -76,19 +79,22 @@ def read_kernel_profile(path: str | Path) -> pd.DataFrame:
 
 
 def layer_shape_of(table: pd.DataFrame) -> LayerShape:
-    """The layer a profile measured, from its shape columns; every tensor-parallel degree checked."""
+    """The layer a profile measured, from its shape columns; every tensor-parallel degree
+    checked."""
     row = table.iloc[0]
     heads, kv_heads, hidden = int(row["n_head"]), int(row["n_kv_head"]), int(row["n_embd"])
     if hidden % heads:
-        raise ValueError(f"n_embd={hidden}; must be a multiple of n_head={heads} (the head size is n_embd / n_head)")
+        raise ValueError(f"n_embd={hidden}; must be a multiple of n_head={heads} "
+                         "(the head size is n_embd / n_head)")
     try:
         layer = LayerShape(hidden, heads, kv_heads, hidden // heads, int(row["n_expanded_embd"]),
                            bool(row["use_gated_mlp"]))
         for tp in sorted(table["tensor_parallel"].unique()):
             layer.check_tensor_parallel(int(tp))
     except ValueError as err:
-        raise ValueError(f"{err} (the shape from the file's columns n_head={heads}, n_kv_head={kv_heads}, "
-                         f"n_embd={hidden}, n_expanded_embd={int(row['n_expanded_embd'])})") from None
+        raise ValueError(f"{err} (the shape from the file's columns n_head={heads}, "
+                         f"n_kv_head={kv_heads}, n_embd={hidden}, "
+                         f"n_expanded_embd={int(row['n_expanded_embd'])})") from None
     return layer
 
 

@@ -123,7 +123,8 @@ class KernelModel:
         """``num_ops`` element-wise kernels moving ``elements`` values between them."""
         e = self.efficiency
         return (num_ops * e.small_op_latency_s
-                + self.dtype_bytes * elements / (e.small_op_bandwidth_fraction * self.bandwidth_Bps))
+                + self.dtype_bytes * elements / (e.small_op_bandwidth_fraction
+                                                 * self.bandwidth_Bps))
 
     def projections_seconds(self, layer: LayerShape, tokens, tensor_parallel: int = 1):
         """The layer's four matrix multiplies on one of ``tensor_parallel`` GPUs."""

@@ -14,7 +14,8 @@ from batchlab.checks import check_number, fail
 
 @dataclass(frozen=True)
 class KVLink:
-    """A link the KV crosses: ``bandwidth`` in bytes/s (one direction), ``latency_s`` per transfer."""
+    """A link the KV crosses: ``bandwidth`` in bytes/s (one direction), ``latency_s`` per
+    transfer."""
 
     name: str
     bandwidth: float

@@ -26,8 +26,8 @@ def data_root() -> Path:
     try:
         import aiconfigurator_core
     except ImportError:
-        raise ValueError("measured kernels need the package aiconfigurator-core (requirements.txt); "
-                         "pip install aiconfigurator-core") from None
+        raise ValueError("measured kernels need the package aiconfigurator-core "
+                         "(requirements.txt); pip install aiconfigurator-core") from None
     return Path(aiconfigurator_core.__file__).resolve().parent / "systems" / "data"
 
 
@@ -168,7 +168,8 @@ class KernelTables:
     def describe(self, wanted: str | None = None) -> str:
         """Which tables, at which vLLM versions; a version other than ``wanted`` is flagged."""
         parts = ", ".join(f"{op} {v}" + (f" (WARNING: none measured at {wanted}; the nearest)"
-                                         if wanted and version_key(v) != version_key(wanted) else "")
+                                         if wanted and version_key(v) != version_key(wanted)
+                                         else "")
                           for op, v in self.versions.items() if v)
         return f"measured vLLM kernels on {self.system} (AIConfigurator's database: {parts})"
 
@@ -191,14 +192,16 @@ class KernelTables:
         if self._moe is None:
             fail("gpu", self.gpu, "a GPU with measured MoE kernels", "no MoE table for it")
         t = self._moe
-        t = t[(t.kernel_source == MOE_SOURCE) & (t.distribution == "balanced") & (t.hidden_size == hidden)
-              & (t.inter_size == inter) & (t.topk == topk) & (t.num_experts == experts)
-              & (t.moe_tp_size == tp) & (t.moe_ep_size == ep)].sort_values("num_tokens")
+        t = t[(t.kernel_source == MOE_SOURCE) & (t.distribution == "balanced")
+              & (t.hidden_size == hidden) & (t.inter_size == inter) & (t.topk == topk)
+              & (t.num_experts == experts) & (t.moe_tp_size == tp)
+              & (t.moe_ep_size == ep)].sort_values("num_tokens")
         if t.empty:
             measured = sorted({tuple(int(v) for v in r) for r in self._moe[
                 ["hidden_size", "inter_size", "topk", "num_experts"]].drop_duplicates().to_numpy()})
             fail("moe shape", (hidden, inter, topk, experts, tp, ep),
-                 f"(hidden, intermediate, top-k, experts) of a measured MoE layer on {self.system}: {measured}",
+                 f"(hidden, intermediate, top-k, experts) of a measured MoE layer on "
+                 f"{self.system}: {measured}",
                  "with this TP/EP split")
         return t.num_tokens.to_numpy(float), t.latency.to_numpy() * 1e-3
 
@@ -218,7 +221,8 @@ def _load(gpu: str, vllm_version: str | None) -> KernelTables:
     system = SYSTEMS[gpu]
     ops = {"gemm": ("gemm", "gemm"), "attention": ("attention", "context_attention"),
            "all_reduce": ("comm", "custom_allreduce"), "moe": ("moe", "moe")}
-    versions = {name: pick_version(system, folder, vllm_version) for name, (folder, _) in ops.items()}
+    versions = {name: pick_version(system, folder, vllm_version)
+                for name, (folder, _) in ops.items()}
     for name in ("gemm", "attention"):
         if versions[name] is None:
             fail("gpu", gpu, f"one of {sorted(SYSTEMS)}",

@@ -19,7 +19,7 @@ ALL_REDUCES_PER_LAYER = 2
 
 @dataclass(frozen=True)
 class MeasuredStep:
-    """Seconds of one step's kernels for ``shape`` on ``tensor_parallel`` GPUs (module docstring)."""
+    """Seconds of a step's kernels for ``shape`` on ``tensor_parallel`` GPUs (module docstring)."""
 
     shape: ModelShape
     tables: KernelTables
@@ -51,7 +51,8 @@ class MeasuredStep:
         if self.tensor_parallel == 1:
             return 0.0
         graph = num_tokens <= self.largest_graph
-        return self.tables.all_reduce_seconds(num_tokens * self.shape.hidden_size * self.small_ops.dtype_bytes,
+        return self.tables.all_reduce_seconds(num_tokens * self.shape.hidden_size
+                                              * self.small_ops.dtype_bytes,
                                               self.tensor_parallel, graph)
 
     def mlp_seconds(self, num_tokens: int) -> float:
@@ -59,7 +60,8 @@ class MeasuredStep:
         moe, tp, h = self.shape.moe, self.tensor_parallel, self.shape.hidden_size
         if moe is None:
             (_, _), (_, _), (k_up, n_up), (k_down, n_down) = self.shape.layer.projections(tp)
-            return self.tables.gemm_seconds(num_tokens, n_up, k_up) + self.tables.gemm_seconds(num_tokens, n_down, k_down)
+            return (self.tables.gemm_seconds(num_tokens, n_up, k_up)
+                    + self.tables.gemm_seconds(num_tokens, n_down, k_down))
         ep = tp if self.expert_parallel else 1
         return self.tables.moe_seconds(num_tokens, h, moe.intermediate_size, moe.experts_per_token,
                                        moe.num_experts, tp // ep, ep)
@@ -69,8 +71,10 @@ class MeasuredStep:
         seconds = self._layers.get(num_tokens)
         if seconds is None:
             (k_qkv, n_qkv), (k_o, n_o), _, _ = self.shape.layer.projections(self.tensor_parallel)
-            t = self.tables.gemm_seconds(num_tokens, n_qkv, k_qkv) + self.tables.gemm_seconds(num_tokens, n_o, k_o)
-            t += self.mlp_seconds(num_tokens) + ALL_REDUCES_PER_LAYER * self.all_reduce_seconds(num_tokens)
+            t = (self.tables.gemm_seconds(num_tokens, n_qkv, k_qkv)
+                 + self.tables.gemm_seconds(num_tokens, n_o, k_o))
+            t += (self.mlp_seconds(num_tokens)
+                  + ALL_REDUCES_PER_LAYER * self.all_reduce_seconds(num_tokens))
             elements = num_tokens * self.shape.layer.small_op_elements(self.tensor_parallel)
             t += float(self.small_ops.small_ops_seconds(SMALL_OPS_PER_LAYER, elements))
             seconds = self._layers[num_tokens] = self.shape.num_layers * t
@@ -93,7 +97,8 @@ class MeasuredStep:
             head = self.tables.gemm_seconds(num_rows,
                                             -(-self.shape.vocab_size // self.tensor_parallel), h)
             seconds = self._edges[num_rows, num_tokens] = float(
-                head + self.small_ops.small_ops_seconds(2, 4 * num_tokens * h) + self.all_reduce_seconds(num_tokens))
+                head + self.small_ops.small_ops_seconds(2, 4 * num_tokens * h)
+                + self.all_reduce_seconds(num_tokens))
         return seconds
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from batchlab.steptime.cost_model import FEATURES, CostModel, StepTimeModel, features_df
-from batchlab.steptime.device_presets import DEVICE_PRESETS_PATH, DevicePreset, device_preset, load_device_presets
+from batchlab.steptime.device_presets import (DEVICE_PRESETS_PATH, DevicePreset, device_preset,
+                                              load_device_presets)
 from batchlab.steptime.grounded_step import GroundedStep
 from batchlab.steptime.kernels import KernelEfficiency, KernelModel
 from batchlab.checks import check_bool, check_int, check_number
@@ -28,8 +29,9 @@ FORMULA = ("t_step = max((weight_bytes + attention_pairs/min(query_tile, num_tok
            "*kv_bytes_per_token) / bandwidth, "
            "(2*matmul_params*num_tokens + attention_pairs*attention_flops_per_pair) / peak_flops) "
            "+ overhead_s")
-GROUNDED_FORMULA = ("t_step = num_layers*(projections(num_tokens) + small_ops(num_tokens) + attention(keys_read, "
-                    "attention_pairs)) + lm_head(num_seqs) + embedding_and_final_norm(num_tokens) + overhead_s; "
+GROUNDED_FORMULA = ("t_step = num_layers*(projections(num_tokens) + small_ops(num_tokens) + "
+                    "attention(keys_read, attention_pairs)) + lm_head(num_seqs) + "
+                    "embedding_and_final_norm(num_tokens) + overhead_s; "
                     "each kernel latency + ((bytes/(bandwidth_fraction*bandwidth))^p + "
                     "(flops/(compute_fraction*peak_flops))^p)^(1/p)")
 
@@ -56,10 +58,12 @@ class RooflineCostModel(StepTimeModel):
         check_int("query_tile", self.query_tile)
         check_int("num_sms", self.num_sms, allow_none=True)
         if not isinstance(self.shape, ModelShape):
-            raise ValueError(f"shape={self.shape!r}; must be a ModelShape (e.g. MODEL_SHAPES['SmolLM2-135M'])")
+            raise ValueError(f"shape={self.shape!r}; must be a ModelShape "
+                             "(e.g. MODEL_SHAPES['SmolLM2-135M'])")
         if self.shape.moe is not None:
-            raise ValueError(f"shape={self.shape.name!r}; must be a dense model: the roofline reads every weight per "
-                             "step, which experts do not (batchlab.predict prices experts from measured kernels)")
+            raise ValueError(f"shape={self.shape.name!r}; must be a dense model: the roofline "
+                             "reads every weight per step, which experts do not "
+                             "(batchlab.predict prices experts from measured kernels)")
         check_number("bandwidth_Bps", self.bandwidth_Bps, strict=True)
         check_number("peak_flops", self.peak_flops, strict=True)
         if self.dtype_bytes not in (1, 2, 4):
@@ -67,7 +71,8 @@ class RooflineCostModel(StepTimeModel):
         check_number("overhead_s", self.overhead_s, hint="seconds per step")
         object.__setattr__(self, "overhead_s", float(self.overhead_s))
         if self.kernels is not None and not isinstance(self.kernels, KernelEfficiency):
-            raise ValueError(f"kernels={self.kernels!r}; must be a KernelEfficiency or None (the datasheet roofline)")
+            raise ValueError(f"kernels={self.kernels!r}; must be a KernelEfficiency or None "
+                             "(the datasheet roofline)")
         kernels = KernelModel(self.bandwidth_Bps, self.peak_flops, self.dtype_bytes, self.kernels,
                               self.num_sms) \
             if self.kernels else None
@@ -76,7 +81,8 @@ class RooflineCostModel(StepTimeModel):
         # The roofs the kernels reach (the datasheet's without kernels), and the per-step constants.
         object.__setattr__(self, "_bandwidth", self.bandwidth_Bps * (self.kernels.bandwidth_fraction
                                                                     if self.kernels else 1.0))
-        object.__setattr__(self, "_peak", self.peak_flops * (self.kernels.compute_fraction if self.kernels else 1.0))
+        object.__setattr__(self, "_peak", self.peak_flops * (self.kernels.compute_fraction
+                                                             if self.kernels else 1.0))
         object.__setattr__(self, "_weight_bytes", self.shape.weight_bytes(self.dtype_bytes))
         object.__setattr__(self, "_kv_bytes", self.shape.kv_bytes_per_token(self.dtype_bytes))
         object.__setattr__(self, "_flops_per_token", 2 * self.shape.matmul_params)
@@ -92,7 +98,8 @@ class RooflineCostModel(StepTimeModel):
         shape = model_shape(shape) if isinstance(shape, str) else shape
         device = device_preset(device) if isinstance(device, str) else device
         if grounded and device.kernels is None:
-            raise ValueError(f"grounded=True; must be False for device {device.name!r}, which has no kernels")
+            raise ValueError(f"grounded=True; must be False for device {device.name!r}, "
+                             "which has no kernels")
         if overhead_s is None:
             overhead_s = device.step_overhead_s if grounded else 0.0
             what = f"kernels: {device.kernels_source}; overhead: {device.step_overhead_source}" \
@@ -101,7 +108,8 @@ class RooflineCostModel(StepTimeModel):
             what = f"kernels: {device.kernels_source}" if grounded else "datasheet roofline"
         return cls(shape, device.memory_bandwidth_Bps, device.peak_flops, device.dtype_bytes,
                    overhead_s,
-                   source=f"{shape.name} on {device.name} ({device.dtype}; {device.source}; {what})",
+                   source=f"{shape.name} on {device.name} "
+                          f"({device.dtype}; {device.source}; {what})",
                    kernels=device.kernels if grounded else None,
                    num_sms=device.num_sms if grounded else None)
 
@@ -119,7 +127,8 @@ class RooflineCostModel(StepTimeModel):
 
     def compute_seconds(self, num_tokens: int, attention_pairs: int) -> float:
         """The step's FLOPs at the peak its kernels reach (the datasheet's without kernels)."""
-        return (self._flops_per_token * num_tokens + self._flops_per_pair * attention_pairs) / self._peak
+        return ((self._flops_per_token * num_tokens + self._flops_per_pair * attention_pairs)
+                / self._peak)
 
     def roofline_seconds(self, num_seqs: int, num_tokens: int, attention_pairs: int) -> float:
         """The step without its overhead: with kernels, the sum of its kernels' times; without,
@@ -141,8 +150,8 @@ class RooflineCostModel(StepTimeModel):
         check_int("early_exit_layer", exit_layer,
                   hint=f"1..{layers - 1}, the layers a draft pass runs")
         if exit_layer >= layers:
-            raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{layers - 1} ({self.shape.name} "
-                             f"has {layers} layers)")
+            raise ValueError(f"early_exit_layer={exit_layer}; must be in 1..{layers - 1} "
+                             f"({self.shape.name} has {layers} layers)")
         shape = replace(self.shape, name=f"{self.shape.name}, first {exit_layer} layers",
                         num_layers=exit_layer)
         return replace(self, shape=shape, overhead_s=0.0,
@@ -162,8 +171,9 @@ class RooflineCostModel(StepTimeModel):
         """This model with ``overhead_s`` fitted to measured steps (minimising relative error).
 
         With ``r_i`` the predicted time without overhead and ``y_i`` the measured one, minimising
-        ``sum(((r_i + o - y_i) / y_i)**2)`` gives ``o = sum((y_i - r_i) / y_i**2) / sum(1 / y_i**2)``,
-        clipped at 0 (an overhead cannot be negative).
+        ``sum(((r_i + o - y_i) / y_i)**2)`` gives
+        ``o = sum((y_i - r_i) / y_i**2) / sum(1 / y_i**2)``, clipped at 0 (an overhead cannot be
+        negative).
         """
         table = _steps_table(steps)
         y = table["duration"].to_numpy(dtype=float)
@@ -188,7 +198,8 @@ class RooflineCostModel(StepTimeModel):
     def from_dict(cls, data: dict) -> "RooflineCostModel":
         formula, kernels = data.get("formula"), data.get("kernels")
         if formula != (GROUNDED_FORMULA if kernels else FORMULA):
-            raise ValueError(f"formula={formula!r}; must be {FORMULA!r}, or {GROUNDED_FORMULA!r} with kernels")
+            raise ValueError(f"formula={formula!r}; must be {FORMULA!r}, "
+                             f"or {GROUNDED_FORMULA!r} with kernels")
         model = cls(ModelShape(**data["shape"]), data["bandwidth_Bps"], data["peak_flops"],
                     data["dtype_bytes"], data["overhead_s"], data.get("source", ""),
                     query_tile=data.get("query_tile", 128),
@@ -214,8 +225,9 @@ class RooflineCostModel(StepTimeModel):
 def profile_features(profile: pd.DataFrame) -> pd.DataFrame:
     """``profiler.profile_steps`` rows as a steps table (the ``FEATURES`` columns and ``duration``).
 
-    decode/context rows: ``batch_size`` sequences each decode at ``context_len`` (``context_len + 1``
-    pairs each); prefill rows: one sequence computes ``num_tokens`` from position 0.
+    decode/context rows: ``batch_size`` sequences each decode at ``context_len``
+    (``context_len + 1`` pairs each); prefill rows: one sequence computes ``num_tokens`` from
+    position 0.
     """
     rows = []
     for r in profile.itertuples():
@@ -231,10 +243,12 @@ def _steps_table(steps) -> pd.DataFrame:
     table = steps if isinstance(steps, pd.DataFrame) else features_df(steps)
     missing = [c for c in (*FEATURES, "duration") if c not in table.columns]
     if missing:
-        raise ValueError(f"the steps table lacks columns {missing}; it needs {[*FEATURES, 'duration']}")
+        raise ValueError(f"the steps table lacks columns {missing}; "
+                         f"it needs {[*FEATURES, 'duration']}")
     y = table["duration"].to_numpy(dtype=float)
     if len(y) == 0 or not np.all(np.isfinite(y)) or np.any(y <= 0):
-        raise ValueError("need at least one step, and every measured duration must be finite and > 0")
+        raise ValueError("need at least one step, "
+                         "and every measured duration must be finite and > 0")
     return table
 
 
@@ -264,13 +278,14 @@ def compare_cost_models(steps: Trace | Iterable[StepRecord] | pd.DataFrame,
     """
     if isinstance(holdout_fraction, bool) or not isinstance(holdout_fraction, (int, float)) \
             or not 0 < holdout_fraction < 1:
-        raise ValueError(f"holdout_fraction={holdout_fraction!r}; must be a number strictly between 0 and 1")
+        raise ValueError(f"holdout_fraction={holdout_fraction!r}; must be a number strictly "
+                         "between 0 and 1")
     table = _steps_table(steps).reset_index(drop=True)
     n = len(table)
     num_test = int(round(n * holdout_fraction))
     if num_test < 1 or n - num_test < len(FEATURES) + 1:
-        raise ValueError(f"{n} steps are too few to hold {holdout_fraction:.0%} out and still fit four "
-                         "coefficients; measure more steps")
+        raise ValueError(f"{n} steps are too few to hold {holdout_fraction:.0%} out and still "
+                         "fit four coefficients; measure more steps")
     order = np.random.default_rng(seed).permutation(n)
     test, train = table.iloc[order[:num_test]], table.iloc[order[num_test:]]
     additive = CostModel.fit(train, source=source)

@@ -1,6 +1,6 @@
 """vLLM V1 on GPUs, simulated: what one ``vllm serve`` replica is, from its flags to its step time.
 
-- ``memory``            the KV cache vLLM allots each GPU, in blocks (and the errors when nothing fits)
+- ``memory``            the KV cache vLLM allots each GPU, in blocks (and errors when nothing fits)
 - ``step_model``        one engine step: measured kernels over the TP group, CUDA-graph padding, the
                         CPU's work per step and how async scheduling hides it
 - ``async_scheduling``  the scheduler rule async scheduling adds (a newcomer waits one step more)

@@ -1,4 +1,4 @@
-"""vLLM V1's async scheduling, as a scheduler: a request that arrives during a step joins one step later.
+"""vLLM V1's async scheduling as a scheduler: a request arriving during a step joins one step later.
 
 The rules and their reasons: ``docs/predicting-a-deployment.md``.
 """
@@ -13,7 +13,8 @@ from batchlab.trace import StepRecord
 
 
 class AsyncScheduledBatcher(ContinuousBatcher):
-    """``ContinuousBatcher`` that admits a request no earlier than the second step after its arrival."""
+    """``ContinuousBatcher`` that admits a request no earlier than the second step after its
+    arrival."""
 
     def __init__(self, *args, last_step: Callable[[], StepRecord | None] = lambda: None,
                  **kwargs) -> None:
@@ -24,7 +25,8 @@ class AsyncScheduledBatcher(ContinuousBatcher):
     def schedule(self, now: float) -> StepPlan:
         last = self.last_step()
         # Planned back to back with the last step, while requests run: that step's arrivals wait.
-        self._in_flight = (last.start, last.end) if last is not None and self.running and now <= last.end else None
+        self._in_flight = ((last.start, last.end)
+                           if last is not None and self.running and now <= last.end else None)
         return super().schedule(now)
 
     def _admit_waiting(self, step, now: float) -> None:

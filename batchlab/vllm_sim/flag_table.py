@@ -1,4 +1,5 @@
-"""What each of vLLM's scheduling flags is called elsewhere, and what it defaults to (``FLAG_TABLE``).
+"""What each of vLLM's scheduling flags is called elsewhere, and what it defaults to
+(``FLAG_TABLE``).
 
 The rules and their reasons: ``docs/serving-over-http.md``.
 """
@@ -8,8 +9,8 @@ from __future__ import annotations
 import pandas as pd
 
 
-# Each row: batchlab's knob, vLLM's flag, vLLM V1's default (0.32, OpenAI server), SGLang's flag, and
-# the setting the course's earlier notebooks mostly use. Defaults from vLLM's
+# Each row: batchlab's knob, vLLM's flag, vLLM V1's default (0.32, OpenAI server), SGLang's flag,
+# and the setting the course's earlier notebooks mostly use. Defaults from vLLM's
 # ``EngineArgs.get_batch_defaults`` (engine/arg_utils.py) and ``CacheConfig``; SGLang's from its
 # ``ServerArgs`` (server_args.py).
 FLAG_TABLE = pd.DataFrame(

@@ -35,8 +35,9 @@ class MemoryPlan:
 
     def lines(self) -> list[str]:
         g = GIB
-        return [f"memory per GPU: {self.visible / g:.2f} GiB visible, {self.usable / g:.2f} GiB usable; "
-                f"weights {self.weights / g:.2f} GiB, activation peak {self.activation / g:.2f} GiB, "
+        return [f"memory per GPU: {self.visible / g:.2f} GiB visible, "
+                f"{self.usable / g:.2f} GiB usable; weights {self.weights / g:.2f} GiB, "
+                f"activation peak {self.activation / g:.2f} GiB, "
                 f"outside PyTorch {self.non_torch / g:.2f} GiB",
                 f"KV cache: {self.kv_bytes / g:.2f} GiB per GPU = {self.num_blocks:,} blocks of "
                 f"{self.block_size} tokens ({self.kv_tokens:,} tokens)"]
@@ -48,12 +49,14 @@ def activation_peak(model: ModelShape, args: EngineArgs, tensor_parallel: int) -
     layer, tp = model.layer, tensor_parallel
     qkv = (layer.num_heads // tp + 2 * layer.kv_heads_per_gpu(tp)) * layer.head_dim
     per_token = qkv + 3 * layer.intermediate_size // tp + 2 * layer.hidden_size
-    return args.max_num_batched_tokens * per_token * args.dtype_bytes + args.max_num_seqs * model.vocab_size * 8
+    return (args.max_num_batched_tokens * per_token * args.dtype_bytes
+            + args.max_num_seqs * model.vocab_size * 8)
 
 
 def plan_memory(model: ModelShape, device_memory_bytes: float, args: EngineArgs,
                 tensor_parallel: int) -> MemoryPlan:
-    """The KV blocks of one replica of ``model`` over ``tensor_parallel`` GPUs (its args resolved)."""
+    """The KV blocks of one replica of ``model`` over ``tensor_parallel`` GPUs (its args
+    resolved)."""
     tp = tensor_parallel
     visible = device_memory_bytes * MEMORY["visible_fraction"]["value"]
     usable = visible * args.gpu_memory_utilization
@@ -64,8 +67,9 @@ def plan_memory(model: ModelShape, device_memory_bytes: float, args: EngineArgs,
     if kv_bytes <= 0:
         need = next((t for t in (1, 2, 4, 8) if model.num_params * args.dtype_bytes / t + activation
                      + non_torch < usable and t > tp), None)
-        raise ValueError(f"weights={weights / GIB:.1f} GiB per GPU; must fit in gpu_memory_utilization x memory "
-                         f"= {usable / GIB:.1f} GiB with {(activation + non_torch) / GIB:.1f} GiB for activations "
+        raise ValueError(f"weights={weights / GIB:.1f} GiB per GPU; must fit in "
+                         f"gpu_memory_utilization x memory = {usable / GIB:.1f} GiB with "
+                         f"{(activation + non_torch) / GIB:.1f} GiB for activations "
                          f"and CUDA ({model.name} at tensor_parallel={tp}"
                          + (f"; --tensor-parallel-size {need} fits" if need else "") + ")")
     per_block = args.block_size * model.kv_bytes_per_token(args.dtype_bytes, tp)
@@ -73,10 +77,12 @@ def plan_memory(model: ModelShape, device_memory_bytes: float, args: EngineArgs,
                       per_block, int(kv_bytes // per_block))
     need_blocks = -(-args.max_model_len // args.block_size)
     if plan.num_blocks < need_blocks:
-        raise ValueError(f"max_model_len={args.max_model_len}; must fit in the KV cache: one sequence of it "
-                         f"needs {need_blocks * per_block / GIB:.2f} GiB per GPU, the cache has "
-                         f"{kv_bytes / GIB:.2f} GiB ({plan.kv_tokens:,} tokens); the longest context that fits "
-                         f"is {plan.kv_tokens:,} (raise --gpu-memory-utilization or lower --max-model-len)")
+        raise ValueError(f"max_model_len={args.max_model_len}; must fit in the KV cache: "
+                         f"one sequence of it needs {need_blocks * per_block / GIB:.2f} GiB "
+                         f"per GPU, the cache has {kv_bytes / GIB:.2f} GiB "
+                         f"({plan.kv_tokens:,} tokens); "
+                         f"the longest context that fits is {plan.kv_tokens:,} "
+                         "(raise --gpu-memory-utilization or lower --max-model-len)")
     return plan
 
 

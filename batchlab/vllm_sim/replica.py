@@ -73,7 +73,8 @@ class VllmReplica:
     def _step_model(self) -> VllmStepModel:
         """Measured vLLM kernels where AIConfigurator measured this GPU; else the preset's kernel
         model fitted to 2024 profiles (``GroundedStep``), which prices dense models only."""
-        preset, tp, args, shape = self.preset, self.tensor_parallel_size, self.resolved_args, self.shape
+        preset, tp, args, shape = (self.preset, self.tensor_parallel_size, self.resolved_args,
+                                   self.shape)
         if preset.kernels is None:
             raise ValueError(f"gpu={self.gpu!r}; must have fitted kernels to simulate vLLM on it")
         kernels = KernelModel(preset.memory_bandwidth_Bps, preset.peak_flops, args.dtype_bytes,
@@ -84,7 +85,8 @@ class VllmReplica:
             gpu = MeasuredStep(shape, tables, kernels, tp, max(sizes, default=0),
                                args.enable_expert_parallel)
         else:
-            if shape.moe is not None or args.enable_expert_parallel or self.vllm_version is not None:
+            if (shape.moe is not None or args.enable_expert_parallel
+                    or self.vllm_version is not None):
                 fail("gpu", self.gpu, f"one of {sorted(SYSTEMS)}",
                      "experts, expert parallelism and "
                      "--vllm-version need measured vLLM kernels")
@@ -103,11 +105,13 @@ class VllmReplica:
         gpu = self.step_model.gpu
         if isinstance(gpu, MeasuredStep):
             fit = gpu.attention_fit
-            return (f"kernels: {gpu.tables.describe(self.vllm_version)}; attention fitted to the measured kernels of "
-                    f"{fit.measured_heads['prefill']} / {fit.measured_heads['decode']} heads (prefill / decode, "
-                    f"median error {fit.median_error['prefill']:.0%} / {fit.median_error['decode']:.0%})")
-        return (f"kernels: ROOFLINE-BASED ESTIMATE for {self.gpu} (no measured vLLM kernels: the preset's kernel "
-                "model fitted to 2024 profiles, NCCL all-reduces)")
+            return (f"kernels: {gpu.tables.describe(self.vllm_version)}; "
+                    f"attention fitted to the measured kernels of "
+                    f"{fit.measured_heads['prefill']} / {fit.measured_heads['decode']} heads "
+                    f"(prefill / decode, median error {fit.median_error['prefill']:.0%} / "
+                    f"{fit.median_error['decode']:.0%})")
+        return (f"kernels: ROOFLINE-BASED ESTIMATE for {self.gpu} (no measured vLLM kernels: "
+                "the preset's kernel model fitted to 2024 profiles, NCCL all-reduces)")
 
     def backend(self, noise: float = 0.0, seed: int = 0) -> SimBackend:
         """The replica's simulated GPUs: its step time and its KV blocks."""
@@ -123,7 +127,8 @@ class VllmReplica:
         return simulated_engine(self.scheduler(), self.backend())
 
     def describe(self) -> list[str]:
-        """The flags as ``vllm serve`` would be given them, the memory plan and the kernels' source."""
+        """The flags as ``vllm serve`` would be given them, the memory plan and the kernels'
+        source."""
         f = self.resolved_args
         on_by_default = ("enable_chunked_prefill", "enable_prefix_caching", "async_scheduling")
         shown = replace(f, dtype="auto",
@@ -134,8 +139,8 @@ class VllmReplica:
     def _memory_caveat(self) -> list[str]:
         if self.gpu == "H100":
             return []
-        return [f"memory: the H100's visible share of the datasheet figure assumed for the {self.gpu} (no log of "
-                "its own): read the KV cache as an upper bound"]
+        return [f"memory: the H100's visible share of the datasheet figure assumed for the "
+                f"{self.gpu} (no log of its own): read the KV cache as an upper bound"]
 
 
 def device_memory_bytes(preset: DevicePreset) -> float:

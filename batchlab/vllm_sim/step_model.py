@@ -1,4 +1,4 @@
-"""One vLLM V1 engine step on a tensor-parallel group of GPUs: the kernels, and the engine around them.
+"""One vLLM V1 engine step on a tensor-parallel GPU group: the kernels, and the engine around them.
 
 The rules and their reasons: ``docs/step-time-models.md``.
 """
@@ -37,7 +37,8 @@ class VllmStepModel(StepTimeModel):
         tokens = padded_tokens(num_tokens, self.cuda_graph_sizes)
         rows = tokens if num_tokens == num_seqs else num_seqs      # a decode step pads its rows too
         g = self.gpu
-        return (g.layers_seconds(tokens) + g.step_attention_seconds(num_seqs, num_tokens, attention_pairs, split)
+        return (g.layers_seconds(tokens)
+                + g.step_attention_seconds(num_seqs, num_tokens, attention_pairs, split)
                 + g.edges_seconds(rows, tokens))
 
     def cpu_seconds(self, num_seqs: int) -> float:
@@ -89,10 +90,12 @@ class VllmStepModel(StepTimeModel):
 
     def __repr__(self) -> str:
         g = self.gpu
-        kernels = g.tables.describe() if isinstance(g, MeasuredStep) else "ROOFLINE-BASED ESTIMATE (no measured kernels)"
-        graphs = f"CUDA graphs up to {max(self.cuda_graph_sizes)} tokens" if self.cuda_graph_sizes else "eager"
-        return (f"VllmStepModel({g.shape.name} over {g.tensor_parallel} GPU(s); {kernels}; {graphs}; "
-                f"{'async' if self.async_scheduling else 'synchronous'} scheduling)")
+        kernels = (g.tables.describe() if isinstance(g, MeasuredStep)
+                   else "ROOFLINE-BASED ESTIMATE (no measured kernels)")
+        graphs = (f"CUDA graphs up to {max(self.cuda_graph_sizes)} tokens" if self.cuda_graph_sizes
+                  else "eager")
+        return (f"VllmStepModel({g.shape.name} over {g.tensor_parallel} GPU(s); {kernels}; "
+                f"{graphs}; {'async' if self.async_scheduling else 'synchronous'} scheduling)")
 
 
 __all__ = ["VllmStepModel"]

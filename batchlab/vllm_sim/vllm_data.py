@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ENGINE_DATA = json.loads((Path(__file__).resolve().parent / "vllm_v1.json").read_text(encoding="utf-8"))
+ENGINE_DATA = json.loads((Path(__file__).resolve().parent
+                          / "vllm_v1.json").read_text(encoding="utf-8"))
 
 __all__ = ["ENGINE_DATA"]
