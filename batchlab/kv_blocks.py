@@ -226,22 +226,19 @@ class BlockManager(BlockPool):
         check_int("max_seq_len", max_seq_len, allow_none=True)
         check_bool("enable_prefix_caching", enable_prefix_caching)
         if not is_int(reserve_blocks) or not 0 <= reserve_blocks < num_blocks:
-            raise ValueError(f"reserve_blocks={reserve_blocks!r}; must be an int in "
-                             f"0..{num_blocks - 1} "
-                             "(free blocks kept back from admission for running sequences to grow)")
+            raise ValueError(f"reserve_blocks={reserve_blocks!r}; must be an int in 0.."
+                             f"{num_blocks - 1} (free blocks kept back from admission for running "
+                             "sequences to grow)")
         super().__init__(num_blocks, block_size, enable_prefix_caching)
         self.max_seq_len = max_seq_len
         self.reserve_blocks = reserve_blocks
         self.tables: dict[str, list[int]] = {}
         self.num_tokens_of: dict[str, int] = {}       # token positions each sequence has room for
-        # How far each sequence can grow with nothing to do (no block to take or prompt block to
-        # hash) (``grow``'s quick check: most growth is that)
-        self._room: dict[str, int] = {}
+        self._room: dict[str, int] = {}     # growth with no block to take or hash (``grow``)
         # Prefix caching: each sequence's prompt ids, and how many of its full blocks are hashed.
         self._prompt_of: dict[str, Sequence[int]] = {}
         self._hashed: dict[str, int] = {}
-        # prompt tokens served from cache, over the run
-        self.num_hit_tokens = 0
+        self.num_hit_tokens = 0             # prompt tokens served from cache, over the run
 
     @classmethod
     def from_tokens(cls, capacity_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE,
@@ -329,8 +326,7 @@ class BlockManager(BlockPool):
                 <= self.num_free_blocks)
 
     def grow_each(self, request_ids: Sequence[str]) -> int:
-        """``grow(id, 1)`` for each sequence in turn until one finds no room; how many grew. (A
-        scheduler grows every decoding sequence every step: one call here instead of hundreds.)"""
+        """``grow(id, 1)`` for each sequence in turn until one finds no room; how many grew."""
         tokens, room = self.num_tokens_of, self._room
         for i, rid in enumerate(request_ids):
             held = tokens[rid] + 1
@@ -385,8 +381,7 @@ class BlockManager(BlockPool):
             del self._prompt_of[request_id]
 
     def rollback(self, request_id: str, num_tokens: int) -> None:
-        """Give back the room of the sequence's last ``num_tokens`` tokens (rejected drafts) and the
-        blocks that held only those (no hash is lost: only prompt blocks are hashed)."""
+        """Give back the room and blocks of the sequence's last ``num_tokens`` (rejected drafts)."""
         if not 0 <= num_tokens <= (held := self.num_tokens_of[request_id]):
             raise ValueError(f"request {request_id!r}: rollback of num_tokens={num_tokens}; "
                              f"must be in 0..{held}")

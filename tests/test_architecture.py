@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -147,30 +145,19 @@ def test_the_server_is_split_by_job_into_short_files_and_functions(path):
 
 
 # --- the 100-column limit (ruff's E501; pyproject's [tool.ruff]) ------------------------------------
-# A ratchet: no file may gain a line over 100 columns, and the counts recorded for the files that
-# still have some only go down (BATCHLAB_UPDATE_LONG_LINES=1 rewrites them after a file is shortened).
-LONG_LINES = PACKAGE.parent / "tests" / "data" / "long_lines.json"
-
-
-def long_lines() -> dict[str, int]:
-    """Lines over 100 columns in each of the package's files, as ruff counts them."""
+def long_lines() -> list[str]:
+    """Every line of the package over 100 columns, as ruff reports it (``path:line``)."""
     ruff = Path(sys.executable).with_name("ruff")
     if not ruff.exists():
         pytest.fail(f"no ruff beside {sys.executable}: it is in requirements.txt; run bash scripts/setup.sh")
     out = subprocess.run([str(ruff), "check", "--select", "E501", "--output-format", "json", "--no-cache",
                           "--exit-zero", str(PACKAGE)], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent).stdout
-    return dict(Counter(str(Path(v["filename"]).relative_to(PACKAGE.parent)) for v in json.loads(out)))
+    return [f"{Path(v['filename']).relative_to(PACKAGE.parent)}:{v['location']['row']}"
+            for v in json.loads(out)]
 
 
-def test_no_file_gains_a_line_over_100_columns() -> None:
-    now = long_lines()
-    if os.environ.get("BATCHLAB_UPDATE_LONG_LINES"):
-        LONG_LINES.write_text(json.dumps(dict(sorted(now.items())), indent=1) + "\n", encoding="utf-8")
-    recorded = json.loads(LONG_LINES.read_text(encoding="utf-8"))
-    grew = {f: f"{recorded.get(f, 0)} -> {n}" for f, n in now.items() if n > recorded.get(f, 0)}
-    assert not grew, f"lines over 100 columns added (ruff check --select E501 batchlab): {grew}"
-    shrunk = {f: f"{n} -> {now.get(f, 0)}" for f, n in recorded.items() if now.get(f, 0) < n}
-    assert not shrunk, (f"fewer lines over 100 columns than {LONG_LINES.name} records: {shrunk}; lower the "
-                        "record (BATCHLAB_UPDATE_LONG_LINES=1 pytest tests/test_architecture.py)")
+def test_no_line_of_the_package_is_over_100_columns() -> None:
+    found = long_lines()
+    assert not found, f"lines over 100 columns (ruff check --select E501 batchlab): {found}"
 

@@ -144,8 +144,7 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
        budget)`` tokens with chunked prefill (less any cached prefix); without it, the whole
        prompt, and only if the whole prompt fits the remaining budget.
     4. **No overtaking.** When the head of the queue cannot be admitted, admission stops for this
-       step: later, smaller requests do not jump ahead of it. This keeps service in arrival order
-       and guarantees the head is admitted as soon as room appears, at the cost of some idle room.
+       step: service keeps arrival order and the head starts as soon as room appears.
     5. **Leaving.** A request leaves after the step that produced its last token: its response is
        released then (tokens stream as computed) and its KV space is freed for the next step.
     6. **Growth and preemption.** Each planned chunk first grows its request's KV room. When that
@@ -155,9 +154,8 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
        admitted again. A prompt in progress that cannot grow without undoing a chunk already
        planned waits a step. No request is admitted in a step with a preemption.
 
-    A request is never planned twice in one step, and a decode is always exactly one token, plus
-    its request's draft under speculative decoding (``_plan_drafts``: with what budget is left
-    after the decodes, before the prompts).
+    A request is planned at most once a step; a decode is one token, plus its draft under
+    speculative decoding (``_plan_drafts``: from the budget the decodes leave, before prompts).
     """
 
     takes_transferred_kv = True
@@ -192,8 +190,7 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
         return self.running
 
     def schedule(self, now: float) -> StepPlan:
-        """Plan one step: decodes, then unfinished prompts, then new requests (see the class
-        rules)."""
+        """Plan one step: decodes, then unfinished prompts, then new requests (class rules)."""
         if self.kv is None:
             raise RuntimeError("ContinuousBatcher has no KV space; call bind(kv) before schedule()")
         step = _StepBudget(self.config.max_num_batched_tokens)
@@ -218,8 +215,7 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
                 in_prompt.append(req)
             else:
                 decoding.append(req)
-        # Room for one more token each, in order; from the first without room on, one at a time,
-        # preempting the most recently admitted requests (``_make_room``).
+        # Room for one more token each; from the first without room on, ``_make_room`` preempts.
         grown, chunks = self.kv.grow_each([r.request_id for r in decoding]), step.chunks
         drafted = []
         for i, req in enumerate(decoding):
@@ -227,8 +223,7 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
                 continue  # preempted earlier in this loop
             if i >= grown and not self._make_room(req, 1, chunks, now):
                 break     # it preempted itself: everyone after it is preempted too
-            # The token it sampled last step is its one uncomputed token. (Written out rather than
-            # step.add: this loop runs for every running request of every step.)
+            # its one uncomputed token, sampled last step (step.add written out: a hot loop)
             if req.spec is not None and req.spec.draft_ids:
                 drafted.append((len(chunks), req))
             chunks.append(ScheduledChunk(req.request_id, req.num_computed_tokens, 1, True))
@@ -255,8 +250,7 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
                                              start + num_tokens == req.num_known_tokens))
 
     def _admit_waiting(self, step: "_StepBudget", now: float) -> None:
-        """3. Admit waiting requests, first come first served; stop at the first that cannot
-        start."""
+        """3. Admit waiting requests, first come first served, up to one that cannot start."""
         waiting = self.waiting
         while waiting and len(self.running) < self.config.max_num_seqs:
             req = waiting[0]
@@ -270,8 +264,7 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
                 step.add(chunk)
 
     def first_chunk_tokens(self, req: Request, budget: int) -> int:
-        """How many tokens a waiting ``req`` would compute if admitted now with ``budget`` tokens
-        left in the step; 0 if it cannot start now (``_first_chunk``)."""
+        """Tokens a waiting ``req`` would compute, admitted now with ``budget`` left; 0: not now."""
         return _first_chunk(self.config, self.kv, req, budget)
 
     def _make_room(self, req: Request, num_tokens: int, planned: list[ScheduledChunk],
@@ -298,8 +291,7 @@ class ContinuousBatcher(Scheduler, SteadyDecodes):
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         if _transfer(req) is not None:
-            # KV still in flight: pulled again (once used, recomputed here)
-            req.kv_transfer.arrival_time = None
+            req.kv_transfer.arrival_time = None   # in flight: pulled again (used: recomputed)
         if req.spec is not None:
             req.spec.draft_ids = []                # drafted anew once it samples again
         self.waiting.appendleft(req)
